@@ -1,0 +1,374 @@
+//! Scaled dot-product attention on the GPU: one guard step that validates everything,
+//! then the chosen kernel path recorded into a command encoder.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::flash::{self, FlashConfig};
+use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
+use crate::kernels::qk_scores::{self, Epilogue};
+use crate::kernels::{softmax_rows, weights_v, AttentionBindings, AttentionParams};
+use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
+use crate::problem::AttentionShape;
+use crate::tensor::{tensor_usage, DType, Layout, Tensor};
+use wgpu::util::DeviceExt;
+
+/// What one attention call produces.
+#[derive(Debug)]
+pub struct AttentionOutput {
+    /// `[B, Hq, Lq, Dv]` in the requested layout and the inputs' dtype.
+    pub out: Tensor,
+    /// `[B, Hq, Lq, Lk]` f32 BHSD, when `need_weights` was set.
+    pub weights: Option<Tensor>,
+    /// `[B, Hq, Lq, 1]` f32 BHSD, when `need_lse` was set.
+    pub lse: Option<Tensor>,
+}
+
+/// The GPU path actually taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolvedKernel {
+    Fused(FlashConfig),
+    Materialized,
+}
+
+impl ResolvedKernel {
+    pub fn name(&self) -> String {
+        match self {
+            ResolvedKernel::Fused(c) => format!("fused/{}", c.name()),
+            ResolvedKernel::Materialized => "materialized".into(),
+        }
+    }
+}
+
+/// Computes `softmax(Q Kᵀ · scale + mask) V` and waits for nothing: results are ready
+/// once the queue has run (reading them back waits).
+pub fn sdpa(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let output = encode_sdpa(ctx, &mut encoder, q, k, v, options)?;
+    ctx.scoped("submitting attention", || {
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    Ok(output)
+}
+
+/// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is submitted.
+pub fn encode_sdpa(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<AttentionOutput> {
+    let plan = Plan::new(ctx, q, k, v, options)?;
+    ctx.scoped("recording attention", || plan.encode(ctx, encoder, q, k, v, options))
+}
+
+/// The kernel path `options` resolve to on this context (for reports and tests).
+pub fn resolve_kernel(ctx: &Context, options: &AttentionOptions) -> Result<ResolvedKernel> {
+    Ok(match options.kernel {
+        KernelChoice::Materialized => ResolvedKernel::Materialized,
+        KernelChoice::Auto | KernelChoice::Fused => ResolvedKernel::Fused(ctx.fused_config(options.tiling)?),
+    })
+}
+
+impl Context {
+    /// The fused tiling used when none is asked for: `WGPU_ATTENTION_TILING`
+    /// (`registers` or `shared`) if set, else `registers` on CPU adapters (barriers cost
+    /// coroutine switches there, while K/V rows are cache hits anyway) and `shared` on
+    /// GPUs whose workgroup memory holds the 16 KiB tile.
+    pub fn default_fused_tiling(&self) -> Result<FusedTiling> {
+        if let Ok(v) = std::env::var("WGPU_ATTENTION_TILING") {
+            return match v.trim().to_lowercase().as_str() {
+                "registers" => Ok(FusedTiling::Registers),
+                "shared" => Ok(FusedTiling::Shared),
+                "" | "auto" => Ok(self.adapter_tiling()),
+                other => Err(Error::invalid(
+                    "WGPU_ATTENTION_TILING",
+                    format!("'{other}' is not one of auto, registers, shared"),
+                )),
+            };
+        }
+        Ok(self.adapter_tiling())
+    }
+
+    fn adapter_tiling(&self) -> FusedTiling {
+        if self.is_cpu_adapter() || self.capabilities().max_workgroup_storage < flash::SHARED_TILE_BYTES {
+            FusedTiling::Registers
+        } else {
+            FusedTiling::Shared
+        }
+    }
+
+    /// Resolves a tiling request to a concrete kernel configuration.
+    pub fn fused_config(&self, tiling: FusedTiling) -> Result<FlashConfig> {
+        let tiling = match tiling {
+            FusedTiling::Auto => self.default_fused_tiling()?,
+            t => t,
+        };
+        Ok(match tiling {
+            FusedTiling::Shared => {
+                let have = self.capabilities().max_workgroup_storage;
+                if have < flash::SHARED_TILE_BYTES {
+                    return Err(Error::LimitExceeded {
+                        what: "the shared fused tiling".into(),
+                        limit: "max_compute_workgroup_storage_size",
+                        requested: flash::SHARED_TILE_BYTES.into(),
+                        max: have.into(),
+                    });
+                }
+                FlashConfig {
+                    kernel: flash::SHARED,
+                    rows: 64,
+                }
+            }
+            FusedTiling::Registers | FusedTiling::Auto => FlashConfig {
+                kernel: flash::REGISTERS,
+                rows: 16,
+            },
+        })
+    }
+}
+
+/// Everything decided in the guard step, before any GPU work is recorded.
+struct Plan {
+    shape: AttentionShape,
+    dtype: DType,
+    kernel: ResolvedKernel,
+    out_layout: Layout,
+    /// (batch, head) pairs per dispatch when a score chunk is needed.
+    heads_per_chunk: usize,
+    needs_scores: bool,
+}
+
+impl Plan {
+    fn new(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Result<Self> {
+        let shape = AttentionShape::from_qkv(q.shape(), k.shape(), v.shape())?;
+        if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+            return Err(Error::shape(
+                "dtype of k and v",
+                q.dtype().name(),
+                format!("k {}, v {}", k.dtype().name(), v.dtype().name()),
+            ));
+        }
+        let dtype = q.dtype();
+        if dtype == DType::F16 {
+            ctx.require_f16("f16 attention")?;
+        }
+        shape.check_options(options)?;
+        let kernel = resolve_kernel(ctx, options)?;
+        let caps = ctx.capabilities();
+        let binding = caps.max_storage_binding;
+        for (what, bytes) in [
+            ("q", q.byte_len()),
+            ("k", k.byte_len()),
+            ("v", v.byte_len()),
+            ("output", (shape.out_shape().iter().product::<usize>() * dtype.size()) as u64),
+            ("mask", options.mask.as_ref().map_or(0, |m| 4 * m.shape().iter().product::<usize>() as u64)),
+        ] {
+            if bytes > binding {
+                return Err(Error::LimitExceeded {
+                    what: format!("binding {what}"),
+                    limit: "max_storage_buffer_binding_size",
+                    requested: bytes,
+                    max: binding,
+                });
+            }
+        }
+        let weights_bytes = 4 * shape.weights_shape().iter().product::<usize>() as u64;
+        if options.need_weights && weights_bytes > caps.max_buffer {
+            return Err(Error::LimitExceeded {
+                what: "the attention weights [B, Hq, Lq, Lk] f32".into(),
+                limit: "max_buffer_size",
+                requested: weights_bytes,
+                max: caps.max_buffer,
+            });
+        }
+        let needs_scores = kernel == ResolvedKernel::Materialized || options.need_weights;
+        let per_head = 4 * (shape.len_q * shape.len_k) as u64;
+        let chunk_limit = binding.min(caps.max_buffer);
+        if needs_scores && per_head > chunk_limit {
+            return Err(Error::LimitExceeded {
+                what: format!("the score matrix of one head ({} x {} f32)", shape.len_q, shape.len_k),
+                limit: "max_storage_buffer_binding_size",
+                requested: per_head,
+                max: chunk_limit,
+            });
+        }
+        let max_groups = caps.max_workgroups_per_dim as usize;
+        let heads_per_chunk = if needs_scores {
+            ((chunk_limit / per_head) as usize).min(max_groups)
+        } else {
+            max_groups
+        }
+        .min(shape.batch_heads())
+        .max(1);
+        let widest = shape.len_q.max(shape.len_k).div_ceil(qk_scores::TILE);
+        if widest > max_groups {
+            return Err(Error::LimitExceeded {
+                what: format!("workgroups along one axis for length {}", shape.len_q.max(shape.len_k)),
+                limit: "max_compute_workgroups_per_dimension",
+                requested: widest as u64,
+                max: max_groups as u64,
+            });
+        }
+        Ok(Plan {
+            shape,
+            dtype,
+            kernel,
+            out_layout: options.output_layout.unwrap_or(q.layout()),
+            heads_per_chunk,
+            needs_scores,
+        })
+    }
+
+    fn params(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, options: &AttentionOptions) -> AttentionParams {
+        let s = &self.shape;
+        let [qb, qh, qs, _] = q.strides();
+        let [kb, kh, ks, _] = k.strides();
+        let [vb, vh, vs, _] = v.strides();
+        let [ob, oh, os, _] = out.strides();
+        let (mask_kind, m) = match &options.mask {
+            None => (MASK_NONE, [0; 4]),
+            Some(mask) => (
+                match mask.values() {
+                    MaskValues::Bool(_) => MASK_BOOL,
+                    MaskValues::Additive(_) => MASK_ADDITIVE,
+                },
+                mask.broadcast_strides(),
+            ),
+        };
+        AttentionParams {
+            batch: s.batch as u32,
+            heads_q: s.heads_q as u32,
+            heads_kv: s.heads_kv as u32,
+            len_q: s.len_q as u32,
+            len_k: s.len_k as u32,
+            head_dim: s.head_dim as u32,
+            head_dim_v: s.head_dim_v as u32,
+            scale: s.scale(options),
+            q_stride_b: qb as u32,
+            q_stride_h: qh as u32,
+            q_stride_s: qs as u32,
+            causal: options.causal.is_some() as u32,
+            k_stride_b: kb as u32,
+            k_stride_h: kh as u32,
+            k_stride_s: ks as u32,
+            causal_offset: options.causal.map_or(0, |a| a.offset(s.len_q, s.len_k)) as i32,
+            v_stride_b: vb as u32,
+            v_stride_h: vh as u32,
+            v_stride_s: vs as u32,
+            has_key_lengths: options.key_lengths.is_some() as u32,
+            o_stride_b: ob as u32,
+            o_stride_h: oh as u32,
+            o_stride_s: os as u32,
+            mask_kind,
+            m_stride_b: m[0] as u32,
+            m_stride_h: m[1] as u32,
+            m_stride_q: m[2] as u32,
+            m_stride_k: m[3] as u32,
+            bh_start: 0,
+            bh_count: s.batch_heads() as u32,
+            pad0: 0,
+            pad1: 0,
+        }
+    }
+
+    fn encode(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        let s = &self.shape;
+        let out = Tensor::empty(ctx, s.out_shape(), self.out_layout, self.dtype)?;
+        let lse = Tensor::empty(ctx, [s.batch, s.heads_q, s.len_q, 1], Layout::Bhsd, DType::F32)?;
+        let weights = if options.need_weights {
+            Some(Tensor::empty(ctx, s.weights_shape(), Layout::Bhsd, DType::F32)?)
+        } else {
+            None
+        };
+        let mask = upload_words(ctx, "mask", &mask_words(options))?;
+        let key_lengths = upload_words(ctx, "key lengths", options.key_lengths.as_deref().unwrap_or(&[0]))?;
+        let chunk_bytes = if self.needs_scores {
+            (4 * self.heads_per_chunk * s.len_q * s.len_k) as u64
+        } else {
+            4
+        };
+        let scores = ctx.create_buffer("attention scores chunk", chunk_bytes, tensor_usage())?;
+        let base_params = self.params(q, k, v, &out, options);
+
+        let total = s.batch_heads();
+        let mut bh_start = 0;
+        while bh_start < total {
+            let bh_count = self.heads_per_chunk.min(total - bh_start);
+            let params = AttentionParams {
+                bh_start: bh_start as u32,
+                bh_count: bh_count as u32,
+                ..base_params
+            };
+            let params_buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("attention params"),
+                contents: bytemuck::bytes_of(&params),
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+            let bindings = AttentionBindings {
+                params: &params_buffer,
+                q: q.buffer(),
+                k: k.buffer(),
+                v: v.buffer(),
+                output: out.buffer(),
+                mask: &mask,
+                key_lengths: &key_lengths,
+                scores: &scores,
+                lse: lse.buffer(),
+            };
+            match self.kernel {
+                ResolvedKernel::Materialized => {
+                    qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params, Epilogue::Scores)?;
+                    softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                    weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                }
+                ResolvedKernel::Fused(config) => {
+                    flash::encode(ctx, encoder, self.dtype, config, &bindings, &params)?;
+                    if weights.is_some() {
+                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params, Epilogue::Weights)?;
+                    }
+                }
+            }
+            if let Some(w) = &weights {
+                let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
+                let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
+                encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
+            }
+            bh_start += bh_count;
+        }
+        Ok(AttentionOutput {
+            out,
+            weights,
+            lse: options.need_lse.then_some(lse),
+        })
+    }
+}
+
+/// The explicit mask as 32-bit words: bool as 0/1, additive as f32 bits.
+fn mask_words(options: &AttentionOptions) -> Vec<u32> {
+    match options.mask.as_ref().map(|m| m.values()) {
+        None => vec![0],
+        Some(MaskValues::Bool(b)) => b.iter().map(|&x| x as u32).collect(),
+        Some(MaskValues::Additive(a)) => a.iter().map(|x| x.to_bits()).collect(),
+    }
+}
+
+fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
+    ctx.scoped(label, || {
+        Ok(ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(words),
+            usage: wgpu::BufferUsages::STORAGE,
+        }))
+    })
+}

@@ -1,0 +1,371 @@
+//! The GPU context: adapter, device, queue, detected capabilities and the pipeline cache.
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// How to pick an adapter. Empty fields fall back to the environment
+/// (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`, `WGPU_POWER_PREF`), then to wgpu's default.
+#[derive(Clone, Debug, Default)]
+pub struct AdapterSelector {
+    /// Case-insensitive substring of the adapter name.
+    pub name: Option<String>,
+    /// Comma-separated backend list as wgpu spells it: `vulkan`, `gl`, `metal`, `dx12`.
+    pub backend: Option<String>,
+}
+
+impl AdapterSelector {
+    /// Fills empty fields from `WGPU_ADAPTER_NAME` and `WGPU_BACKEND`.
+    pub fn with_env(mut self) -> Self {
+        let non_empty = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        if self.name.is_none() {
+            self.name = non_empty("WGPU_ADAPTER_NAME");
+        }
+        if self.backend.is_none() {
+            self.backend = non_empty("WGPU_BACKEND");
+        }
+        self
+    }
+
+    fn backends(&self) -> Result<wgpu::Backends> {
+        match &self.backend {
+            None => Ok(wgpu::Backends::all()),
+            Some(list) => {
+                let parsed = wgpu::Backends::from_comma_list(list);
+                if parsed.is_empty() {
+                    Err(Error::invalid(
+                        "backend",
+                        format!("'{list}' names no backend (try vulkan, gl, metal, dx12)"),
+                    ))
+                } else {
+                    Ok(parsed)
+                }
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (&self.name, &self.backend) {
+            (None, None) => "any adapter".into(),
+            (Some(n), None) => format!("name containing '{n}'"),
+            (None, Some(b)) => format!("backend '{b}'"),
+            (Some(n), Some(b)) => format!("name containing '{n}' on backend '{b}'"),
+        }
+    }
+}
+
+/// What the device can do, detected once when the context is made.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    /// `SHADER_F16` is enabled: f16 storage and arithmetic in shaders.
+    pub f16: bool,
+    /// Subgroup operations are enabled; `(min, max)` subgroup size.
+    pub subgroups: Option<(u32, u32)>,
+    /// Timestamp queries are enabled.
+    pub timestamps: bool,
+    /// Bytes of workgroup memory one workgroup may use.
+    pub max_workgroup_storage: u32,
+    /// Largest storage buffer binding in bytes.
+    pub max_storage_binding: u64,
+    /// Largest buffer in bytes.
+    pub max_buffer: u64,
+    /// Largest workgroup count along one dispatch dimension.
+    pub max_workgroups_per_dim: u32,
+    /// Largest number of invocations in one workgroup.
+    pub max_invocations: u32,
+}
+
+impl Capabilities {
+    fn detect(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
+        let features = device.features();
+        let limits = device.limits();
+        Capabilities {
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features
+                .contains(wgpu::Features::SUBGROUP)
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_storage_binding: limits.max_storage_buffer_binding_size as u64,
+            max_buffer: limits.max_buffer_size,
+            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+        }
+    }
+}
+
+/// Identifies one compiled pipeline: which shader, which element type, which override
+/// constants. Pipelines are compiled once per context (lavapipe compiles through LLVM).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineKey {
+    pub shader: &'static str,
+    pub dtype: DType,
+    pub constants: Vec<(&'static str, u32)>,
+}
+
+/// Adapter, device, queue, capabilities and compiled pipelines.
+pub struct Context {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    caps: Capabilities,
+    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+/// Lists every adapter wgpu sees on the selected backends.
+pub fn enumerate_adapters(backend: Option<&str>) -> Result<Vec<wgpu::Adapter>> {
+    let selector = AdapterSelector {
+        name: None,
+        backend: backend.map(str::to_owned),
+    };
+    let backends = selector.backends()?;
+    let instance = new_instance(backends);
+    Ok(pollster::block_on(instance.enumerate_adapters(backends)))
+}
+
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+impl Context {
+    /// Builds a context from the environment (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`,
+    /// `WGPU_POWER_PREF`), else wgpu's default adapter. Blocks until the device is ready.
+    pub fn new() -> Result<Self> {
+        Self::with_selector(AdapterSelector::default())
+    }
+
+    /// Builds a context on the adapter the selector (then the environment) names.
+    pub fn with_selector(selector: AdapterSelector) -> Result<Self> {
+        let selector = selector.with_env();
+        let backends = selector.backends()?;
+        let instance = new_instance(backends);
+        let adapter = match &selector.name {
+            Some(name) => {
+                let wanted = name.to_lowercase();
+                let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
+                    .ok_or_else(|| no_adapter(&selector, &names))?
+            }
+            None => {
+                let options = wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::from_env().unwrap_or_default(),
+                    ..Default::default()
+                };
+                pollster::block_on(instance.request_adapter(&options)).map_err(|_| {
+                    let names: Vec<String> = pollster::block_on(instance.enumerate_adapters(backends))
+                        .iter()
+                        .map(|a| a.get_info().name)
+                        .collect();
+                    no_adapter(&selector, &names)
+                })?
+            }
+        };
+        Self::from_adapter(&adapter)
+    }
+
+    /// Creates a device on `adapter` with the features this crate can use (f16,
+    /// subgroups, timestamps) and the adapter's own limits.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgpu-attention"),
+            required_features: adapter.features() & wanted,
+            required_limits: adapter.limits(),
+            ..Default::default()
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
+                adapter: info.name.clone(),
+                reason: e.to_string(),
+            })?;
+        // Every operation runs inside error scopes; anything that escapes them is reported
+        // rather than aborting the process (wgpu's default handler panics).
+        device.on_uncaptured_error(Arc::new(|e| eprintln!("wgpu-attention: uncaptured wgpu error: {e}")));
+        Ok(Self::from_wgpu(info, device, queue))
+    }
+
+    /// Shares a device and queue the caller already owns (e.g. with a renderer).
+    pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let caps = Capabilities::detect(&device, &info);
+        Context {
+            device,
+            queue,
+            info,
+            caps,
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// True for CPU adapters such as lavapipe and llvmpipe.
+    pub fn is_cpu_adapter(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+            || ["llvmpipe", "lavapipe", "swiftshader", "warp"]
+                .iter()
+                .any(|n| self.info.name.to_lowercase().contains(n))
+    }
+
+    pub(crate) fn require_f16(&self, needed_for: &str) -> Result<()> {
+        if self.caps.f16 {
+            Ok(())
+        } else {
+            Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "SHADER_F16",
+                needed_for: needed_for.into(),
+            })
+        }
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns anything
+    /// wgpu reports into [`Error::Gpu`].
+    pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = v.or(o) {
+            return Err(Error::Gpu {
+                during: during.into(),
+                message: e.to_string(),
+            });
+        }
+        out
+    }
+
+    /// Creates a buffer after checking the device's size limit.
+    pub(crate) fn create_buffer(&self, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        if size > self.caps.max_buffer {
+            return Err(Error::LimitExceeded {
+                what: label.into(),
+                limit: "max_buffer_size",
+                requested: size,
+                max: self.caps.max_buffer,
+            });
+        }
+        self.scoped(label, || {
+            Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            }))
+        })
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::Readback(e.to_string()))
+    }
+
+    /// Copies the first `bytes` of `buffer` to the host.
+    pub(crate) fn read_buffer(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let padded = bytes.max(4).div_ceil(4) * 4;
+        let staging = self.create_buffer(
+            "wgpu-attention readback",
+            padded,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.scoped("readback copy", || {
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded);
+            self.queue.submit([encoder.finish()]);
+            Ok(())
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_idle()?;
+        rx.recv()
+            .map_err(|e| Error::Readback(e.to_string()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let bytes_out = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Readback(e.to_string()))?;
+            view[..bytes as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(bytes_out)
+    }
+
+    /// Returns the cached pipeline for `key`, compiling it with `build` on first use.
+    pub(crate) fn pipeline(
+        &self,
+        key: PipelineKey,
+        build: impl FnOnce(&PipelineKey) -> Result<wgpu::ComputePipeline>,
+    ) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.lock_pipelines().get(&key) {
+            return Ok(p.clone());
+        }
+        // Compile outside the lock: two threads may race to compile the same pipeline,
+        // which is wasteful but correct, and nobody waits behind a slow LLVM compile.
+        let pipeline = build(&key)?;
+        self.lock_pipelines().insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    fn lock_pipelines(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, wgpu::ComputePipeline>> {
+        // A panic while holding the lock cannot leave the map inconsistent (inserts are
+        // atomic), so a poisoned lock is still usable.
+        self.pipelines.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of pipelines compiled so far (for tests and the bench report).
+    pub fn compiled_pipelines(&self) -> usize {
+        self.lock_pipelines().len()
+    }
+}
+
+fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {
+    Error::NoAdapter {
+        wanted: selector.describe(),
+        available: if names.is_empty() {
+            "none (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)".into()
+        } else {
+            names.join(", ")
+        },
+    }
+}

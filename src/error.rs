@@ -1,0 +1,91 @@
+//! The crate's single error type. Every variant names what was wrong and, where it
+//! applies, the value found and the value expected, so a CLI can print it as one line.
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No adapter matched the requested name/backend.
+    #[error("no GPU adapter matches {wanted}; adapters found: {available}")]
+    NoAdapter { wanted: String, available: String },
+
+    /// The adapter refused to create a device.
+    #[error("could not create a device on adapter '{adapter}': {reason}")]
+    RequestDevice { adapter: String, reason: String },
+
+    /// A tensor's shape does not fit the problem.
+    #[error("shape mismatch for {what}: expected {expected}, got {got}")]
+    Shape {
+        what: String,
+        expected: String,
+        got: String,
+    },
+
+    /// A value outside what the crate supports (head dim too big, zero lengths, ...).
+    #[error("unsupported {what}: got {got}, supported {supported}")]
+    Unsupported {
+        what: String,
+        got: String,
+        supported: String,
+    },
+
+    /// An argument that makes no sense (e.g. a non-finite scale).
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: String, reason: String },
+
+    /// The adapter lacks a feature the request needs.
+    #[error("adapter '{adapter}' lacks {feature}, which {needed_for} needs")]
+    MissingFeature {
+        adapter: String,
+        feature: &'static str,
+        needed_for: String,
+    },
+
+    /// The request is larger than a device limit allows.
+    #[error("{what} needs {requested} bytes but the device limit {limit} is {max} bytes")]
+    LimitExceeded {
+        what: String,
+        limit: &'static str,
+        requested: u64,
+        max: u64,
+    },
+
+    /// wgpu reported a validation or out-of-memory error while recording or submitting.
+    #[error("GPU error during {during}: {message}")]
+    Gpu { during: String, message: String },
+
+    /// Reading a buffer back, or waiting for the device, failed.
+    #[error("GPU readback failed: {0}")]
+    Readback(String),
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn shape(what: impl Into<String>, expected: impl ToString, got: impl ToString) -> Self {
+        Error::Shape {
+            what: what.into(),
+            expected: expected.to_string(),
+            got: got.to_string(),
+        }
+    }
+
+    pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(
+        what: impl Into<String>,
+        got: impl ToString,
+        supported: impl Into<String>,
+    ) -> Self {
+        Error::Unsupported {
+            what: what.into(),
+            got: got.to_string(),
+            supported: supported.into(),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `shaders/flash_attention.wgsl`: the fused one-pass kernel, in two tilings.
+
+use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use crate::context::Context;
+use crate::error::Result;
+use crate::tensor::DType;
+
+const SOURCE: &str = include_str!("../../shaders/flash_attention.wgsl");
+
+/// K/V read straight from storage, no barriers (CPU adapters).
+pub const REGISTERS: Kernel = Kernel {
+    file: "flash_attention.wgsl",
+    source: SOURCE,
+    entry: "flash_registers",
+};
+
+/// K/V tiles staged in 16 KiB of workgroup memory (GPUs).
+pub const SHARED: Kernel = Kernel {
+    file: "flash_attention.wgsl",
+    source: SOURCE,
+    entry: "flash_shared",
+};
+
+/// Workgroup memory the shared tiling declares.
+pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
+
+/// A resolved tile configuration: which entry point and how many query rows per workgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashConfig {
+    pub kernel: Kernel,
+    pub rows: u32,
+}
+
+impl FlashConfig {
+    pub fn name(&self) -> &'static str {
+        if self.kernel.entry == SHARED.entry {
+            "shared"
+        } else {
+            "registers"
+        }
+    }
+}
+
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    config: FlashConfig,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, &config.kernel, dtype, &[("ROWS", config.rows)])?;
+    let slots = [
+        Slot::Params,
+        Slot::Q,
+        Slot::K,
+        Slot::V,
+        Slot::Output,
+        Slot::Mask,
+        Slot::KeyLengths,
+        Slot::Lse,
+    ];
+    let groups = [groups_for(params.len_q as usize, config.rows as usize), params.bh_count, 1];
+    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! WGSL kernels: one module per kernel (its pipeline and dispatch), the shared uniform
+//! block, and the machinery to assemble, compile and cache shader variants.
+//!
+//! A kernel's source is a generated two-line header (`enable f16;`, `alias elem = ...;`)
+//! followed by `shaders/attention_common.wgsl` and the kernel's own file. Everything
+//! else is specialised with WGSL `override` constants.
+
+pub(crate) mod flash;
+pub mod params;
+pub(crate) mod qk_scores;
+pub(crate) mod softmax_rows;
+pub(crate) mod weights_v;
+
+use crate::context::{Context, PipelineKey};
+use crate::error::Result;
+use crate::tensor::DType;
+
+pub use params::AttentionParams;
+
+const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
+
+/// One WGSL file and the entry point used from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// File name under `shaders/`.
+    pub file: &'static str,
+    pub source: &'static str,
+    pub entry: &'static str,
+}
+
+/// Every kernel entry point the crate dispatches (used by the shader validation test).
+pub const ALL_KERNELS: [Kernel; 5] = [
+    qk_scores::KERNEL,
+    softmax_rows::KERNEL,
+    weights_v::KERNEL,
+    flash::REGISTERS,
+    flash::SHARED,
+];
+
+/// The full WGSL of a kernel for an element type.
+pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
+    let header = match dtype {
+        DType::F32 => "alias elem = f32;\n",
+        DType::F16 => "enable f16;\nalias elem = f16;\n",
+    };
+    format!("{header}{COMMON}\n{}", kernel.source)
+}
+
+/// Compiles (once per context) the pipeline for a kernel, element type and overrides.
+pub(crate) fn pipeline(
+    ctx: &Context,
+    kernel: &Kernel,
+    dtype: DType,
+    constants: &[(&'static str, u32)],
+) -> Result<wgpu::ComputePipeline> {
+    let key = PipelineKey {
+        shader: kernel.entry,
+        dtype,
+        constants: constants.to_vec(),
+    };
+    ctx.pipeline(key, |key| {
+        let label = format!("{}:{} ({})", kernel.file, kernel.entry, dtype.name());
+        ctx.scoped(&format!("compiling {label}"), || {
+            let module = ctx.device().create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(shader_source(kernel, dtype).into()),
+            });
+            let constants: Vec<(&str, f64)> = key.constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+            Ok(ctx.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some(kernel.entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            }))
+        })
+    })
+}
+
+/// Records one dispatch with an auto-layout bind group made of `bindings`.
+pub(crate) fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    pipeline: &wgpu::ComputePipeline,
+    bindings: &[(u32, &wgpu::Buffer)],
+    groups: [u32; 3],
+) {
+    let entries: Vec<wgpu::BindGroupEntry> = bindings
+        .iter()
+        .map(|&(binding, buffer)| wgpu::BindGroupEntry {
+            binding,
+            resource: buffer.as_entire_binding(),
+        })
+        .collect();
+    let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+}
+
+/// Buffers bound at the fixed binding numbers of `attention_common.wgsl`.
+pub(crate) struct AttentionBindings<'a> {
+    pub params: &'a wgpu::Buffer,
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub output: &'a wgpu::Buffer,
+    pub mask: &'a wgpu::Buffer,
+    pub key_lengths: &'a wgpu::Buffer,
+    pub scores: &'a wgpu::Buffer,
+    pub lse: &'a wgpu::Buffer,
+}
+
+/// Binding numbers, as declared in `attention_common.wgsl`.
+#[derive(Clone, Copy)]
+pub(crate) enum Slot {
+    Params = 0,
+    Q = 1,
+    K = 2,
+    V = 3,
+    Output = 4,
+    Mask = 5,
+    KeyLengths = 6,
+    Scores = 7,
+    Lse = 8,
+}
+
+impl<'a> AttentionBindings<'a> {
+    /// The (binding, buffer) pairs for the slots a kernel uses.
+    pub fn select(&self, slots: &[Slot]) -> Vec<(u32, &'a wgpu::Buffer)> {
+        slots
+            .iter()
+            .map(|&slot| {
+                let buffer = match slot {
+                    Slot::Params => self.params,
+                    Slot::Q => self.q,
+                    Slot::K => self.k,
+                    Slot::V => self.v,
+                    Slot::Output => self.output,
+                    Slot::Mask => self.mask,
+                    Slot::KeyLengths => self.key_lengths,
+                    Slot::Scores => self.scores,
+                    Slot::Lse => self.lse,
+                };
+                (slot as u32, buffer)
+            })
+            .collect()
+    }
+}
+
+/// Workgroups needed to cover `n` items with `per_group` items per workgroup.
+pub(crate) fn groups_for(n: usize, per_group: usize) -> u32 {
+    n.div_ceil(per_group) as u32
+}

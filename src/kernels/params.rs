@@ -1,0 +1,48 @@
+//! The uniform block shared by the attention kernels (`struct Params` in
+//! `shaders/attention_common.wgsl`; a test checks the two layouts agree).
+
+use bytemuck::{Pod, Zeroable};
+
+/// Mirror of WGSL `Params`. All fields are 4-byte scalars, so WGSL's uniform layout is
+/// the C layout; the size is a multiple of 16 as uniform buffers require.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttentionParams {
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub len_q: u32,
+    pub len_k: u32,
+    pub head_dim: u32,
+    pub head_dim_v: u32,
+    pub scale: f32,
+    pub q_stride_b: u32,
+    pub q_stride_h: u32,
+    pub q_stride_s: u32,
+    pub causal: u32,
+    pub k_stride_b: u32,
+    pub k_stride_h: u32,
+    pub k_stride_s: u32,
+    pub causal_offset: i32,
+    pub v_stride_b: u32,
+    pub v_stride_h: u32,
+    pub v_stride_s: u32,
+    pub has_key_lengths: u32,
+    pub o_stride_b: u32,
+    pub o_stride_h: u32,
+    pub o_stride_s: u32,
+    pub mask_kind: u32,
+    pub m_stride_b: u32,
+    pub m_stride_h: u32,
+    pub m_stride_q: u32,
+    pub m_stride_k: u32,
+    pub bh_start: u32,
+    pub bh_count: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
+/// `mask_kind` values, as the WGSL constants `MASK_*`.
+pub const MASK_NONE: u32 = 0;
+pub const MASK_BOOL: u32 = 1;
+pub const MASK_ADDITIVE: u32 = 2;

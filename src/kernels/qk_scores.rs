@@ -1,0 +1,44 @@
+//! `shaders/qk_scores.wgsl`: masked, scaled scores (or, with the weights epilogue,
+//! normalised probabilities from a known log-sum-exp) for a chunk of (batch, head) pairs.
+
+use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use crate::context::Context;
+use crate::error::Result;
+use crate::tensor::DType;
+
+pub const KERNEL: Kernel = Kernel {
+    file: "qk_scores.wgsl",
+    source: include_str!("../../shaders/qk_scores.wgsl"),
+    entry: "main",
+};
+
+/// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).
+pub const TILE: usize = 32;
+
+/// What the kernel writes per position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Epilogue {
+    /// Scaled, biased scores; -inf where masked.
+    Scores = 0,
+    /// exp(score - lse): attention weights; 0 where masked.
+    Weights = 1,
+}
+
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+    epilogue: Epilogue,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, &KERNEL, dtype, &[("EPILOGUE", epilogue as u32)])?;
+    let slots = [Slot::Params, Slot::Q, Slot::K, Slot::Mask, Slot::KeyLengths, Slot::Scores, Slot::Lse];
+    let groups = [
+        groups_for(params.len_k as usize, TILE),
+        groups_for(params.len_q as usize, TILE),
+        params.bh_count,
+    ];
+    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    Ok(())
+}

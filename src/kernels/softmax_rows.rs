@@ -1,0 +1,33 @@
+//! `shaders/softmax_rows.wgsl`: row softmax of the score chunk in place, plus the
+//! log-sum-exp of each row.
+
+use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use crate::context::Context;
+use crate::error::Result;
+use crate::tensor::DType;
+
+pub const KERNEL: Kernel = Kernel {
+    file: "softmax_rows.wgsl",
+    source: include_str!("../../shaders/softmax_rows.wgsl"),
+    entry: "main",
+};
+
+const ROWS_PER_GROUP: usize = 64;
+
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
+    let slots = [Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse];
+    let rows = params.bh_count as usize * params.len_q as usize;
+    let total = groups_for(rows, ROWS_PER_GROUP);
+    // The shader linearises a 2-D grid, so more than 65535 row groups still fit.
+    let x = total.min(ctx.capabilities().max_workgroups_per_dim).max(1);
+    let y = total.div_ceil(x);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), [x, y, 1]);
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! `shaders/weights_v.wgsl`: output = probabilities x V for a chunk of (batch, head) pairs.
+
+use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use crate::context::Context;
+use crate::error::Result;
+use crate::tensor::DType;
+
+pub const KERNEL: Kernel = Kernel {
+    file: "weights_v.wgsl",
+    source: include_str!("../../shaders/weights_v.wgsl"),
+    entry: "main",
+};
+
+/// Rows and value columns covered by one workgroup (8x8 invocations of 4x4 blocks).
+pub const TILE: usize = 32;
+
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
+    let slots = [Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores];
+    let groups = [
+        groups_for(params.head_dim_v as usize, TILE),
+        groups_for(params.len_q as usize, TILE),
+        params.bh_count,
+    ];
+    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    Ok(())
+}

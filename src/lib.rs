@@ -1,0 +1,44 @@
+//! # wgpu-attention
+//!
+//! Multi-head scaled dot-product attention, `softmax(Q Kᵀ · scale + mask) V`, as
+//! hand-written WGSL compute kernels dispatched through wgpu: the same kernels run on
+//! Vulkan, Metal, DX12 and GL adapters and on Mesa's software rasterisers.
+//!
+//! ```no_run
+//! use wgpu_attention::{sdpa, AttentionOptions, CausalAlignment, Context, Layout, Tensor};
+//! # fn main() -> Result<(), wgpu_attention::Error> {
+//! let ctx = Context::new()?;
+//! let (b, h, l, d) = (1, 2, 5, 8);
+//! let data: Vec<f32> = (0..b * h * l * d).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let q = Tensor::from_f32(&ctx, [b, h, l, d], Layout::Bhsd, &data)?;
+//! let k = Tensor::from_f32(&ctx, [b, h, l, d], Layout::Bhsd, &data)?;
+//! let v = Tensor::from_f32(&ctx, [b, h, l, d], Layout::Bhsd, &data)?;
+//! let options = AttentionOptions { causal: Some(CausalAlignment::TopLeft), ..Default::default() };
+//! let out = sdpa(&ctx, &q, &k, &v, &options)?;
+//! let values: Vec<f32> = out.out.to_f32_vec(&ctx)?; // [B, H, L, D], BHSD
+//! # Ok(()) }
+//! ```
+//!
+//! Semantics (shared by the GPU paths and the CPU [`reference`]) are in the README:
+//! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
+
+pub mod attention;
+pub mod context;
+pub mod error;
+pub mod kernels;
+pub mod options;
+pub mod problem;
+pub mod reference;
+pub mod tensor;
+
+pub use attention::{encode_sdpa, resolve_kernel, sdpa, AttentionOutput, ResolvedKernel};
+pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context};
+pub use error::{Error, Result};
+pub use options::{
+    key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,
+    MaskValues,
+};
+pub use problem::{AttentionShape, MAX_HEAD_DIM};
+pub use tensor::{relayout, DType, Layout, Tensor};
+/// Re-exported so callers use the same wgpu major version as this crate.
+pub use wgpu;

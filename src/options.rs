@@ -1,0 +1,211 @@
+//! What a caller can ask of one attention call: scale, masks, kernel path, extra outputs.
+
+use crate::error::{Error, Result};
+use crate::tensor::Layout;
+
+/// Which keys a query may see under a causal mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CausalAlignment {
+    /// Query `i` sees keys `j <= i` (PyTorch `is_causal=True`).
+    TopLeft,
+    /// Query `i` sees keys `j <= i + Lk - Lq` (flash-attn; the last query sees every key,
+    /// as when decoding against a KV cache).
+    BottomRight,
+}
+
+impl CausalAlignment {
+    /// Offset `o` such that query `i` sees keys `j <= i + o`.
+    pub fn offset(self, len_q: usize, len_k: usize) -> i64 {
+        match self {
+            CausalAlignment::TopLeft => 0,
+            CausalAlignment::BottomRight => len_k as i64 - len_q as i64,
+        }
+    }
+}
+
+/// Values of an explicit mask tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MaskValues {
+    /// `true` = may attend (PyTorch SDPA convention).
+    Bool(Vec<bool>),
+    /// Added to the scaled scores; `-inf` masks the position.
+    Additive(Vec<f32>),
+}
+
+/// An explicit mask broadcastable to `[B, Hq, Lq, Lk]`, stored in C order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mask {
+    shape: [usize; 4],
+    values: MaskValues,
+}
+
+impl Mask {
+    /// A boolean mask (`true` = may attend) with NumPy-style shape of rank 1 to 4.
+    pub fn boolean(shape: &[usize], values: Vec<bool>) -> Result<Self> {
+        Self::new(shape, values.len(), MaskValues::Bool(values))
+    }
+
+    /// An additive float mask with NumPy-style shape of rank 1 to 4.
+    pub fn additive(shape: &[usize], values: Vec<f32>) -> Result<Self> {
+        if values.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
+            return Err(Error::invalid(
+                "additive mask",
+                "contains NaN or +inf; use -inf to mask a position",
+            ));
+        }
+        Self::new(shape, values.len(), MaskValues::Additive(values))
+    }
+
+    fn new(shape: &[usize], len: usize, values: MaskValues) -> Result<Self> {
+        if shape.is_empty() || shape.len() > 4 {
+            return Err(Error::shape("mask rank", "1 to 4 dimensions", shape.len()));
+        }
+        let mut full = [1usize; 4];
+        full[4 - shape.len()..].copy_from_slice(shape);
+        let count: usize = full.iter().product();
+        if count != len {
+            return Err(Error::shape(
+                format!("mask values for shape {shape:?}"),
+                count,
+                len,
+            ));
+        }
+        Ok(Mask {
+            shape: full,
+            values,
+        })
+    }
+
+    /// Shape padded on the left to rank 4.
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    pub fn values(&self) -> &MaskValues {
+        &self.values
+    }
+
+    /// Checks the mask broadcasts to `[b, hq, lq, lk]`.
+    pub fn check_broadcast(&self, target: [usize; 4]) -> Result<()> {
+        for (axis, (&m, &t)) in self.shape.iter().zip(target.iter()).enumerate() {
+            if m != 1 && m != t {
+                return Err(Error::shape(
+                    format!("mask (axis {axis} of [B, Hq, Lq, Lk])"),
+                    format!("1 or {t} to broadcast to {target:?}"),
+                    format!("{m} (mask shape {:?})", self.shape),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Element strides for indexing `[b, h, i, j]`, with 0 on broadcast axes.
+    pub fn broadcast_strides(&self) -> [usize; 4] {
+        let s = self.shape;
+        let dense = [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1];
+        let mut out = [0; 4];
+        for axis in 0..4 {
+            out[axis] = if s[axis] == 1 { 0 } else { dense[axis] };
+        }
+        out
+    }
+
+    /// `None` if the position is masked, else the additive bias (0 for bool masks).
+    pub fn bias_at(&self, b: usize, h: usize, i: usize, j: usize) -> Option<f32> {
+        let st = self.broadcast_strides();
+        let idx = b * st[0] + h * st[1] + i * st[2] + j * st[3];
+        match &self.values {
+            MaskValues::Bool(v) => v[idx].then_some(0.0),
+            MaskValues::Additive(v) => (v[idx] != f32::NEG_INFINITY).then_some(v[idx]),
+        }
+    }
+}
+
+/// Which GPU path computes the attention.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelChoice {
+    /// The best path that exists for the request (the fused kernel).
+    #[default]
+    Auto,
+    /// One pass, online softmax, never stores the score matrix.
+    Fused,
+    /// Three kernels (scores, softmax, weights x V) through a score buffer.
+    Materialized,
+}
+
+/// Tile configuration of the fused kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FusedTiling {
+    /// Chosen from the adapter (see [`crate::Context::default_fused_tiling`]), or from the
+    /// `WGPU_ATTENTION_TILING` environment variable (`registers` or `shared`).
+    #[default]
+    Auto,
+    /// Each invocation streams K/V straight from storage; no barriers. For CPU adapters.
+    Registers,
+    /// K/V tiles are staged in workgroup memory between barriers. For GPUs.
+    Shared,
+}
+
+/// Options for one scaled dot-product attention call.
+#[derive(Clone, Debug, Default)]
+pub struct AttentionOptions {
+    /// Multiplies `Q Kᵀ`; defaults to `1/sqrt(D)`.
+    pub scale: Option<f32>,
+    /// Causal mask and its alignment.
+    pub causal: Option<CausalAlignment>,
+    /// Valid key count per batch element (keys `j >= len[b]` are masked).
+    pub key_lengths: Option<Vec<u32>>,
+    /// Explicit mask, broadcastable to `[B, Hq, Lq, Lk]`.
+    pub mask: Option<Mask>,
+    /// Which kernel path to use.
+    pub kernel: KernelChoice,
+    /// Tiling of the fused kernel.
+    pub tiling: FusedTiling,
+    /// Also return the attention weights `[B, Hq, Lq, Lk]` (f32, BHSD).
+    pub need_weights: bool,
+    /// Also return the log-sum-exp per row `[B, Hq, Lq]` (f32).
+    pub need_lse: bool,
+    /// Layout of the output; defaults to the layout of `q`.
+    pub output_layout: Option<Layout>,
+}
+
+/// Builds per-batch key lengths from token ids `[B, S]` (C order), for padding at the end.
+///
+/// Returns an error if a pad token is followed by a real token in some row; use
+/// [`key_mask_from_tokens`] for such interior padding.
+pub fn key_lengths_from_tokens(tokens: &[i64], batch: usize, pad_id: i64) -> Result<Vec<u32>> {
+    let seq = token_row_len(tokens, batch)?;
+    let mut lengths = Vec::with_capacity(batch);
+    for (b, row) in tokens.chunks(seq.max(1)).take(batch).enumerate() {
+        let len = row.iter().position(|&t| t == pad_id).unwrap_or(seq);
+        if let Some(j) = row[len..].iter().position(|&t| t != pad_id) {
+            return Err(Error::invalid(
+                "token ids for key lengths",
+                format!(
+                    "row {b} has a real token at position {} after padding at {len}; use a key mask instead",
+                    len + j
+                ),
+            ));
+        }
+        lengths.push(len as u32);
+    }
+    Ok(lengths)
+}
+
+/// Builds a boolean key mask `[B, 1, 1, S]` (`true` = real token) from token ids `[B, S]`.
+pub fn key_mask_from_tokens(tokens: &[i64], batch: usize, pad_id: i64) -> Result<Mask> {
+    let seq = token_row_len(tokens, batch)?;
+    let values = tokens.iter().map(|&t| t != pad_id).collect();
+    Mask::boolean(&[batch, 1, 1, seq], values)
+}
+
+fn token_row_len(tokens: &[i64], batch: usize) -> Result<usize> {
+    if batch == 0 || tokens.len() % batch != 0 {
+        return Err(Error::shape(
+            "token ids",
+            format!("a multiple of batch size {batch}"),
+            tokens.len(),
+        ));
+    }
+    Ok(tokens.len() / batch)
+}

@@ -1,0 +1,143 @@
+//! The shape of one attention problem and the checks every path runs before any work.
+
+use crate::error::{Error, Result};
+use crate::options::AttentionOptions;
+
+/// Largest head dimension (`D` and `Dv`) the kernels accept.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Sizes of one attention problem, in BHSD terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub len_q: usize,
+    pub len_k: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+}
+
+impl AttentionShape {
+    /// Derives the problem from logical `[B, H, S, D]` shapes of q, k and v.
+    pub fn from_qkv(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<Self> {
+        let [b, hq, lq, d] = q;
+        if k[0] != b || v[0] != b {
+            return Err(Error::shape("batch of k and v", format!("{b} (from q)"), format!("k {}, v {}", k[0], v[0])));
+        }
+        if v[1] != k[1] {
+            return Err(Error::shape("heads of v", format!("{} (from k)", k[1]), v[1]));
+        }
+        if v[2] != k[2] {
+            return Err(Error::shape("sequence length of v", format!("{} (from k)", k[2]), v[2]));
+        }
+        if k[3] != d {
+            return Err(Error::shape("head dim of k", format!("{d} (from q)"), k[3]));
+        }
+        let shape = AttentionShape {
+            batch: b,
+            heads_q: hq,
+            heads_kv: k[1],
+            len_q: lq,
+            len_k: k[2],
+            head_dim: d,
+            head_dim_v: v[3],
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (name, n) in [
+            ("batch", self.batch),
+            ("query heads", self.heads_q),
+            ("key/value heads", self.heads_kv),
+            ("query length", self.len_q),
+            ("key length", self.len_k),
+        ] {
+            if n == 0 {
+                return Err(Error::unsupported(name, 0, "at least 1"));
+            }
+            if n > u32::MAX as usize / 2 {
+                return Err(Error::unsupported(name, n, "below 2^31"));
+            }
+        }
+        for (name, n) in [("head dim D", self.head_dim), ("value head dim Dv", self.head_dim_v)] {
+            if n == 0 || n > MAX_HEAD_DIM {
+                return Err(Error::unsupported(name, n, format!("1 to {MAX_HEAD_DIM}")));
+            }
+        }
+        if self.heads_q % self.heads_kv != 0 {
+            return Err(Error::shape(
+                "query heads (must be a multiple of key/value heads for GQA)",
+                format!("a multiple of {}", self.heads_kv),
+                self.heads_q,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Key/value head used by query head `h` (GQA/MQA).
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads_q / self.heads_kv)
+    }
+
+    /// Logical output shape `[B, Hq, Lq, Dv]`.
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads_q, self.len_q, self.head_dim_v]
+    }
+
+    /// Attention-weights shape `[B, Hq, Lq, Lk]`.
+    pub fn weights_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads_q, self.len_q, self.len_k]
+    }
+
+    /// Number of (batch, query head) pairs.
+    pub fn batch_heads(&self) -> usize {
+        self.batch * self.heads_q
+    }
+
+    /// FLOPs of the two matrix products, `4·B·Hq·Lq·Lk·D`-style (with `D + Dv`), halved
+    /// when causal as is customary (the exact count of visible pairs is not used).
+    pub fn flops(&self, causal: bool) -> f64 {
+        let f = 2.0
+            * self.batch_heads() as f64
+            * self.len_q as f64
+            * self.len_k as f64
+            * (self.head_dim + self.head_dim_v) as f64;
+        if causal {
+            f / 2.0
+        } else {
+            f
+        }
+    }
+
+    /// The scale actually used: the option, else `1/sqrt(D)`.
+    pub fn scale(&self, options: &AttentionOptions) -> f32 {
+        options.scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// Checks options against this shape: scale, key lengths, mask broadcast.
+    pub fn check_options(&self, options: &AttentionOptions) -> Result<()> {
+        if let Some(s) = options.scale {
+            if !s.is_finite() {
+                return Err(Error::invalid("scale", format!("{s} is not finite")));
+            }
+        }
+        if let Some(lens) = &options.key_lengths {
+            if lens.len() != self.batch {
+                return Err(Error::shape("key lengths", format!("{} entries (one per batch element)", self.batch), lens.len()));
+            }
+            if let Some((b, &len)) = lens.iter().enumerate().find(|(_, &l)| l as usize > self.len_k) {
+                return Err(Error::invalid(
+                    "key lengths",
+                    format!("entry {b} is {len}, larger than the key length {}", self.len_k),
+                ));
+            }
+        }
+        if let Some(mask) = &options.mask {
+            mask.check_broadcast(self.weights_shape())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,85 @@
+//! CPU reference: the contract of DESIGN.md written for obviousness, with f64
+//! accumulation. Every GPU path is tested against this.
+
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::problem::AttentionShape;
+
+/// Results of the reference, all BHSD and in f64.
+#[derive(Clone, Debug)]
+pub struct ReferenceOutput {
+    /// `[B, Hq, Lq, Dv]`.
+    pub out: Vec<f64>,
+    /// `[B, Hq, Lq, Lk]`; zeros on masked positions and fully masked rows.
+    pub weights: Vec<f64>,
+    /// `[B, Hq, Lq]`; `-inf` for fully masked rows.
+    pub lse: Vec<f64>,
+}
+
+/// Whether query `i` may attend key `j`, and the additive bias if so.
+pub fn visible(shape: &AttentionShape, options: &AttentionOptions, b: usize, h: usize, i: usize, j: usize) -> Option<f64> {
+    if let Some(align) = options.causal {
+        if j as i64 > i as i64 + align.offset(shape.len_q, shape.len_k) {
+            return None;
+        }
+    }
+    if let Some(lens) = &options.key_lengths {
+        if j >= lens[b] as usize {
+            return None;
+        }
+    }
+    match &options.mask {
+        Some(mask) => mask.bias_at(b, h, i, j).map(f64::from),
+        None => Some(0.0),
+    }
+}
+
+/// Scaled dot-product attention on BHSD host data.
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+) -> Result<ReferenceOutput> {
+    shape.check_options(options)?;
+    let AttentionShape { batch, heads_q, heads_kv, len_q, len_k, head_dim: d, head_dim_v: dv } = *shape;
+    let scale = f64::from(shape.scale(options));
+    let mut out = vec![0.0; batch * heads_q * len_q * dv];
+    let mut weights = vec![0.0; batch * heads_q * len_q * len_k];
+    let mut lse = vec![f64::NEG_INFINITY; batch * heads_q * len_q];
+    let mut scores = vec![None::<f64>; len_k];
+    for b in 0..batch {
+        for h in 0..heads_q {
+            let hk = shape.kv_head(h);
+            let q_head = &q[(b * heads_q + h) * len_q * d..][..len_q * d];
+            let k_head = &k[(b * heads_kv + hk) * len_k * d..][..len_k * d];
+            let v_head = &v[(b * heads_kv + hk) * len_k * dv..][..len_k * dv];
+            for i in 0..len_q {
+                let row = (b * heads_q + h) * len_q + i;
+                for (j, score) in scores.iter_mut().enumerate() {
+                    *score = visible(shape, options, b, h, i, j).map(|bias| {
+                        let dot: f64 = (0..d).map(|t| f64::from(q_head[i * d + t]) * f64::from(k_head[j * d + t])).sum();
+                        dot * scale + bias
+                    });
+                }
+                let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+                if max == f64::NEG_INFINITY {
+                    continue; // fully masked row: zeros and lse = -inf
+                }
+                let sum: f64 = scores.iter().flatten().map(|s| (s - max).exp()).sum();
+                lse[row] = max + sum.ln();
+                for (j, score) in scores.iter().enumerate() {
+                    if let Some(s) = score {
+                        let p = (s - max).exp() / sum;
+                        weights[row * len_k + j] = p;
+                        for c in 0..dv {
+                            out[row * dv + c] += p * f64::from(v_head[j * dv + c]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(ReferenceOutput { out, weights, lse })
+}

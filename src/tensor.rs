@@ -1,0 +1,231 @@
+//! GPU tensors: a storage buffer plus a logical `[B, H, S, D]` shape, a memory layout
+//! (BHSD or BSHD, as strides) and an element type. Host data is always in the layout's
+//! own memory order.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use half::f16;
+use wgpu::util::DeviceExt;
+
+/// Element type in GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+/// How the four logical axes `[batch, heads, seq, dim]` are laid out in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `[batch, heads, seq, dim]`, C order.
+    #[default]
+    Bhsd,
+    /// `[batch, seq, heads, dim]`, C order: heads concatenated per token, which is what
+    /// a projection writes and reads.
+    Bshd,
+}
+
+impl Layout {
+    /// Element strides of the logical axes `(b, h, s, d)` for a logical shape.
+    pub fn strides(self, [_, h, s, d]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Layout::Bhsd => [h * s * d, s * d, d, 1],
+            Layout::Bshd => [s * h * d, d, h * d, 1],
+        }
+    }
+
+    /// The memory-order shape (what a `.npy` file of this tensor has).
+    pub fn memory_shape(self, [b, h, s, d]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Layout::Bhsd => [b, h, s, d],
+            Layout::Bshd => [b, s, h, d],
+        }
+    }
+
+    /// The logical shape from a memory-order shape.
+    pub fn logical_shape(self, [a, b, c, d]: [usize; 4]) -> [usize; 4] {
+        match self {
+            Layout::Bhsd => [a, b, c, d],
+            Layout::Bshd => [a, c, b, d],
+        }
+    }
+}
+
+/// A 4-D tensor on the GPU.
+#[derive(Debug)]
+pub struct Tensor {
+    buffer: wgpu::Buffer,
+    shape: [usize; 4],
+    layout: Layout,
+    dtype: DType,
+}
+
+impl Tensor {
+    /// Uploads f32 data given in `layout`'s memory order.
+    pub fn from_f32(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
+        check_len(shape, data.len())?;
+        Ok(Self::from_bytes(ctx, shape, layout, DType::F32, bytemuck::cast_slice(data)))
+    }
+
+    /// Uploads f16 data given in `layout`'s memory order. Needs `SHADER_F16`.
+    pub fn from_f16(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
+        check_len(shape, data.len())?;
+        ctx.require_f16("f16 tensors")?;
+        Ok(Self::from_bytes(ctx, shape, layout, DType::F16, bytemuck::cast_slice(data)))
+    }
+
+    /// Uploads f32 data, converting to `dtype` on the host.
+    pub fn from_f32_as(
+        ctx: &Context,
+        shape: [usize; 4],
+        layout: Layout,
+        dtype: DType,
+        data: &[f32],
+    ) -> Result<Self> {
+        match dtype {
+            DType::F32 => Self::from_f32(ctx, shape, layout, data),
+            DType::F16 => {
+                let halves: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+                Self::from_f16(ctx, shape, layout, &halves)
+            }
+        }
+    }
+
+    fn from_bytes(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Self {
+        let buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("wgpu-attention tensor"),
+            contents: &pad_to_4(bytes),
+            usage: tensor_usage(),
+        });
+        Tensor {
+            buffer,
+            shape,
+            layout,
+            dtype,
+        }
+    }
+
+    /// An uninitialised tensor (used for outputs).
+    pub fn empty(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType) -> Result<Self> {
+        let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
+        let buffer = ctx.create_buffer("wgpu-attention output", bytes, tensor_usage())?;
+        Ok(Tensor {
+            buffer,
+            shape,
+            layout,
+            dtype,
+        })
+    }
+
+    /// Reads the tensor back as f32 in its layout's memory order.
+    pub fn to_f32_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let bytes = ctx.read_buffer(&self.buffer, self.byte_len())?;
+        Ok(match self.dtype {
+            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
+                .into_iter()
+                .map(f16::to_f32)
+                .collect(),
+        })
+    }
+
+    /// Logical shape `[B, H, S, D]`.
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Element strides of the logical axes.
+    pub fn strides(&self) -> [usize; 4] {
+        self.layout.strides(self.shape)
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of data (the buffer may be padded to a multiple of 4).
+    pub fn byte_len(&self) -> u64 {
+        (self.len() * self.dtype.size()) as u64
+    }
+}
+
+pub(crate) fn tensor_usage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
+}
+
+/// wgpu buffer sizes and copies must be multiples of 4 bytes.
+pub(crate) fn pad_to_4(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if bytes.len() % 4 == 0 && !bytes.is_empty() {
+        std::borrow::Cow::Borrowed(bytes)
+    } else {
+        let mut v = bytes.to_vec();
+        v.resize((bytes.len() + 3) / 4 * 4 + if bytes.is_empty() { 4 } else { 0 }, 0);
+        std::borrow::Cow::Owned(v)
+    }
+}
+
+fn check_len(shape: [usize; 4], len: usize) -> Result<()> {
+    let expected: usize = shape.iter().product();
+    if expected != len {
+        return Err(Error::shape(
+            format!("tensor data for shape {shape:?}"),
+            format!("{expected} elements"),
+            format!("{len} elements"),
+        ));
+    }
+    Ok(())
+}
+
+/// Reorders host data from one layout's memory order to another's.
+pub fn relayout(data: &[f32], shape: [usize; 4], from: Layout, to: Layout) -> Vec<f32> {
+    if from == to {
+        return data.to_vec();
+    }
+    let fs = from.strides(shape);
+    let ts = to.strides(shape);
+    let mut out = vec![0.0; data.len()];
+    let [nb, nh, ns, nd] = shape;
+    for b in 0..nb {
+        for h in 0..nh {
+            for s in 0..ns {
+                for d in 0..nd {
+                    out[b * ts[0] + h * ts[1] + s * ts[2] + d] = data[b * fs[0] + h * fs[1] + s * fs[2] + d];
+                }
+            }
+        }
+    }
+    out
+}

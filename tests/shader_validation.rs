@@ -1,0 +1,97 @@
+//! Every shader variant parses and validates with naga, and the uniform block's WGSL
+//! layout matches the Rust struct. Needs no GPU.
+
+use wgpu_attention::kernels::{shader_source, AttentionParams, ALL_KERNELS};
+use wgpu_attention::DType;
+
+fn validate(source: &str) -> Result<naga::Module, String> {
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(source))?;
+    Ok(module)
+}
+
+#[test]
+fn every_kernel_validates_in_f32_and_f16() {
+    for kernel in ALL_KERNELS {
+        for dtype in [DType::F32, DType::F16] {
+            let source = shader_source(&kernel, dtype);
+            let module = validate(&source).unwrap_or_else(|e| panic!("{} ({dtype:?}):\n{e}", kernel.file));
+            assert!(
+                module.entry_points.iter().any(|ep| ep.name == kernel.entry),
+                "{} has no entry point {}",
+                kernel.file,
+                kernel.entry
+            );
+        }
+    }
+}
+
+#[test]
+fn uniform_layout_matches_rust() {
+    let source = shader_source(&ALL_KERNELS[0], DType::F32);
+    let module = validate(&source).expect("valid shader");
+    let (_, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some("Params"))
+        .expect("struct Params in attention_common.wgsl");
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("Params is not a struct");
+    };
+    assert_eq!(*span as usize, std::mem::size_of::<AttentionParams>(), "struct size");
+    use std::mem::offset_of;
+    let rust: Vec<(&str, usize)> = vec![
+        ("batch", offset_of!(AttentionParams, batch)),
+        ("heads_q", offset_of!(AttentionParams, heads_q)),
+        ("heads_kv", offset_of!(AttentionParams, heads_kv)),
+        ("len_q", offset_of!(AttentionParams, len_q)),
+        ("len_k", offset_of!(AttentionParams, len_k)),
+        ("head_dim", offset_of!(AttentionParams, head_dim)),
+        ("head_dim_v", offset_of!(AttentionParams, head_dim_v)),
+        ("scale", offset_of!(AttentionParams, scale)),
+        ("q_stride_b", offset_of!(AttentionParams, q_stride_b)),
+        ("q_stride_h", offset_of!(AttentionParams, q_stride_h)),
+        ("q_stride_s", offset_of!(AttentionParams, q_stride_s)),
+        ("causal", offset_of!(AttentionParams, causal)),
+        ("k_stride_b", offset_of!(AttentionParams, k_stride_b)),
+        ("k_stride_h", offset_of!(AttentionParams, k_stride_h)),
+        ("k_stride_s", offset_of!(AttentionParams, k_stride_s)),
+        ("causal_offset", offset_of!(AttentionParams, causal_offset)),
+        ("v_stride_b", offset_of!(AttentionParams, v_stride_b)),
+        ("v_stride_h", offset_of!(AttentionParams, v_stride_h)),
+        ("v_stride_s", offset_of!(AttentionParams, v_stride_s)),
+        ("has_key_lengths", offset_of!(AttentionParams, has_key_lengths)),
+        ("o_stride_b", offset_of!(AttentionParams, o_stride_b)),
+        ("o_stride_h", offset_of!(AttentionParams, o_stride_h)),
+        ("o_stride_s", offset_of!(AttentionParams, o_stride_s)),
+        ("mask_kind", offset_of!(AttentionParams, mask_kind)),
+        ("m_stride_b", offset_of!(AttentionParams, m_stride_b)),
+        ("m_stride_h", offset_of!(AttentionParams, m_stride_h)),
+        ("m_stride_q", offset_of!(AttentionParams, m_stride_q)),
+        ("m_stride_k", offset_of!(AttentionParams, m_stride_k)),
+        ("bh_start", offset_of!(AttentionParams, bh_start)),
+        ("bh_count", offset_of!(AttentionParams, bh_count)),
+        ("pad0", offset_of!(AttentionParams, pad0)),
+        ("pad1", offset_of!(AttentionParams, pad1)),
+    ];
+    let wgsl: Vec<(&str, usize)> = members
+        .iter()
+        .map(|m| (m.name.as_deref().unwrap_or("?"), m.offset as usize))
+        .collect();
+    assert_eq!(wgsl, rust, "WGSL Params members (name, offset) vs Rust AttentionParams");
+}
+
+#[test]
+fn mask_kind_constants_match() {
+    let source = shader_source(&ALL_KERNELS[0], DType::F32);
+    for (name, value) in [
+        ("MASK_NONE", wgpu_attention::kernels::params::MASK_NONE),
+        ("MASK_BOOL", wgpu_attention::kernels::params::MASK_BOOL),
+        ("MASK_ADDITIVE", wgpu_attention::kernels::params::MASK_ADDITIVE),
+    ] {
+        let line = format!("const {name}: u32 = {value}u;");
+        assert!(source.contains(&line), "WGSL lacks `{line}`");
+    }
+}
