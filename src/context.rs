@@ -99,7 +99,8 @@ impl Capabilities {
 /// constants. Pipelines are compiled once per context (lavapipe compiles through LLVM).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PipelineKey {
-    pub shader: &'static str,
+    /// Shader file and entry point.
+    pub shader: (&'static str, &'static str),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
 }

@@ -95,3 +95,31 @@ fn mask_kind_constants_match() {
         assert!(source.contains(&line), "WGSL lacks `{line}`");
     }
 }
+
+#[test]
+fn kernel_slots_are_exactly_the_bindings_each_entry_point_uses() {
+    for kernel in ALL_KERNELS {
+        let source = shader_source(&kernel, DType::F32);
+        let module = validate(&source).expect("valid shader");
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .expect("valid shader");
+        let (index, _) = module
+            .entry_points
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.name == kernel.entry)
+            .expect("entry point exists");
+        let uses = info.get_entry_point(index);
+        let mut used: Vec<String> = module
+            .global_variables
+            .iter()
+            .filter(|(h, g)| g.binding.is_some() && !uses[*h].is_empty())
+            .map(|(_, g)| g.name.clone().unwrap_or_default())
+            .collect();
+        let mut declared: Vec<String> = kernel.slots.iter().map(|s| s.wgsl_name().to_string()).collect();
+        used.sort();
+        declared.sort();
+        assert_eq!(used, declared, "{}:{} bindings", kernel.file, kernel.entry);
+    }
+}

@@ -6,12 +6,23 @@ use crate::error::Result;
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_attention.wgsl");
+const SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Output,
+    Slot::Mask,
+    Slot::KeyLengths,
+    Slot::Lse,
+];
 
 /// K/V read straight from storage, no barriers (CPU adapters).
 pub const REGISTERS: Kernel = Kernel {
     file: "flash_attention.wgsl",
     source: SOURCE,
     entry: "flash_registers",
+    slots: SLOTS,
 };
 
 /// K/V tiles staged in 16 KiB of workgroup memory (GPUs).
@@ -19,6 +30,7 @@ pub const SHARED: Kernel = Kernel {
     file: "flash_attention.wgsl",
     source: SOURCE,
     entry: "flash_shared",
+    slots: SLOTS,
 };
 
 /// Workgroup memory the shared tiling declares.
@@ -50,17 +62,7 @@ pub(crate) fn encode(
     params: &AttentionParams,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &config.kernel, dtype, &[("ROWS", config.rows)])?;
-    let slots = [
-        Slot::Params,
-        Slot::Q,
-        Slot::K,
-        Slot::V,
-        Slot::Output,
-        Slot::Mask,
-        Slot::KeyLengths,
-        Slot::Lse,
-    ];
     let groups = [groups_for(params.len_q as usize, config.rows as usize), params.bh_count, 1];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(config.kernel.slots), groups);
     Ok(())
 }

@@ -26,6 +26,9 @@ pub struct Kernel {
     pub file: &'static str,
     pub source: &'static str,
     pub entry: &'static str,
+    /// The bindings of `attention_common.wgsl` the entry point uses (a test checks
+    /// this against naga's analysis; auto layouts contain exactly these).
+    pub slots: &'static [Slot],
 }
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
@@ -54,7 +57,7 @@ pub(crate) fn pipeline(
     constants: &[(&'static str, u32)],
 ) -> Result<wgpu::ComputePipeline> {
     let key = PipelineKey {
-        shader: kernel.entry,
+        shader: (kernel.file, kernel.entry),
         dtype,
         constants: constants.to_vec(),
     };
@@ -121,8 +124,8 @@ pub(crate) struct AttentionBindings<'a> {
 }
 
 /// Binding numbers, as declared in `attention_common.wgsl`.
-#[derive(Clone, Copy)]
-pub(crate) enum Slot {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Slot {
     Params = 0,
     Q = 1,
     K = 2,
@@ -134,9 +137,26 @@ pub(crate) enum Slot {
     Lse = 8,
 }
 
+impl Slot {
+    /// The WGSL variable name bound at this slot.
+    pub fn wgsl_name(self) -> &'static str {
+        match self {
+            Slot::Params => "p",
+            Slot::Q => "q",
+            Slot::K => "k",
+            Slot::V => "v",
+            Slot::Output => "output",
+            Slot::Mask => "mask_words",
+            Slot::KeyLengths => "key_lengths",
+            Slot::Scores => "scores",
+            Slot::Lse => "lse",
+        }
+    }
+}
+
 impl<'a> AttentionBindings<'a> {
     /// The (binding, buffer) pairs for the slots a kernel uses.
-    pub fn select(&self, slots: &[Slot]) -> Vec<(u32, &'a wgpu::Buffer)> {
+    pub(crate) fn select(&self, slots: &[Slot]) -> Vec<(u32, &'a wgpu::Buffer)> {
         slots
             .iter()
             .map(|&slot| {

@@ -10,6 +10,7 @@ pub const KERNEL: Kernel = Kernel {
     file: "qk_scores.wgsl",
     source: include_str!("../../shaders/qk_scores.wgsl"),
     entry: "main",
+    slots: &[Slot::Params, Slot::Q, Slot::K, Slot::Mask, Slot::KeyLengths, Slot::Scores, Slot::Lse],
 };
 
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).
@@ -33,12 +34,11 @@ pub(crate) fn encode(
     epilogue: Epilogue,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &KERNEL, dtype, &[("EPILOGUE", epilogue as u32)])?;
-    let slots = [Slot::Params, Slot::Q, Slot::K, Slot::Mask, Slot::KeyLengths, Slot::Scores, Slot::Lse];
     let groups = [
         groups_for(params.len_k as usize, TILE),
         groups_for(params.len_q as usize, TILE),
         params.bh_count,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), groups);
     Ok(())
 }

@@ -10,6 +10,7 @@ pub const KERNEL: Kernel = Kernel {
     file: "softmax_rows.wgsl",
     source: include_str!("../../shaders/softmax_rows.wgsl"),
     entry: "main",
+    slots: &[Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse],
 };
 
 const ROWS_PER_GROUP: usize = 64;
@@ -22,12 +23,11 @@ pub(crate) fn encode(
     params: &AttentionParams,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
-    let slots = [Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse];
     let rows = params.bh_count as usize * params.len_q as usize;
     let total = groups_for(rows, ROWS_PER_GROUP);
     // The shader linearises a 2-D grid, so more than 65535 row groups still fit.
     let x = total.min(ctx.capabilities().max_workgroups_per_dim).max(1);
     let y = total.div_ceil(x);
-    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), [x, y, 1]);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), [x, y, 1]);
     Ok(())
 }

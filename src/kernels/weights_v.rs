@@ -9,6 +9,7 @@ pub const KERNEL: Kernel = Kernel {
     file: "weights_v.wgsl",
     source: include_str!("../../shaders/weights_v.wgsl"),
     entry: "main",
+    slots: &[Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores],
 };
 
 /// Rows and value columns covered by one workgroup (8x8 invocations of 4x4 blocks).
@@ -22,12 +23,11 @@ pub(crate) fn encode(
     params: &AttentionParams,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
-    let slots = [Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores];
     let groups = [
         groups_for(params.head_dim_v as usize, TILE),
         groups_for(params.len_q as usize, TILE),
         params.bh_count,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(&slots), groups);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), groups);
     Ok(())
 }

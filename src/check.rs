@@ -1,0 +1,323 @@
+//! Checking a GPU path against the CPU reference: seeded random problems, named
+//! tolerances and error reports. Used by the test suite and by `wgpu-attention check`.
+
+use crate::attention::{resolve_kernel, sdpa};
+use crate::context::Context;
+use crate::error::Result;
+use crate::options::{AttentionOptions, CausalAlignment, Mask};
+use crate::problem::AttentionShape;
+use crate::reference;
+use crate::tensor::{relayout, DType, Layout, Tensor};
+use half::f16;
+
+/// A small, fast, seeded generator (SplitMix64): reproducible inputs with no dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let unit = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * unit
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// How close a GPU result must be to the f64 reference.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Tolerance {
+    /// f32 storage and arithmetic: absolute error at most `2e-5 · (1 + log2 Lk)` on
+    /// outputs of magnitude ~1 (rounding grows with the length of the reductions).
+    F32,
+    /// f16 storage: at most twice the error of a naive f16 implementation (inputs,
+    /// scores and probabilities rounded to f16) plus `1e-3` (the flash-attn rule).
+    F16,
+}
+
+/// Error statistics of one comparison.
+#[derive(Clone, Debug, Default)]
+pub struct ErrorStats {
+    pub max_abs: f64,
+    pub argmax: usize,
+    pub mean_abs: f64,
+    /// Non-finite values where the reference is finite (or the other way round).
+    pub non_finite: usize,
+}
+
+impl ErrorStats {
+    pub fn of(got: &[f32], want: &[f64]) -> Self {
+        let mut s = ErrorStats::default();
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let g = f64::from(g);
+            if g.is_finite() != w.is_finite() || (!w.is_finite() && g != w) {
+                s.non_finite += 1;
+                continue;
+            }
+            let e = if w.is_finite() { (g - w).abs() } else { 0.0 };
+            s.mean_abs += e;
+            if e > s.max_abs {
+                s.max_abs = e;
+                s.argmax = i;
+            }
+        }
+        s.mean_abs /= got.len().max(1) as f64;
+        s
+    }
+}
+
+/// One attention problem to check.
+#[derive(Clone, Debug)]
+pub struct CheckCase {
+    pub shape: AttentionShape,
+    pub options: AttentionOptions,
+    pub dtype: DType,
+    pub layout: Layout,
+    pub seed: u64,
+    /// Inputs are drawn uniformly from `[-range, range)`.
+    pub range: f32,
+}
+
+/// The outcome of one case.
+#[derive(Clone, Debug)]
+pub struct CheckOutcome {
+    pub kernel: String,
+    pub out: ErrorStats,
+    pub lse: ErrorStats,
+    pub weights: Option<ErrorStats>,
+    /// The bound the output error had to meet.
+    pub bound: f64,
+    pub passed: bool,
+}
+
+impl CheckOutcome {
+    pub fn summary(&self) -> String {
+        format!(
+            "{}: max abs err {:.3e} at {} (bound {:.3e}), mean {:.3e}, lse max {:.3e}, weights max {}, non-finite {}",
+            self.kernel,
+            self.out.max_abs,
+            self.out.argmax,
+            self.bound,
+            self.out.mean_abs,
+            self.lse.max_abs,
+            self.weights.as_ref().map_or("-".into(), |w| format!("{:.3e}", w.max_abs)),
+            self.out.non_finite + self.lse.non_finite + self.weights.as_ref().map_or(0, |w| w.non_finite),
+        )
+    }
+}
+
+/// Random q, k, v for a case, BHSD, as the device will see them (f16-rounded for f16).
+pub fn random_qkv(case: &CheckCase) -> [Vec<f32>; 3] {
+    let s = &case.shape;
+    let mut rng = Rng::new(case.seed);
+    let r = case.range;
+    let mut draw = |n: usize| {
+        let v = rng.vec(n, -r, r);
+        match case.dtype {
+            DType::F32 => v,
+            DType::F16 => v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect(),
+        }
+    };
+    let q = draw(s.batch * s.heads_q * s.len_q * s.head_dim);
+    let k = draw(s.batch * s.heads_kv * s.len_k * s.head_dim);
+    let v = draw(s.batch * s.heads_kv * s.len_k * s.head_dim_v);
+    [q, k, v]
+}
+
+/// Runs a case on the GPU and compares out, lse and (if asked) weights with the reference.
+pub fn run_case(ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
+    let s = &case.shape;
+    let [q, k, v] = random_qkv(case);
+    let upload = |data: &[f32], shape: [usize; 4]| {
+        let laid = relayout(data, shape, Layout::Bhsd, case.layout);
+        Tensor::from_f32_as(ctx, shape, case.layout, case.dtype, &laid)
+    };
+    let qt = upload(&q, [s.batch, s.heads_q, s.len_q, s.head_dim])?;
+    let kt = upload(&k, [s.batch, s.heads_kv, s.len_k, s.head_dim])?;
+    let vt = upload(&v, [s.batch, s.heads_kv, s.len_k, s.head_dim_v])?;
+    let options = AttentionOptions {
+        need_lse: true,
+        ..case.options.clone()
+    };
+    let kernel = resolve_kernel(ctx, &options)?.name();
+    let result = sdpa(ctx, &qt, &kt, &vt, &options)?;
+    let out_layout = result.out.layout();
+    let out = relayout(&result.out.to_f32_vec(ctx)?, s.out_shape(), out_layout, Layout::Bhsd);
+    let lse = result.lse.as_ref().map(|t| t.to_f32_vec(ctx)).transpose()?.unwrap_or_default();
+    let weights = result.weights.as_ref().map(|t| t.to_f32_vec(ctx)).transpose()?;
+
+    let want = reference::attention(&q, &k, &v, s, &options)?;
+    let out_stats = ErrorStats::of(&out, &want.out);
+    let lse_stats = ErrorStats::of(&lse, &want.lse);
+    let weight_stats = weights.as_ref().map(|w| ErrorStats::of(w, &want.weights));
+    let bound = match case.dtype {
+        DType::F32 => f32_bound(s),
+        DType::F16 => 2.0 * naive_f16_error(&q, &k, &v, s, &options, &want.out)? + 1e-3,
+    };
+    // Weights are probabilities (<= 1) and lse a log: both meet the f32 bound in f32;
+    // in f16 only the output is stored in f16, so they keep a small absolute bound.
+    let aux_bound = match case.dtype {
+        DType::F32 => f32_bound(s),
+        DType::F16 => 2e-3,
+    };
+    let passed = out_stats.max_abs <= bound
+        && lse_stats.max_abs <= aux_bound * (1.0 + case.range as f64)
+        && weight_stats.as_ref().is_none_or(|w| w.max_abs <= aux_bound && w.non_finite == 0)
+        && out_stats.non_finite == 0
+        && lse_stats.non_finite == 0;
+    Ok(CheckOutcome {
+        kernel,
+        out: out_stats,
+        lse: lse_stats,
+        weights: weight_stats,
+        bound,
+        passed,
+    })
+}
+
+fn f32_bound(s: &AttentionShape) -> f64 {
+    2e-5 * (1.0 + (s.len_k as f64).log2())
+}
+
+/// Max error of a naive f16 implementation against the f64 reference: scores,
+/// probabilities and output rounded to f16 at each step.
+fn naive_f16_error(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttentionShape,
+    options: &AttentionOptions,
+    want: &[f64],
+) -> Result<f64> {
+    let r16 = |x: f64| f64::from(f16::from_f64(x).to_f32());
+    let scale = f64::from(s.scale(options));
+    let mut max_err: f64 = 0.0;
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let hk = s.kv_head(h);
+            for i in 0..s.len_q {
+                let row = (b * s.heads_q + h) * s.len_q + i;
+                let scores: Vec<Option<f64>> = (0..s.len_k)
+                    .map(|j| {
+                        reference::visible(s, options, b, h, i, j).map(|bias| {
+                            let dot: f64 = (0..s.head_dim)
+                                .map(|t| {
+                                    f64::from(q[row * s.head_dim + t])
+                                        * f64::from(k[((b * s.heads_kv + hk) * s.len_k + j) * s.head_dim + t])
+                                })
+                                .sum();
+                            r16(r16(dot) * scale + bias)
+                        })
+                    })
+                    .collect();
+                let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+                if max == f64::NEG_INFINITY {
+                    continue;
+                }
+                let sum: f64 = scores.iter().flatten().map(|x| (x - max).exp()).sum();
+                for c in 0..s.head_dim_v {
+                    let mut o = 0.0;
+                    for (j, sc) in scores.iter().enumerate() {
+                        if let Some(x) = sc {
+                            let pr = r16((x - max).exp() / sum);
+                            o += pr * f64::from(v[((b * s.heads_kv + hk) * s.len_k + j) * s.head_dim_v + c]);
+                        }
+                    }
+                    max_err = max_err.max((r16(o) - want[row * s.head_dim_v + c]).abs());
+                }
+            }
+        }
+    }
+    Ok(max_err)
+}
+
+/// The fixed grid of awkward cases `check` and the tests run: lengths 1, 7, 97, 239
+/// (and 1025 where cheap), head dims from DESIGN.md, GQA, Lq != Lk both ways, every
+/// mask kind and both causal alignments, both layouts.
+pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
+    let mut rng = Rng::new(seed);
+    let mut cases = Vec::new();
+    let base = |b, hq, hkv, lq, lk, d, dv| AttentionShape {
+        batch: b,
+        heads_q: hq,
+        heads_kv: hkv,
+        len_q: lq,
+        len_k: lk,
+        head_dim: d,
+        head_dim_v: dv,
+    };
+    let shapes = [
+        base(1, 1, 1, 1, 1, 8, 8),
+        base(2, 2, 1, 7, 97, 40, 40),
+        base(1, 4, 2, 97, 7, 59, 59),
+        base(2, 2, 2, 239, 239, 64, 64),
+        base(1, 3, 1, 33, 65, 80, 96),
+        base(1, 2, 2, 17, 31, 111, 111),
+        base(1, 1, 1, 23, 41, 128, 128),
+        base(1, 2, 1, 9, 1025, 96, 96),
+        base(1, 1, 1, 5, 19, 256, 256),
+        base(1, 1, 1, 13, 13, 3, 5),
+    ];
+    for (n, shape) in shapes.into_iter().enumerate() {
+        let causal = match n % 3 {
+            0 => None,
+            1 => Some(CausalAlignment::TopLeft),
+            _ => Some(CausalAlignment::BottomRight),
+        };
+        let key_lengths = (n % 2 == 1).then(|| (0..shape.batch).map(|_| rng.below(shape.len_k + 1) as u32).collect());
+        let mask = match n % 4 {
+            1 => Some(random_bool_mask(&mut rng, [shape.batch, 1, shape.len_q, shape.len_k])),
+            3 => Some(random_additive_mask(&mut rng, [1, shape.heads_q, 1, shape.len_k])),
+            _ => None,
+        };
+        cases.push(CheckCase {
+            shape,
+            options: AttentionOptions {
+                causal,
+                key_lengths,
+                mask,
+                need_weights: n % 2 == 0,
+                ..Default::default()
+            },
+            dtype: DType::F32,
+            layout: if n % 2 == 0 { Layout::Bhsd } else { Layout::Bshd },
+            seed: seed.wrapping_add(n as u64),
+            range: 1.0,
+        });
+    }
+    cases
+}
+
+/// A boolean mask of the given (broadcastable) shape, about 70% visible.
+pub fn random_bool_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
+    let n = shape.iter().product();
+    let values = (0..n).map(|_| rng.uniform(0.0, 1.0) < 0.7).collect();
+    Mask::boolean(&shape, values).expect("shape and length agree")
+}
+
+/// An additive mask of the given shape: values in [-2, 2), about 20% -inf.
+pub fn random_additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
+    let n = shape.iter().product();
+    let values = (0..n)
+        .map(|_| if rng.uniform(0.0, 1.0) < 0.2 { f32::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
+        .collect();
+    Mask::additive(&shape, values).expect("shape and length agree")
+}

@@ -1,0 +1,45 @@
+//! Shared by the GPU test binaries: one context per binary (pipelines compile once),
+//! and the skip-or-fail rule for machines without an adapter.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+use wgpu_attention::check::{run_case, CheckCase};
+use wgpu_attention::Context;
+
+/// The shared context, or `None` (with a visible message) when no adapter exists and
+/// `WGPU_ATTENTION_REQUIRE_ADAPTER` is not `1`.
+pub fn ctx() -> Option<&'static Context> {
+    static CTX: OnceLock<Option<Context>> = OnceLock::new();
+    CTX.get_or_init(|| match Context::new() {
+        Ok(ctx) => {
+            eprintln!("GPU tests on: {} ({:?})", ctx.adapter_info().name, ctx.adapter_info().backend);
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() == Ok("1") {
+                panic!("WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}");
+            }
+            eprintln!("SKIPPING GPU tests: no adapter ({e})");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Runs a case and panics with the seed and error report if it fails.
+pub fn assert_case(ctx: &Context, case: &CheckCase) {
+    let outcome = run_case(ctx, case).unwrap_or_else(|e| panic!("case failed to run (seed {}): {e}\n{case:?}", case.seed));
+    assert!(
+        outcome.passed,
+        "GPU result differs from the reference (seed {}): {}\ncase: {:?} {:?} {:?} causal={:?} key_lengths={:?} mask={} weights={}",
+        case.seed,
+        outcome.summary(),
+        case.shape,
+        case.dtype,
+        case.layout,
+        case.options.causal,
+        case.options.key_lengths,
+        case.options.mask.is_some(),
+        case.options.need_weights,
+    );
+}

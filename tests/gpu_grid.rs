@@ -1,0 +1,50 @@
+//! The fixed grid of awkward shapes and masks, on every kernel path, against the CPU
+//! reference.
+
+mod common;
+use wgpu_attention::check::standard_grid;
+use wgpu_attention::{DType, FusedTiling, KernelChoice};
+
+fn run_grid(kernel: KernelChoice, tiling: FusedTiling, dtype: DType) {
+    let Some(ctx) = common::ctx() else { return };
+    if dtype == DType::F16 && !ctx.capabilities().f16 {
+        eprintln!("SKIPPING f16 grid: adapter lacks SHADER_F16");
+        return;
+    }
+    for mut case in standard_grid(0x5EED_0001) {
+        case.options.kernel = kernel;
+        case.options.tiling = tiling;
+        case.dtype = dtype;
+        common::assert_case(ctx, &case);
+    }
+}
+
+#[test]
+fn materialized_f32() {
+    run_grid(KernelChoice::Materialized, FusedTiling::Auto, DType::F32);
+}
+
+#[test]
+fn fused_registers_f32() {
+    run_grid(KernelChoice::Fused, FusedTiling::Registers, DType::F32);
+}
+
+#[test]
+fn fused_shared_f32() {
+    run_grid(KernelChoice::Fused, FusedTiling::Shared, DType::F32);
+}
+
+#[test]
+fn materialized_f16() {
+    run_grid(KernelChoice::Materialized, FusedTiling::Auto, DType::F16);
+}
+
+#[test]
+fn fused_registers_f16() {
+    run_grid(KernelChoice::Fused, FusedTiling::Registers, DType::F16);
+}
+
+#[test]
+fn fused_shared_f16() {
+    run_grid(KernelChoice::Fused, FusedTiling::Shared, DType::F16);
+}
