@@ -163,8 +163,17 @@ impl Plan {
             ("q", q.byte_len()),
             ("k", k.byte_len()),
             ("v", v.byte_len()),
-            ("output", (shape.out_shape().iter().product::<usize>() * dtype.size()) as u64),
-            ("mask", options.mask.as_ref().map_or(0, |m| 4 * m.shape().iter().product::<usize>() as u64)),
+            (
+                "output",
+                (shape.out_shape().iter().product::<usize>() * dtype.size()) as u64,
+            ),
+            (
+                "mask",
+                options
+                    .mask
+                    .as_ref()
+                    .map_or(0, |m| 4 * m.shape().iter().product::<usize>() as u64),
+            ),
         ] {
             if bytes > binding {
                 return Err(Error::LimitExceeded {

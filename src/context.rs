@@ -87,7 +87,7 @@ impl Capabilities {
                 .then_some((info.subgroup_min_size, info.subgroup_max_size)),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
-            max_storage_binding: limits.max_storage_buffer_binding_size as u64,
+            max_storage_binding: limits.max_storage_buffer_binding_size,
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
             max_invocations: limits.max_compute_invocations_per_workgroup,
@@ -191,11 +191,10 @@ impl Context {
             required_limits: adapter.limits(),
             ..Default::default()
         };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
-                adapter: info.name.clone(),
-                reason: e.to_string(),
-            })?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            reason: e.to_string(),
+        })?;
         // Every operation runs inside error scopes; anything that escapes them is reported
         // rather than aborting the process (wgpu's default handler panics).
         device.on_uncaptured_error(Arc::new(|e| eprintln!("wgpu-attention: uncaptured wgpu error: {e}")));

@@ -77,11 +77,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn unsupported(
-        what: impl Into<String>,
-        got: impl ToString,
-        supported: impl Into<String>,
-    ) -> Self {
+    pub(crate) fn unsupported(what: impl Into<String>, got: impl ToString, supported: impl Into<String>) -> Self {
         Error::Unsupported {
             what: what.into(),
             got: got.to_string(),

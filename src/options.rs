@@ -64,16 +64,9 @@ impl Mask {
         full[4 - shape.len()..].copy_from_slice(shape);
         let count: usize = full.iter().product();
         if count != len {
-            return Err(Error::shape(
-                format!("mask values for shape {shape:?}"),
-                count,
-                len,
-            ));
+            return Err(Error::shape(format!("mask values for shape {shape:?}"), count, len));
         }
-        Ok(Mask {
-            shape: full,
-            values,
-        })
+        Ok(Mask { shape: full, values })
     }
 
     /// Shape padded on the left to rank 4.
@@ -200,7 +193,7 @@ pub fn key_mask_from_tokens(tokens: &[i64], batch: usize, pad_id: i64) -> Result
 }
 
 fn token_row_len(tokens: &[i64], batch: usize) -> Result<usize> {
-    if batch == 0 || tokens.len() % batch != 0 {
+    if batch == 0 || !tokens.len().is_multiple_of(batch) {
         return Err(Error::shape(
             "token ids",
             format!("a multiple of batch size {batch}"),

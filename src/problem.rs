@@ -23,7 +23,11 @@ impl AttentionShape {
     pub fn from_qkv(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<Self> {
         let [b, hq, lq, d] = q;
         if k[0] != b || v[0] != b {
-            return Err(Error::shape("batch of k and v", format!("{b} (from q)"), format!("k {}, v {}", k[0], v[0])));
+            return Err(Error::shape(
+                "batch of k and v",
+                format!("{b} (from q)"),
+                format!("k {}, v {}", k[0], v[0]),
+            ));
         }
         if v[1] != k[1] {
             return Err(Error::shape("heads of v", format!("{} (from k)", k[1]), v[1]));
@@ -67,7 +71,7 @@ impl AttentionShape {
                 return Err(Error::unsupported(name, n, format!("1 to {MAX_HEAD_DIM}")));
             }
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::shape(
                 "query heads (must be a multiple of key/value heads for GQA)",
                 format!("a multiple of {}", self.heads_kv),
@@ -126,7 +130,11 @@ impl AttentionShape {
         }
         if let Some(lens) = &options.key_lengths {
             if lens.len() != self.batch {
-                return Err(Error::shape("key lengths", format!("{} entries (one per batch element)", self.batch), lens.len()));
+                return Err(Error::shape(
+                    "key lengths",
+                    format!("{} entries (one per batch element)", self.batch),
+                    lens.len(),
+                ));
             }
             if let Some((b, &len)) = lens.iter().enumerate().find(|(_, &l)| l as usize > self.len_k) {
                 return Err(Error::invalid(

@@ -14,10 +14,19 @@ pub struct ReferenceOutput {
     pub weights: Vec<f64>,
     /// `[B, Hq, Lq]`; `-inf` for fully masked rows.
     pub lse: Vec<f64>,
+    /// Largest |scaled score + bias| over visible positions (rounding errors scale with it).
+    pub max_abs_score: f64,
 }
 
 /// Whether query `i` may attend key `j`, and the additive bias if so.
-pub fn visible(shape: &AttentionShape, options: &AttentionOptions, b: usize, h: usize, i: usize, j: usize) -> Option<f64> {
+pub fn visible(
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    b: usize,
+    h: usize,
+    i: usize,
+    j: usize,
+) -> Option<f64> {
     if let Some(align) = options.causal {
         if j as i64 > i as i64 + align.offset(shape.len_q, shape.len_k) {
             return None;
@@ -43,12 +52,21 @@ pub fn attention(
     options: &AttentionOptions,
 ) -> Result<ReferenceOutput> {
     shape.check_options(options)?;
-    let AttentionShape { batch, heads_q, heads_kv, len_q, len_k, head_dim: d, head_dim_v: dv } = *shape;
+    let AttentionShape {
+        batch,
+        heads_q,
+        heads_kv,
+        len_q,
+        len_k,
+        head_dim: d,
+        head_dim_v: dv,
+    } = *shape;
     let scale = f64::from(shape.scale(options));
     let mut out = vec![0.0; batch * heads_q * len_q * dv];
     let mut weights = vec![0.0; batch * heads_q * len_q * len_k];
     let mut lse = vec![f64::NEG_INFINITY; batch * heads_q * len_q];
     let mut scores = vec![None::<f64>; len_k];
+    let mut max_abs_score: f64 = 0.0;
     for b in 0..batch {
         for h in 0..heads_q {
             let hk = shape.kv_head(h);
@@ -59,7 +77,9 @@ pub fn attention(
                 let row = (b * heads_q + h) * len_q + i;
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = visible(shape, options, b, h, i, j).map(|bias| {
-                        let dot: f64 = (0..d).map(|t| f64::from(q_head[i * d + t]) * f64::from(k_head[j * d + t])).sum();
+                        let dot: f64 = (0..d)
+                            .map(|t| f64::from(q_head[i * d + t]) * f64::from(k_head[j * d + t]))
+                            .sum();
                         dot * scale + bias
                     });
                 }
@@ -67,6 +87,7 @@ pub fn attention(
                 if max == f64::NEG_INFINITY {
                     continue; // fully masked row: zeros and lse = -inf
                 }
+                max_abs_score = scores.iter().flatten().fold(max_abs_score, |m, s| m.max(s.abs()));
                 let sum: f64 = scores.iter().flatten().map(|s| (s - max).exp()).sum();
                 lse[row] = max + sum.ln();
                 for (j, score) in scores.iter().enumerate() {
@@ -81,5 +102,10 @@ pub fn attention(
             }
         }
     }
-    Ok(ReferenceOutput { out, weights, lse })
+    Ok(ReferenceOutput {
+        out,
+        weights,
+        lse,
+        max_abs_score,
+    })
 }

@@ -80,24 +80,30 @@ impl Tensor {
     /// Uploads f32 data given in `layout`'s memory order.
     pub fn from_f32(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
         check_len(shape, data.len())?;
-        Ok(Self::from_bytes(ctx, shape, layout, DType::F32, bytemuck::cast_slice(data)))
+        Ok(Self::from_bytes(
+            ctx,
+            shape,
+            layout,
+            DType::F32,
+            bytemuck::cast_slice(data),
+        ))
     }
 
     /// Uploads f16 data given in `layout`'s memory order. Needs `SHADER_F16`.
     pub fn from_f16(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
         check_len(shape, data.len())?;
         ctx.require_f16("f16 tensors")?;
-        Ok(Self::from_bytes(ctx, shape, layout, DType::F16, bytemuck::cast_slice(data)))
+        Ok(Self::from_bytes(
+            ctx,
+            shape,
+            layout,
+            DType::F16,
+            bytemuck::cast_slice(data),
+        ))
     }
 
     /// Uploads f32 data, converting to `dtype` on the host.
-    pub fn from_f32_as(
-        ctx: &Context,
-        shape: [usize; 4],
-        layout: Layout,
-        dtype: DType,
-        data: &[f32],
-    ) -> Result<Self> {
+    pub fn from_f32_as(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, data: &[f32]) -> Result<Self> {
         match dtype {
             DType::F32 => Self::from_f32(ctx, shape, layout, data),
             DType::F16 => {
@@ -188,11 +194,11 @@ pub(crate) fn tensor_usage() -> wgpu::BufferUsages {
 
 /// wgpu buffer sizes and copies must be multiples of 4 bytes.
 pub(crate) fn pad_to_4(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
-    if bytes.len() % 4 == 0 && !bytes.is_empty() {
+    if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
         std::borrow::Cow::Borrowed(bytes)
     } else {
         let mut v = bytes.to_vec();
-        v.resize((bytes.len() + 3) / 4 * 4 + if bytes.is_empty() { 4 } else { 0 }, 0);
+        v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
         std::borrow::Cow::Owned(v)
     }
 }

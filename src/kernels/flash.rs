@@ -62,7 +62,11 @@ pub(crate) fn encode(
     params: &AttentionParams,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &config.kernel, dtype, &[("ROWS", config.rows)])?;
-    let groups = [groups_for(params.len_q as usize, config.rows as usize), params.bh_count, 1];
+    let groups = [
+        groups_for(params.len_q as usize, config.rows as usize),
+        params.bh_count,
+        1,
+    ];
     dispatch(ctx, encoder, &pipeline, &bindings.select(config.kernel.slots), groups);
     Ok(())
 }

@@ -10,7 +10,15 @@ pub const KERNEL: Kernel = Kernel {
     file: "qk_scores.wgsl",
     source: include_str!("../../shaders/qk_scores.wgsl"),
     entry: "main",
-    slots: &[Slot::Params, Slot::Q, Slot::K, Slot::Mask, Slot::KeyLengths, Slot::Scores, Slot::Lse],
+    slots: &[
+        Slot::Params,
+        Slot::Q,
+        Slot::K,
+        Slot::Mask,
+        Slot::KeyLengths,
+        Slot::Scores,
+        Slot::Lse,
+    ],
 };
 
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).

@@ -12,7 +12,11 @@ pub fn ctx() -> Option<&'static Context> {
     static CTX: OnceLock<Option<Context>> = OnceLock::new();
     CTX.get_or_init(|| match Context::new() {
         Ok(ctx) => {
-            eprintln!("GPU tests on: {} ({:?})", ctx.adapter_info().name, ctx.adapter_info().backend);
+            eprintln!(
+                "GPU tests on: {} ({:?})",
+                ctx.adapter_info().name,
+                ctx.adapter_info().backend
+            );
             Some(ctx)
         }
         Err(e) => {
@@ -28,7 +32,8 @@ pub fn ctx() -> Option<&'static Context> {
 
 /// Runs a case and panics with the seed and error report if it fails.
 pub fn assert_case(ctx: &Context, case: &CheckCase) {
-    let outcome = run_case(ctx, case).unwrap_or_else(|e| panic!("case failed to run (seed {}): {e}\n{case:?}", case.seed));
+    let outcome =
+        run_case(ctx, case).unwrap_or_else(|e| panic!("case failed to run (seed {}): {e}\n{case:?}", case.seed));
     assert!(
         outcome.passed,
         "GPU result differs from the reference (seed {}): {}\ncase: {:?} {:?} {:?} causal={:?} key_lengths={:?} mask={} weights={}",

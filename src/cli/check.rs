@@ -1,0 +1,132 @@
+//! `check`: every kernel variant against the CPU reference over a fixed grid.
+
+use super::{AdapterArgs, CliError};
+use wgpu_attention::check::{run_case, standard_grid, CheckCase};
+use wgpu_attention::{DType, FusedTiling, KernelChoice};
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Seed of the random inputs (printed with every failure).
+    #[arg(long, default_value_t = 0x5EED_0001)]
+    seed: u64,
+}
+
+/// Every kernel variant the adapter can run: (label, kernel, tiling, dtype).
+pub fn variants(f16: bool) -> Vec<(&'static str, KernelChoice, FusedTiling, DType)> {
+    let mut v = vec![
+        (
+            "materialized f32",
+            KernelChoice::Materialized,
+            FusedTiling::Auto,
+            DType::F32,
+        ),
+        (
+            "fused/registers f32",
+            KernelChoice::Fused,
+            FusedTiling::Registers,
+            DType::F32,
+        ),
+        ("fused/shared f32", KernelChoice::Fused, FusedTiling::Shared, DType::F32),
+    ];
+    if f16 {
+        v.extend([
+            (
+                "materialized f16",
+                KernelChoice::Materialized,
+                FusedTiling::Auto,
+                DType::F16,
+            ),
+            (
+                "fused/registers f16",
+                KernelChoice::Fused,
+                FusedTiling::Registers,
+                DType::F16,
+            ),
+            ("fused/shared f16", KernelChoice::Fused, FusedTiling::Shared, DType::F16),
+        ]);
+    }
+    v
+}
+
+fn describe(case: &CheckCase) -> String {
+    let s = &case.shape;
+    let mut masks = Vec::new();
+    if let Some(c) = case.options.causal {
+        masks.push(format!("causal {c:?}"));
+    }
+    if case.options.key_lengths.is_some() {
+        masks.push("key-lengths".into());
+    }
+    if let Some(m) = &case.options.mask {
+        masks.push(match m.values() {
+            wgpu_attention::MaskValues::Bool(_) => "bool-mask".into(),
+            wgpu_attention::MaskValues::Additive(_) => "additive-mask".into(),
+        });
+    }
+    format!(
+        "B{} Hq{} Hkv{} Lq{} Lk{} D{} Dv{} {:?} {}",
+        s.batch,
+        s.heads_q,
+        s.heads_kv,
+        s.len_q,
+        s.len_k,
+        s.head_dim,
+        s.head_dim_v,
+        case.layout,
+        if masks.is_empty() {
+            "no mask".into()
+        } else {
+            masks.join("+")
+        }
+    )
+}
+
+pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
+    let ctx = adapter.context()?;
+    let info = ctx.adapter_info();
+    println!("adapter: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    if !ctx.capabilities().f16 {
+        println!("f16 variants skipped: adapter lacks SHADER_F16");
+    }
+    println!(
+        "{:<20} {:<58} {:>10} {:>10}  result",
+        "variant", "case", "max err", "bound"
+    );
+    let (mut passed, mut failed) = (0, 0);
+    for (label, kernel, tiling, dtype) in variants(ctx.capabilities().f16) {
+        if tiling == FusedTiling::Shared && ctx.fused_config(tiling).is_err() {
+            println!("{label:<20} skipped: adapter's workgroup memory is below the shared tile");
+            continue;
+        }
+        for mut case in standard_grid(args.seed) {
+            case.options.kernel = kernel;
+            case.options.tiling = tiling;
+            case.dtype = dtype;
+            let outcome = run_case(&ctx, &case)?;
+            let ok = outcome.passed;
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+            println!(
+                "{label:<20} {:<58} {:>10.2e} {:>10.2e}  {}",
+                describe(&case),
+                outcome.out.max_abs,
+                outcome.bound,
+                if ok {
+                    "ok".to_string()
+                } else {
+                    format!("FAIL (seed {}): {}", case.seed, outcome.summary())
+                }
+            );
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        return Err(CliError::Failed(format!(
+            "{failed} case(s) differ from the CPU reference"
+        )));
+    }
+    Ok(())
+}

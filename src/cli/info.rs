@@ -1,0 +1,83 @@
+//! `info`: every adapter wgpu sees, its features and the limits that matter here.
+
+use super::{AdapterArgs, CliError};
+
+#[derive(clap::Args)]
+pub struct InfoArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
+    let adapters = wgpu_attention::enumerate_adapters(adapter.backend.as_deref())?;
+    let mut all = Vec::new();
+    for a in &adapters {
+        let info = a.get_info();
+        if let Some(name) = &adapter.adapter {
+            if !info.name.to_lowercase().contains(&name.to_lowercase()) {
+                continue;
+            }
+        }
+        let features = a.features();
+        let limits = a.limits();
+        let subgroups = features
+            .contains(wgpu::Features::SUBGROUP)
+            .then(|| serde_json::json!([info.subgroup_min_size, info.subgroup_max_size]));
+        all.push(serde_json::json!({
+            "name": info.name,
+            "backend": format!("{:?}", info.backend),
+            "device_type": format!("{:?}", info.device_type),
+            "vendor": format!("0x{:04x}", info.vendor),
+            "device": format!("0x{:04x}", info.device),
+            "driver": info.driver,
+            "driver_info": info.driver_info,
+            "f16": features.contains(wgpu::Features::SHADER_F16),
+            "subgroup_sizes": subgroups,
+            "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            "limits": {
+                "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
+                "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
+                "max_compute_workgroups_per_dimension": limits.max_compute_workgroups_per_dimension,
+                "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
+                "max_storage_buffers_per_shader_stage": limits.max_storage_buffers_per_shader_stage,
+                "max_buffer_size": limits.max_buffer_size,
+            },
+        }));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(|e| CliError::bad(e.to_string()))?
+        );
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no adapters found (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)");
+    }
+    for a in &all {
+        println!(
+            "{} [{} / {}]",
+            a["name"].as_str().unwrap_or("?"),
+            a["backend"].as_str().unwrap_or("?"),
+            a["device_type"].as_str().unwrap_or("?")
+        );
+        println!(
+            "  driver: {} {}",
+            a["driver"].as_str().unwrap_or(""),
+            a["driver_info"].as_str().unwrap_or("")
+        );
+        println!(
+            "  f16: {}   subgroups: {}   timestamps: {}",
+            a["f16"],
+            a["subgroup_sizes"]
+                .as_array()
+                .map_or("no".to_string(), |s| format!("{}..{}", s[0], s[1])),
+            a["timestamp_query"]
+        );
+        for (k, v) in a["limits"].as_object().into_iter().flatten() {
+            println!("  {k}: {v}");
+        }
+    }
+    Ok(())
+}

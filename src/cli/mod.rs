@@ -1,0 +1,108 @@
+//! Command-line interface: argument parsing, exit codes, and one module per command.
+//!
+//! Exit status: 0 on success, 1 when `check` finds a wrong result, 2 on bad input or
+//! an adapter that cannot do what was asked (one line on stderr, no output written).
+
+mod check;
+mod demo;
+mod info;
+mod npy;
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use wgpu_attention::{AdapterSelector, Context};
+
+/// A CLI failure and its exit status.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad input or unsupported request: exit 2.
+    Bad(String),
+    /// A check found wrong results: exit 1.
+    Failed(String),
+}
+
+impl CliError {
+    pub fn bad(msg: impl Into<String>) -> Self {
+        CliError::Bad(msg.into())
+    }
+}
+
+impl From<wgpu_attention::Error> for CliError {
+    fn from(e: wgpu_attention::Error) -> Self {
+        CliError::Bad(e.to_string())
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "wgpu-attention",
+    version,
+    about = "Scaled dot-product attention as WGSL kernels on any GPU"
+)]
+struct Cli {
+    #[command(flatten)]
+    adapter: AdapterArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Adapter choice, shared by every command.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AdapterArgs {
+    /// Use the adapter whose name contains this (case-insensitive); else WGPU_ADAPTER_NAME.
+    #[arg(long, global = true, value_name = "NAME-SUBSTRING")]
+    adapter: Option<String>,
+    /// Backend(s): vulkan, gl, metal, dx12 (comma-separated); else WGPU_BACKEND.
+    #[arg(long, global = true)]
+    backend: Option<String>,
+}
+
+impl AdapterArgs {
+    pub fn context(&self) -> Result<Context, CliError> {
+        Ok(Context::with_selector(AdapterSelector {
+            name: self.adapter.clone(),
+            backend: self.backend.clone(),
+        })?)
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every adapter wgpu sees, with features and limits.
+    Info(info::InfoArgs),
+    /// Check every kernel variant against the CPU reference over a fixed grid.
+    Check(check::CheckArgs),
+    /// One attention call on .npy inputs.
+    Run(Box<run::RunArgs>),
+    /// A small attention problem on the default adapter, checked against the CPU.
+    Demo,
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Info(args) => info::run(&cli.adapter, &args),
+        Command::Check(args) => check::run(&cli.adapter, &args),
+        Command::Run(args) => run::run(&cli.adapter, &args),
+        Command::Demo => demo::run(&cli.adapter),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Bad(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Failed(msg)) => {
+            eprintln!("FAILED: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}

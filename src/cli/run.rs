@@ -1,0 +1,187 @@
+//! `run`: one attention call on `.npy` inputs, outputs written as float32 `.npy`.
+
+use super::npy::{self, MaskArray};
+use super::{AdapterArgs, CliError};
+use std::path::PathBuf;
+use wgpu_attention::{
+    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Tensor,
+};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum CausalArg {
+    TopLeft,
+    BottomRight,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum KernelArg {
+    Auto,
+    Fused,
+    Materialized,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum TilingArg {
+    Auto,
+    Registers,
+    Shared,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    F16,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum LayoutArg {
+    Bhsd,
+    Bshd,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Queries, [B, Hq, Lq, D] (or [B, Lq, Hq, D] with --layout bshd), float32 or float16.
+    #[arg(long)]
+    q: PathBuf,
+    /// Keys, [B, Hkv, Lk, D].
+    #[arg(long)]
+    k: PathBuf,
+    /// Values, [B, Hkv, Lk, Dv].
+    #[arg(long)]
+    v: PathBuf,
+    /// Output file (float32, same layout as the inputs).
+    #[arg(long)]
+    out: PathBuf,
+    /// Causal mask and its alignment.
+    #[arg(long, value_enum)]
+    causal: Option<CausalArg>,
+    /// Valid keys per batch element, int32/int64 [B].
+    #[arg(long)]
+    key_lengths: Option<PathBuf>,
+    /// Explicit mask broadcastable to [B, Hq, Lq, Lk]: bool (true = may attend) or float32 (additive).
+    #[arg(long)]
+    mask: Option<PathBuf>,
+    /// Score scale (default 1/sqrt(D)).
+    #[arg(long, allow_hyphen_values = true)]
+    scale: Option<f32>,
+    #[arg(long, value_enum, default_value = "auto")]
+    kernel: KernelArg,
+    /// Tile configuration of the fused kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    tiling: TilingArg,
+    /// Compute precision.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeArg,
+    /// Memory layout of q, k, v and out.
+    #[arg(long, value_enum, default_value = "bhsd")]
+    layout: LayoutArg,
+    /// Also write the attention weights [B, Hq, Lq, Lk].
+    #[arg(long)]
+    weights_out: Option<PathBuf>,
+    /// Also write the log-sum-exp per row [B, Hq, Lq].
+    #[arg(long)]
+    lse_out: Option<PathBuf>,
+}
+
+fn load_4d(ctx: &Context, path: &std::path::Path, layout: Layout, dtype: DType) -> Result<Tensor, CliError> {
+    let a = npy::read_float(path)?;
+    let memory: [usize; 4] = a.shape.as_slice().try_into().map_err(|_| {
+        CliError::bad(format!(
+            "{}: expected a 4-D array, got shape {:?}",
+            path.display(),
+            a.shape
+        ))
+    })?;
+    Ok(Tensor::from_f32_as(
+        ctx,
+        layout.logical_shape(memory),
+        layout,
+        dtype,
+        &a.data,
+    )?)
+}
+
+fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
+    let key_lengths = match &args.key_lengths {
+        None => None,
+        Some(path) => {
+            let a = npy::read_int(path)?;
+            if a.shape != [batch] {
+                return Err(CliError::bad(format!(
+                    "{}: key lengths must have shape [{batch}], got {:?}",
+                    path.display(),
+                    a.shape
+                )));
+            }
+            let lens = a
+                .data
+                .iter()
+                .map(|&x| {
+                    u32::try_from(x).map_err(|_| {
+                        CliError::bad(format!("{}: key length {x} is negative or too large", path.display()))
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            Some(lens)
+        }
+    };
+    let mask = match &args.mask {
+        None => None,
+        Some(path) => Some(match npy::read_mask(path)? {
+            MaskArray::Bool(a) => Mask::boolean(&a.shape, a.data)?,
+            MaskArray::Additive(a) => Mask::additive(&a.shape, a.data)?,
+        }),
+    };
+    Ok(AttentionOptions {
+        scale: args.scale,
+        causal: args.causal.map(|c| match c {
+            CausalArg::TopLeft => CausalAlignment::TopLeft,
+            CausalArg::BottomRight => CausalAlignment::BottomRight,
+        }),
+        key_lengths,
+        mask,
+        kernel: match args.kernel {
+            KernelArg::Auto => KernelChoice::Auto,
+            KernelArg::Fused => KernelChoice::Fused,
+            KernelArg::Materialized => KernelChoice::Materialized,
+        },
+        tiling: match args.tiling {
+            TilingArg::Auto => FusedTiling::Auto,
+            TilingArg::Registers => FusedTiling::Registers,
+            TilingArg::Shared => FusedTiling::Shared,
+        },
+        need_weights: args.weights_out.is_some(),
+        need_lse: args.lse_out.is_some(),
+        output_layout: None,
+    })
+}
+
+pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
+    let ctx = adapter.context()?;
+    let dtype = match args.dtype {
+        DTypeArg::F32 => DType::F32,
+        DTypeArg::F16 => DType::F16,
+    };
+    let layout = match args.layout {
+        LayoutArg::Bhsd => Layout::Bhsd,
+        LayoutArg::Bshd => Layout::Bshd,
+    };
+    let q = load_4d(&ctx, &args.q, layout, dtype)?;
+    let k = load_4d(&ctx, &args.k, layout, dtype)?;
+    let v = load_4d(&ctx, &args.v, layout, dtype)?;
+    let options = options_from(args, q.shape()[0])?;
+    let result = sdpa(&ctx, &q, &k, &v, &options)?;
+
+    let mut files = vec![(
+        args.out.as_path(),
+        npy::encode_f32(&layout.memory_shape(result.out.shape()), &result.out.to_f32_vec(&ctx)?)?,
+    )];
+    if let (Some(path), Some(w)) = (&args.weights_out, &result.weights) {
+        files.push((path.as_path(), npy::encode_f32(&w.shape(), &w.to_f32_vec(&ctx)?)?));
+    }
+    if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
+        files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));
+    }
+    npy::write_all(&files)
+}
