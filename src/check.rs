@@ -149,15 +149,20 @@ pub fn random_qkv(case: &CheckCase) -> [Vec<f32>; 3] {
 
 /// Runs a case on the GPU and compares out, lse and (if asked) weights with the reference.
 pub fn run_case(ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
-    let s = &case.shape;
     let [q, k, v] = random_qkv(case);
+    run_case_with(ctx, case, &q, &k, &v)
+}
+
+/// Like [`run_case`] with given BHSD inputs (e.g. with NaN planted at masked keys).
+pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &[f32]) -> Result<CheckOutcome> {
+    let s = &case.shape;
     let upload = |data: &[f32], shape: [usize; 4]| {
         let laid = relayout(data, shape, Layout::Bhsd, case.layout);
         Tensor::from_f32_as(ctx, shape, case.layout, case.dtype, &laid)
     };
-    let qt = upload(&q, [s.batch, s.heads_q, s.len_q, s.head_dim])?;
-    let kt = upload(&k, [s.batch, s.heads_kv, s.len_k, s.head_dim])?;
-    let vt = upload(&v, [s.batch, s.heads_kv, s.len_k, s.head_dim_v])?;
+    let qt = upload(q, [s.batch, s.heads_q, s.len_q, s.head_dim])?;
+    let kt = upload(k, [s.batch, s.heads_kv, s.len_k, s.head_dim])?;
+    let vt = upload(v, [s.batch, s.heads_kv, s.len_k, s.head_dim_v])?;
     let options = AttentionOptions {
         need_lse: true,
         ..case.options.clone()
@@ -174,18 +179,14 @@ pub fn run_case(ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
         .unwrap_or_default();
     let weights = result.weights.as_ref().map(|t| t.to_f32_vec(ctx)).transpose()?;
 
-    let want = reference::attention(&q, &k, &v, s, &options)?;
+    let want = reference::attention(q, k, v, s, &options)?;
     let out_stats = ErrorStats::of(&out, &want.out);
     let lse_stats = ErrorStats::of(&lse, &want.lse);
     let weight_stats = weights.as_ref().map(|w| ErrorStats::of(w, &want.weights));
     let f32_bound = Tolerance::F32.bound(s, want.max_abs_score, 0.0);
     let bound = match case.dtype {
         DType::F32 => f32_bound,
-        DType::F16 => Tolerance::F16.bound(
-            s,
-            want.max_abs_score,
-            naive_f16_error(&q, &k, &v, s, &options, &want.out)?,
-        ),
+        DType::F16 => Tolerance::F16.bound(s, want.max_abs_score, naive_f16_error(q, k, v, s, &options, &want.out)?),
     };
     let passed = out_stats.max_abs <= bound
         && lse_stats.max_abs <= f32_bound

@@ -1,0 +1,161 @@
+//! Edge cases every GPU path must get right: huge logits, NaN/inf at masked positions,
+//! key lengths of 0 and Lk, causal with Lq != Lk in both alignments, agreement of the
+//! fused and materialized paths.
+
+mod common;
+use wgpu_attention::check::{random_qkv, run_case, run_case_with, CheckCase};
+use wgpu_attention::{
+    sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, FusedTiling, KernelChoice, Layout, Mask, Tensor,
+};
+
+const PATHS: [(KernelChoice, FusedTiling); 3] = [
+    (KernelChoice::Materialized, FusedTiling::Auto),
+    (KernelChoice::Fused, FusedTiling::Registers),
+    (KernelChoice::Fused, FusedTiling::Shared),
+];
+
+fn shape(b: usize, hq: usize, hkv: usize, lq: usize, lk: usize, d: usize, dv: usize) -> AttentionShape {
+    AttentionShape {
+        batch: b,
+        heads_q: hq,
+        heads_kv: hkv,
+        len_q: lq,
+        len_k: lk,
+        head_dim: d,
+        head_dim_v: dv,
+    }
+}
+
+fn case(shape: AttentionShape, options: AttentionOptions, seed: u64) -> CheckCase {
+    CheckCase {
+        shape,
+        options,
+        dtype: DType::F32,
+        layout: Layout::Bhsd,
+        seed,
+        range: 1.0,
+    }
+}
+
+fn on_every_path(mut c: CheckCase) {
+    let Some(ctx) = common::ctx() else { return };
+    for (kernel, tiling) in PATHS {
+        c.options.kernel = kernel;
+        c.options.tiling = tiling;
+        c.options.need_weights = true;
+        common::assert_case(ctx, &c);
+    }
+}
+
+#[test]
+fn logits_of_magnitude_1e3_stay_exact() {
+    // |scores| reach ~1e3: without the max subtraction exp() overflows, and a wrong
+    // rescale in the online softmax shows up at once.
+    let mut c = case(shape(1, 2, 2, 37, 150, 64, 32), AttentionOptions::default(), 11);
+    c.range = 40.0;
+    on_every_path(c);
+}
+
+#[test]
+fn nan_and_inf_at_masked_keys_never_contribute() {
+    let Some(ctx) = common::ctx() else { return };
+    let s = shape(2, 2, 1, 19, 23, 16, 16);
+    let lens = vec![17, 9];
+    // Key 3 is masked for everyone by an explicit mask; keys past each length by padding.
+    let mut visible = vec![true; s.len_k];
+    visible[3] = false;
+    let options = AttentionOptions {
+        key_lengths: Some(lens.clone()),
+        mask: Some(Mask::boolean(&[1, 1, 1, s.len_k], visible).expect("valid mask")),
+        causal: Some(CausalAlignment::BottomRight),
+        ..Default::default()
+    };
+    let c = case(s, options, 12);
+    let [q, mut k, v] = random_qkv(&c);
+    for b in 0..s.batch {
+        for j in 0..s.len_k {
+            if j == 3 || j >= lens[b] as usize {
+                let poison = if j % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                k[(b * s.len_k + j) * s.head_dim..][..s.head_dim].fill(poison);
+            }
+        }
+    }
+    for (kernel, tiling) in PATHS {
+        let mut c = c.clone();
+        c.options.kernel = kernel;
+        c.options.tiling = tiling;
+        c.options.need_weights = true;
+        let outcome = run_case_with(ctx, &c, &q, &k, &v).expect("runs");
+        assert!(outcome.passed, "{kernel:?}/{tiling:?}: {}", outcome.summary());
+    }
+}
+
+#[test]
+fn key_lengths_of_zero_and_full() {
+    let options = AttentionOptions {
+        key_lengths: Some(vec![0, 41, 5]),
+        ..Default::default()
+    };
+    on_every_path(case(shape(3, 2, 2, 13, 41, 24, 24), options, 13));
+}
+
+#[test]
+fn causal_with_unequal_lengths_both_ways_and_both_alignments() {
+    let mut seed = 20;
+    for (lq, lk) in [(29, 11), (11, 29), (1, 33), (33, 1)] {
+        for align in [CausalAlignment::TopLeft, CausalAlignment::BottomRight] {
+            let options = AttentionOptions {
+                causal: Some(align),
+                ..Default::default()
+            };
+            seed += 1;
+            on_every_path(case(shape(1, 3, 1, lq, lk, 20, 12), options, seed));
+        }
+    }
+}
+
+#[test]
+fn scale_and_output_layout_are_honoured() {
+    let options = AttentionOptions {
+        scale: Some(0.37),
+        output_layout: Some(Layout::Bshd),
+        ..Default::default()
+    };
+    on_every_path(case(shape(2, 4, 2, 21, 30, 33, 17), options, 30));
+}
+
+#[test]
+fn fused_and_materialized_agree_closely() {
+    let Some(ctx) = common::ctx() else { return };
+    let c = case(shape(2, 4, 4, 70, 90, 64, 64), AttentionOptions::default(), 40);
+    let [q, k, v] = random_qkv(&c);
+    let upload = |data: &[f32], dims| Tensor::from_f32(ctx, dims, Layout::Bhsd, data).expect("upload");
+    let (qt, kt, vt) = (
+        upload(&q, [2, 4, 70, 64]),
+        upload(&k, [2, 4, 90, 64]),
+        upload(&v, [2, 4, 90, 64]),
+    );
+    let outputs: Vec<Vec<f32>> = PATHS
+        .iter()
+        .map(|&(kernel, tiling)| {
+            let options = AttentionOptions {
+                kernel,
+                tiling,
+                ..Default::default()
+            };
+            let r = sdpa(ctx, &qt, &kt, &vt, &options).expect("runs");
+            r.out.to_f32_vec(ctx).expect("readback")
+        })
+        .collect();
+    for other in &outputs[1..] {
+        let max = outputs[0]
+            .iter()
+            .zip(other)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(max < 2e-6, "fused vs materialized differ by {max}");
+    }
+    // And the reference agrees with them within the f32 tolerance.
+    let outcome = run_case(ctx, &c).expect("runs");
+    assert!(outcome.passed, "{}", outcome.summary());
+}
