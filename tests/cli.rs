@@ -1,0 +1,177 @@
+//! The CLI contract: `run` matches the reference; bad input exits 2 with one line on
+//! stderr and writes no output file.
+
+mod common;
+use npyz::WriterBuilder;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use wgpu_attention::check::Rng;
+use wgpu_attention::reference::attention;
+use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgpu-attention-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut file)
+        .begin_nd()
+        .expect("npy header");
+    w.extend(data.iter().copied()).expect("npy data");
+    w.finish().expect("npy finish");
+}
+
+fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let npy = npyz::NpyFile::new(std::fs::File::open(path).expect("output exists")).expect("valid npy");
+    let shape = npy.shape().to_vec();
+    (shape, npy.into_vec::<f32>().expect("f32 data"))
+}
+
+#[test]
+fn run_matches_the_reference_with_masks_and_gqa() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("run");
+    let s = AttentionShape {
+        batch: 2,
+        heads_q: 4,
+        heads_kv: 2,
+        len_q: 9,
+        len_k: 14,
+        head_dim: 12,
+        head_dim_v: 6,
+    };
+    let mut rng = Rng::new(77);
+    let q = rng.vec(2 * 4 * 9 * 12, -1.0, 1.0);
+    let k = rng.vec(2 * 2 * 14 * 12, -1.0, 1.0);
+    let v = rng.vec(2 * 2 * 14 * 6, -1.0, 1.0);
+    let mask: Vec<bool> = (0..9 * 14).map(|_| rng.uniform(0.0, 1.0) < 0.8).collect();
+    write_npy(&dir.join("q.npy"), &[2, 4, 9, 12], &q);
+    write_npy(&dir.join("k.npy"), &[2, 2, 14, 12], &k);
+    write_npy(&dir.join("v.npy"), &[2, 2, 14, 6], &v);
+    write_npy(&dir.join("lens.npy"), &[2], &[14i64, 10]);
+    write_npy(&dir.join("mask.npy"), &[9, 14], &mask);
+    for kernel in ["fused", "materialized"] {
+        let status = bin()
+            .current_dir(&dir)
+            .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"])
+            .args([
+                "--causal",
+                "bottom-right",
+                "--key-lengths",
+                "lens.npy",
+                "--mask",
+                "mask.npy",
+            ])
+            .args(["--kernel", kernel, "--weights-out", "w.npy", "--lse-out", "l.npy"])
+            .status()
+            .expect("runs");
+        assert!(status.success(), "{kernel}: {status}");
+        let options = AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            key_lengths: Some(vec![14, 10]),
+            mask: Some(wgpu_attention::Mask::boolean(&[9, 14], mask.clone()).expect("mask")),
+            ..Default::default()
+        };
+        let want = attention(&q, &k, &v, &s, &options).expect("reference");
+        let (shape, out) = read_f32(&dir.join("o.npy"));
+        assert_eq!(shape, vec![2, 4, 9, 6]);
+        let (wshape, weights) = read_f32(&dir.join("w.npy"));
+        assert_eq!(wshape, vec![2, 4, 9, 14]);
+        let (lshape, _) = read_f32(&dir.join("l.npy"));
+        assert_eq!(lshape, vec![2, 4, 9]);
+        let bound = wgpu_attention::check::Tolerance::F32.bound(&s, want.max_abs_score, 0.0);
+        for (got, want) in [(&out, &want.out), (&weights, &want.weights)] {
+            let err = got
+                .iter()
+                .zip(want.iter())
+                .map(|(&g, &w)| (f64::from(g) - w).abs())
+                .fold(0.0, f64::max);
+            assert!(err <= bound, "{kernel}: max error {err:e} > {bound:e}");
+        }
+    }
+}
+
+/// Runs the CLI expecting exit 2, one stderr line containing `needle`, and no output.
+fn expect_bad_input(dir: &Path, args: &[&str], needle: &str) {
+    let out_file = dir.join("o.npy");
+    let _ = std::fs::remove_file(&out_file);
+    let output = bin().current_dir(dir).args(args).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: ") && !l.contains("XDG_RUNTIME_DIR"))
+        .collect();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(ours.len(), 1, "{args:?}: expected one error line, got {stderr}");
+    assert!(
+        ours[0].contains(needle),
+        "{args:?}: '{}' should mention '{needle}'",
+        ours[0]
+    );
+    assert!(!out_file.exists(), "{args:?}: an output file was written");
+    assert!(!dir.join("o.npy.partial").exists(), "{args:?}: a partial file was left");
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_and_no_output() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("bad");
+    let mut rng = Rng::new(5);
+    write_npy(&dir.join("q.npy"), &[1, 2, 3, 4], &rng.vec(24, -1.0, 1.0));
+    write_npy(&dir.join("k5.npy"), &[1, 2, 5, 4], &rng.vec(40, -1.0, 1.0));
+    write_npy(&dir.join("k3d.npy"), &[2, 5, 4], &rng.vec(40, -1.0, 1.0));
+    write_npy(&dir.join("v6.npy"), &[1, 2, 6, 4], &rng.vec(48, -1.0, 1.0));
+    write_npy(&dir.join("ints.npy"), &[1, 2, 5, 4], &[1i32; 40]);
+    write_npy(&dir.join("lens.npy"), &[3], &[1i32, 2, 3]);
+    write_npy(&dir.join("neg.npy"), &[1], &[-1i64]);
+    write_npy(&dir.join("mask.npy"), &[4, 5], &[true; 20]);
+    std::fs::write(dir.join("garbage.npy"), b"not a numpy file").expect("write");
+    let base = ["run", "--q", "q.npy", "--k", "k5.npy", "--out", "o.npy"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = base.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    expect_bad_input(&dir, &with(&["--v", "missing.npy"]), "missing.npy");
+    expect_bad_input(&dir, &with(&["--v", "garbage.npy"]), "not a valid .npy");
+    expect_bad_input(&dir, &with(&["--v", "ints.npy"]), "not float32 or float16");
+    expect_bad_input(&dir, &with(&["--v", "v6.npy"]), "sequence length of v");
+    expect_bad_input(
+        &dir,
+        &[
+            "run", "--q", "q.npy", "--k", "k3d.npy", "--v", "k5.npy", "--out", "o.npy",
+        ],
+        "4-D",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--key-lengths", "lens.npy"]),
+        "shape [1]",
+    );
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--key-lengths", "neg.npy"]), "negative");
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--mask", "mask.npy"]), "mask");
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--scale", "inf"]), "scale");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--adapter", "no-such-gpu"]),
+        "no-such-gpu",
+    );
+    // Unknown flags are usage errors, also exit 2.
+    let output = bin().args(["run", "--bogus"]).output().expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+}
