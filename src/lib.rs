@@ -23,6 +23,7 @@
 //! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
 
 pub mod attention;
+pub mod bench;
 pub mod check;
 pub mod context;
 pub mod error;

@@ -3,6 +3,7 @@
 //! Exit status: 0 on success, 1 when `check` finds a wrong result, 2 on bad input or
 //! an adapter that cannot do what was asked (one line on stderr, no output written).
 
+mod bench;
 mod check;
 mod demo;
 mod info;
@@ -77,6 +78,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// A small attention problem on the default adapter, checked against the CPU.
     Demo,
+    /// Time attention kernels against a matmul roofline probe.
+    Bench(bench::BenchArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -93,6 +96,7 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(&cli.adapter, &args),
         Command::Run(args) => run::run(&cli.adapter, &args),
         Command::Demo => demo::run(&cli.adapter),
+        Command::Bench(args) => bench::run(&cli.adapter, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -23,6 +23,7 @@ pub const REGISTERS: Kernel = Kernel {
     source: SOURCE,
     entry: "flash_registers",
     slots: SLOTS,
+    attention_prelude: true,
 };
 
 /// K/V tiles staged in 16 KiB of workgroup memory (GPUs).
@@ -31,6 +32,7 @@ pub const SHARED: Kernel = Kernel {
     source: SOURCE,
     entry: "flash_shared",
     slots: SLOTS,
+    attention_prelude: true,
 };
 
 /// Workgroup memory the shared tiling declares.

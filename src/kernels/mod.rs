@@ -5,7 +5,8 @@
 //! followed by `shaders/attention_common.wgsl` and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
 
-pub(crate) mod flash;
+pub mod flash;
+pub mod matmul;
 pub mod params;
 pub(crate) mod qk_scores;
 pub(crate) mod softmax_rows;
@@ -29,10 +30,13 @@ pub struct Kernel {
     /// The bindings of `attention_common.wgsl` the entry point uses (a test checks
     /// this against naga's analysis; auto layouts contain exactly these).
     pub slots: &'static [Slot],
+    /// Whether `attention_common.wgsl` is prepended (all attention kernels).
+    pub attention_prelude: bool,
 }
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 5] = [
+pub const ALL_KERNELS: [Kernel; 6] = [
+    matmul::KERNEL,
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,
@@ -46,7 +50,8 @@ pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
         DType::F32 => "alias elem = f32;\n",
         DType::F16 => "enable f16;\nalias elem = f16;\n",
     };
-    format!("{header}{COMMON}\n{}", kernel.source)
+    let prelude = if kernel.attention_prelude { COMMON } else { "" };
+    format!("{header}{prelude}\n{}", kernel.source)
 }
 
 /// Compiles (once per context) the pipeline for a kernel, element type and overrides.
