@@ -130,13 +130,16 @@ pub enum KernelChoice {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FusedTiling {
     /// Chosen from the adapter (see [`crate::Context::default_fused_tiling`]), or from the
-    /// `WGPU_ATTENTION_TILING` environment variable (`registers` or `shared`).
+    /// `WGPU_ATTENTION_TILING` environment variable (`registers`, `subgroup` or `shared`).
     #[default]
     Auto,
     /// Each invocation streams K/V straight from storage; no barriers. For CPU adapters.
     Registers,
     /// K/V tiles are staged in workgroup memory between barriers. For GPUs.
     Shared,
+    /// Each K/V element is loaded by one lane and broadcast to the subgroup. For CPU
+    /// adapters with subgroups of at least 8 lanes (lavapipe); needs `SUBGROUP`.
+    Subgroup,
 }
 
 /// Options for one scaled dot-product attention call.

@@ -11,6 +11,10 @@ fn run_grid(kernel: KernelChoice, tiling: FusedTiling, dtype: DType) {
         eprintln!("SKIPPING f16 grid: adapter lacks SHADER_F16");
         return;
     }
+    if let Err(e) = ctx.fused_config(tiling) {
+        eprintln!("SKIPPING {tiling:?} grid: {e}");
+        return;
+    }
     for mut case in standard_grid(0x5EED_0001) {
         case.options.kernel = kernel;
         case.options.tiling = tiling;
@@ -47,4 +51,14 @@ fn fused_registers_f16() {
 #[test]
 fn fused_shared_f16() {
     run_grid(KernelChoice::Fused, FusedTiling::Shared, DType::F16);
+}
+
+#[test]
+fn fused_subgroup_f32() {
+    run_grid(KernelChoice::Fused, FusedTiling::Subgroup, DType::F32);
+}
+
+#[test]
+fn fused_subgroup_f16() {
+    run_grid(KernelChoice::Fused, FusedTiling::Subgroup, DType::F16);
 }

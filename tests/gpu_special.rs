@@ -8,11 +8,20 @@ use wgpu_attention::{
     sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, FusedTiling, KernelChoice, Layout, Mask, Tensor,
 };
 
-const PATHS: [(KernelChoice, FusedTiling); 3] = [
+const ALL_PATHS: [(KernelChoice, FusedTiling); 4] = [
     (KernelChoice::Materialized, FusedTiling::Auto),
     (KernelChoice::Fused, FusedTiling::Registers),
+    (KernelChoice::Fused, FusedTiling::Subgroup),
     (KernelChoice::Fused, FusedTiling::Shared),
 ];
+
+/// The paths this adapter can run (the subgroup tiling needs subgroups of >= 8 lanes).
+fn paths(ctx: &wgpu_attention::Context) -> Vec<(KernelChoice, FusedTiling)> {
+    ALL_PATHS
+        .into_iter()
+        .filter(|&(k, t)| k == KernelChoice::Materialized || ctx.fused_config(t).is_ok())
+        .collect()
+}
 
 fn shape(b: usize, hq: usize, hkv: usize, lq: usize, lk: usize, d: usize, dv: usize) -> AttentionShape {
     AttentionShape {
@@ -39,7 +48,7 @@ fn case(shape: AttentionShape, options: AttentionOptions, seed: u64) -> CheckCas
 
 fn on_every_path(mut c: CheckCase) {
     let Some(ctx) = common::ctx() else { return };
-    for (kernel, tiling) in PATHS {
+    for (kernel, tiling) in paths(ctx) {
         c.options.kernel = kernel;
         c.options.tiling = tiling;
         c.options.need_weights = true;
@@ -80,7 +89,7 @@ fn nan_and_inf_at_masked_keys_never_contribute() {
             }
         }
     }
-    for (kernel, tiling) in PATHS {
+    for (kernel, tiling) in paths(ctx) {
         let mut c = c.clone();
         c.options.kernel = kernel;
         c.options.tiling = tiling;
@@ -135,9 +144,9 @@ fn fused_and_materialized_agree_closely() {
         upload(&k, [2, 4, 90, 64]),
         upload(&v, [2, 4, 90, 64]),
     );
-    let outputs: Vec<Vec<f32>> = PATHS
-        .iter()
-        .map(|&(kernel, tiling)| {
+    let outputs: Vec<Vec<f32>> = paths(ctx)
+        .into_iter()
+        .map(|(kernel, tiling)| {
             let options = AttentionOptions {
                 kernel,
                 tiling,

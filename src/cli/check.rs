@@ -26,6 +26,12 @@ pub fn variants(f16: bool) -> Vec<(&'static str, KernelChoice, FusedTiling, DTyp
             FusedTiling::Registers,
             DType::F32,
         ),
+        (
+            "fused/subgroup f32",
+            KernelChoice::Fused,
+            FusedTiling::Subgroup,
+            DType::F32,
+        ),
         ("fused/shared f32", KernelChoice::Fused, FusedTiling::Shared, DType::F32),
     ];
     if f16 {
@@ -40,6 +46,12 @@ pub fn variants(f16: bool) -> Vec<(&'static str, KernelChoice, FusedTiling, DTyp
                 "fused/registers f16",
                 KernelChoice::Fused,
                 FusedTiling::Registers,
+                DType::F16,
+            ),
+            (
+                "fused/subgroup f16",
+                KernelChoice::Fused,
+                FusedTiling::Subgroup,
                 DType::F16,
             ),
             ("fused/shared f16", KernelChoice::Fused, FusedTiling::Shared, DType::F16),
@@ -94,8 +106,8 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     );
     let (mut passed, mut failed) = (0, 0);
     for (label, kernel, tiling, dtype) in variants(ctx.capabilities().f16) {
-        if tiling == FusedTiling::Shared && ctx.fused_config(tiling).is_err() {
-            println!("{label:<20} skipped: adapter's workgroup memory is below the shared tile");
+        if let Err(e) = ctx.fused_config(tiling) {
+            println!("{label:<20} skipped: {e}");
             continue;
         }
         for mut case in standard_grid(args.seed) {

@@ -24,6 +24,7 @@ pub enum KernelArg {
 pub enum TilingArg {
     Auto,
     Registers,
+    Subgroup,
     Shared,
 }
 
@@ -150,6 +151,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
             TilingArg::Auto => FusedTiling::Auto,
             TilingArg::Registers => FusedTiling::Registers,
             TilingArg::Shared => FusedTiling::Shared,
+            TilingArg::Subgroup => FusedTiling::Subgroup,
         },
         need_weights: args.weights_out.is_some(),
         need_lse: args.lse_out.is_some(),

@@ -23,7 +23,7 @@ pub const REGISTERS: Kernel = Kernel {
     source: SOURCE,
     entry: "flash_registers",
     slots: SLOTS,
-    attention_prelude: true,
+    preludes: super::FLASH_PRELUDE,
 };
 
 /// K/V tiles staged in 16 KiB of workgroup memory (GPUs).
@@ -32,8 +32,21 @@ pub const SHARED: Kernel = Kernel {
     source: SOURCE,
     entry: "flash_shared",
     slots: SLOTS,
-    attention_prelude: true,
+    preludes: super::FLASH_PRELUDE,
 };
+
+/// K/V elements loaded once per subgroup and broadcast to its lanes (CPU adapters with
+/// subgroups of at least 8 lanes).
+pub const SUBGROUP: Kernel = Kernel {
+    file: "flash_subgroup.wgsl",
+    source: include_str!("../../shaders/flash_subgroup.wgsl"),
+    entry: "flash_subgroup",
+    slots: SLOTS,
+    preludes: super::FLASH_PRELUDE,
+};
+
+/// Lanes `flash_subgroup.wgsl` needs in a subgroup.
+pub const SUBGROUP_LANES: u32 = 8;
 
 /// Workgroup memory the shared tiling declares.
 pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
@@ -47,10 +60,10 @@ pub struct FlashConfig {
 
 impl FlashConfig {
     pub fn name(&self) -> &'static str {
-        if self.kernel.entry == SHARED.entry {
-            "shared"
-        } else {
-            "registers"
+        match self.kernel.entry {
+            "flash_shared" => "shared",
+            "flash_subgroup" => "subgroup",
+            _ => "registers",
         }
     }
 }

@@ -13,7 +13,7 @@ pub const KERNEL: Kernel = Kernel {
     source: include_str!("../../shaders/matmul.wgsl"),
     entry: "main",
     slots: &[],
-    attention_prelude: false,
+    preludes: &[],
 };
 
 /// Mirror of WGSL `MatmulParams`.

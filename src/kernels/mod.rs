@@ -2,7 +2,8 @@
 //! block, and the machinery to assemble, compile and cache shader variants.
 //!
 //! A kernel's source is a generated two-line header (`enable f16;`, `alias elem = ...;`)
-//! followed by `shaders/attention_common.wgsl` and the kernel's own file. Everything
+//! followed by the kernel's preludes (`shaders/attention_common.wgsl`, and for the fused
+//! kernels `shaders/flash_common.wgsl`) and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
 
 pub mod flash;
@@ -30,18 +31,24 @@ pub struct Kernel {
     /// The bindings of `attention_common.wgsl` the entry point uses (a test checks
     /// this against naga's analysis; auto layouts contain exactly these).
     pub slots: &'static [Slot],
-    /// Whether `attention_common.wgsl` is prepended (all attention kernels).
-    pub attention_prelude: bool,
+    /// Shared WGSL files prepended to `source`, in order.
+    pub preludes: &'static [&'static str],
 }
 
+/// Prelude of the attention kernels: uniform block, bindings, masking rules.
+pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
+/// Prelude of the fused kernels: the above plus the online-softmax row state.
+pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
+
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 6] = [
+pub const ALL_KERNELS: [Kernel; 7] = [
     matmul::KERNEL,
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,
     flash::REGISTERS,
     flash::SHARED,
+    flash::SUBGROUP,
 ];
 
 /// The full WGSL of a kernel for an element type.
@@ -50,8 +57,7 @@ pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
         DType::F32 => "alias elem = f32;\n",
         DType::F16 => "enable f16;\nalias elem = f16;\n",
     };
-    let prelude = if kernel.attention_prelude { COMMON } else { "" };
-    format!("{header}{prelude}\n{}", kernel.source)
+    format!("{header}{}\n{}", kernel.preludes.concat(), kernel.source)
 }
 
 /// Compiles (once per context) the pipeline for a kernel, element type and overrides.

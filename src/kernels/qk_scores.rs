@@ -19,7 +19,7 @@ pub const KERNEL: Kernel = Kernel {
         Slot::Scores,
         Slot::Lse,
     ],
-    attention_prelude: true,
+    preludes: super::ATTENTION_PRELUDE,
 };
 
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).

@@ -11,7 +11,7 @@ pub const KERNEL: Kernel = Kernel {
     source: include_str!("../../shaders/softmax_rows.wgsl"),
     entry: "main",
     slots: &[Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse],
-    attention_prelude: true,
+    preludes: super::ATTENTION_PRELUDE,
 };
 
 const ROWS_PER_GROUP: usize = 64;

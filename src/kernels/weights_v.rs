@@ -10,7 +10,7 @@ pub const KERNEL: Kernel = Kernel {
     source: include_str!("../../shaders/weights_v.wgsl"),
     entry: "main",
     slots: &[Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores],
-    attention_prelude: true,
+    preludes: super::ATTENTION_PRELUDE,
 };
 
 /// Rows and value columns covered by one workgroup (8x8 invocations of 4x4 blocks).

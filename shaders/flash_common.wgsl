@@ -1,0 +1,151 @@
+// Shared by the fused attention kernels (flash_attention.wgsl, flash_subgroup.wgsl),
+// appended after attention_common.wgsl: per-invocation state for one query row and the
+// online-softmax steps.
+//
+// Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
+// output accumulator live in private vec4 arrays; keys are consumed in blocks of 4:
+// 4 scores, one running-max update, one rescale of the accumulator, then 4 rank-1
+// updates with the V rows. Rows that see no key write zeros and lse = -inf.
+
+const MAX_VEC4: u32 = 64u; // head dims up to 256
+override ROWS: u32 = 32u;
+
+var<private> q_row: array<vec4<f32>, MAX_VEC4>;
+var<private> acc: array<vec4<f32>, MAX_VEC4>;
+var<private> row_max: f32;
+var<private> row_sum: f32;
+
+// Four consecutive elements of a row, zero past `len`.
+fn load4(src_is_k: bool, base: u32, t4: u32, len: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    if d + 3u < len {
+        if src_is_k {
+            return vec4<f32>(f32(k[base + d]), f32(k[base + d + 1u]), f32(k[base + d + 2u]), f32(k[base + d + 3u]));
+        }
+        return vec4<f32>(f32(v[base + d]), f32(v[base + d + 1u]), f32(v[base + d + 2u]), f32(v[base + d + 3u]));
+    }
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if d + c < len {
+            if src_is_k {
+                r[c] = f32(k[base + d + c]);
+            } else {
+                r[c] = f32(v[base + d + c]);
+            }
+        }
+    }
+    return r;
+}
+
+struct RowSetup {
+    hd: Head,
+    i: u32,
+    end: u32,
+    block_end: u32,
+    k_base: u32,
+    v_base: u32,
+}
+
+// Loads this invocation's Q row and clears its accumulator; returns the loop bounds.
+fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
+    let hd = head_of(p.bh_start + wid.y);
+    let row0 = wid.x * ROWS;
+    let i = min(row0 + lid, p.len_q - 1u);
+    let q_base = hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
+    let d4 = (p.head_dim + 3u) / 4u;
+    for (var t = 0u; t < d4; t++) {
+        q_row[t] = qload4(q_base, t) * p.scale;
+    }
+    let dv4 = (p.head_dim_v + 3u) / 4u;
+    for (var t = 0u; t < dv4; t++) {
+        acc[t] = vec4<f32>(0.0);
+    }
+    row_max = neg_inf();
+    row_sum = 0.0;
+    // Uniform across the workgroup: the last row of the block sees the most keys.
+    let block_end = key_end(hd.b, min(row0 + ROWS - 1u, p.len_q - 1u));
+    return RowSetup(
+        hd,
+        i,
+        key_end(hd.b, i),
+        block_end,
+        hd.b * p.k_stride_b + hd.hk * p.k_stride_h,
+        hd.b * p.v_stride_b + hd.hk * p.v_stride_h,
+    );
+}
+
+fn qload4(base: u32, t4: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if d + c < p.head_dim {
+            r[c] = f32(q[base + d + c]);
+        }
+    }
+    return r;
+}
+
+// Masks four raw scores (already scaled through q_row) of keys j0..j0+3.
+fn mask4(raw: vec4<f32>, s: RowSetup, j0: u32) -> vec4<f32> {
+    var out4: vec4<f32>;
+    for (var c = 0u; c < 4u; c++) {
+        // masked_score multiplies by the scale; q_row already carries it.
+        let j = j0 + c;
+        if j >= s.end {
+            out4[c] = neg_inf();
+        } else {
+            let w = mask_word(s.hd.b, s.hd.h, s.i, j);
+            out4[c] = select(neg_inf(), raw[c] + word_bias(w), word_allows(w));
+        }
+    }
+    return out4;
+}
+
+// Online-softmax step for four masked scores: raises the running max, rescales the
+// accumulator and running sum, and returns the four unnormalised probabilities
+// (exactly 0 at masked positions).
+fn online_step(s4: vec4<f32>) -> vec4<f32> {
+    let block_max = max(max(s4.x, s4.y), max(s4.z, s4.w));
+    let new_max = max(row_max, block_max);
+    if is_neg_inf(new_max) {
+        return vec4<f32>(0.0); // nothing visible yet
+    }
+    if new_max > row_max {
+        // exp(-inf) is 0, and acc and row_sum are still 0 then, so the first block is exact.
+        let alpha = select(exp(row_max - new_max), 0.0, is_neg_inf(row_max));
+        row_sum *= alpha;
+        let dv4 = (p.head_dim_v + 3u) / 4u;
+        for (var t = 0u; t < dv4; t++) {
+            acc[t] *= alpha;
+        }
+        row_max = new_max;
+    }
+    var pr: vec4<f32>;
+    for (var c = 0u; c < 4u; c++) {
+        pr[c] = select(exp(s4[c] - new_max), 0.0, is_neg_inf(s4[c]));
+    }
+    row_sum += pr.x + pr.y + pr.z + pr.w;
+    return pr;
+}
+
+// Normalises and stores this invocation's output row and its log-sum-exp.
+fn finish_row(s: RowSetup, row: u32) {
+    if row >= p.len_q {
+        return;
+    }
+    let empty = row_sum == 0.0;
+    let inv = select(1.0 / row_sum, 0.0, empty);
+    let o_base = s.hd.b * p.o_stride_b + s.hd.h * p.o_stride_h + row * p.o_stride_s;
+    let dv4 = (p.head_dim_v + 3u) / 4u;
+    for (var t = 0u; t < dv4; t++) {
+        let o = acc[t] * inv;
+        for (var c = 0u; c < 4u; c++) {
+            if t * 4u + c < p.head_dim_v {
+                output[o_base + t * 4u + c] = elem(o[c]);
+            }
+        }
+    }
+    lse[(s.hd.b * p.heads_q + s.hd.h) * p.len_q + row] =
+        select(row_max + log(row_sum), neg_inf(), empty);
+}
+
