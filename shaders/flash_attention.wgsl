@@ -21,30 +21,23 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
     let s = setup_row(lid.x, wid);
     let d4 = (p.head_dim + 3u) / 4u;
     let dv4 = (p.head_dim_v + 3u) / 4u;
-    let last_k = p.len_k - 1u;
     for (var j0 = 0u; j0 < s.block_end; j0 += 4u) {
-        let k0 = s.k_base + min(j0, last_k) * p.k_stride_s;
-        let k1 = s.k_base + min(j0 + 1u, last_k) * p.k_stride_s;
-        let k2 = s.k_base + min(j0 + 2u, last_k) * p.k_stride_s;
-        let k3 = s.k_base + min(j0 + 3u, last_k) * p.k_stride_s;
+        let kr = row_offsets(s.k_base, p.k_stride_s, j0);
         var raw = vec4<f32>(0.0);
         for (var t = 0u; t < d4; t++) {
             let qt = q_row[t];
             raw += vec4<f32>(
-                dot(qt, load4(true, k0, t, p.head_dim)),
-                dot(qt, load4(true, k1, t, p.head_dim)),
-                dot(qt, load4(true, k2, t, p.head_dim)),
-                dot(qt, load4(true, k3, t, p.head_dim)),
+                dot(qt, load4(true, kr.x, t, p.head_dim)),
+                dot(qt, load4(true, kr.y, t, p.head_dim)),
+                dot(qt, load4(true, kr.z, t, p.head_dim)),
+                dot(qt, load4(true, kr.w, t, p.head_dim)),
             );
         }
         let pr = online_step(mask4(raw, s, j0));
-        let v0 = s.v_base + min(j0, last_k) * p.v_stride_s;
-        let v1 = s.v_base + min(j0 + 1u, last_k) * p.v_stride_s;
-        let v2 = s.v_base + min(j0 + 2u, last_k) * p.v_stride_s;
-        let v3 = s.v_base + min(j0 + 3u, last_k) * p.v_stride_s;
+        let vr = row_offsets(s.v_base, p.v_stride_s, j0);
         for (var t = 0u; t < dv4; t++) {
-            acc[t] += pr.x * load4(false, v0, t, p.head_dim_v) + pr.y * load4(false, v1, t, p.head_dim_v)
-                + pr.z * load4(false, v2, t, p.head_dim_v) + pr.w * load4(false, v3, t, p.head_dim_v);
+            acc[t] += pr.x * load4(false, vr.x, t, p.head_dim_v) + pr.y * load4(false, vr.y, t, p.head_dim_v)
+                + pr.z * load4(false, vr.z, t, p.head_dim_v) + pr.w * load4(false, vr.w, t, p.head_dim_v);
         }
     }
     finish_row(s, wid.x * ROWS + lid.x);

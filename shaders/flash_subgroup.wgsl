@@ -32,19 +32,15 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let lane = sg_lane % 8u;
     let d8 = (p.head_dim + 7u) / 8u;
     let dv8 = (p.head_dim_v + 7u) / 8u;
-    let last_k = p.len_k - 1u;
     for (var j0 = 0u; j0 < s.block_end; j0 += 4u) {
-        let k0 = s.k_base + min(j0, last_k) * p.k_stride_s;
-        let k1 = s.k_base + min(j0 + 1u, last_k) * p.k_stride_s;
-        let k2 = s.k_base + min(j0 + 2u, last_k) * p.k_stride_s;
-        let k3 = s.k_base + min(j0 + 3u, last_k) * p.k_stride_s;
+        let kr = row_offsets(s.k_base, p.k_stride_s, j0);
         var raw = vec4<f32>(0.0);
         for (var t = 0u; t < d8; t++) {
             let d = t * 8u + lane;
-            let x0 = kload(k0, d);
-            let x1 = kload(k1, d);
-            let x2 = kload(k2, d);
-            let x3 = kload(k3, d);
+            let x0 = kload(kr.x, d);
+            let x1 = kload(kr.y, d);
+            let x2 = kload(kr.z, d);
+            let x3 = kload(kr.w, d);
             let qa = q_row[2u * t];
             let qb = q_row[2u * t + 1u];
             raw += vec4<f32>(
@@ -55,16 +51,13 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             );
         }
         let pr = online_step(mask4(raw, s, j0));
-        let v0 = s.v_base + min(j0, last_k) * p.v_stride_s;
-        let v1 = s.v_base + min(j0 + 1u, last_k) * p.v_stride_s;
-        let v2 = s.v_base + min(j0 + 2u, last_k) * p.v_stride_s;
-        let v3 = s.v_base + min(j0 + 3u, last_k) * p.v_stride_s;
+        let vr = row_offsets(s.v_base, p.v_stride_s, j0);
         for (var t = 0u; t < dv8; t++) {
             let d = t * 8u + lane;
-            let y0 = vload(v0, d);
-            let y1 = vload(v1, d);
-            let y2 = vload(v2, d);
-            let y3 = vload(v3, d);
+            let y0 = vload(vr.x, d);
+            let y1 = vload(vr.y, d);
+            let y2 = vload(vr.z, d);
+            let y3 = vload(vr.w, d);
             acc[2u * t] += pr.x * bcast4(y0, false) + pr.y * bcast4(y1, false) + pr.z * bcast4(y2, false) + pr.w * bcast4(y3, false);
             acc[2u * t + 1u] += pr.x * bcast4(y0, true) + pr.y * bcast4(y1, true) + pr.z * bcast4(y2, true) + pr.w * bcast4(y3, true);
         }

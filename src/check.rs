@@ -274,15 +274,7 @@ fn naive_f16_error(
 pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
     let mut rng = Rng::new(seed);
     let mut cases = Vec::new();
-    let base = |b, hq, hkv, lq, lk, d, dv| AttentionShape {
-        batch: b,
-        heads_q: hq,
-        heads_kv: hkv,
-        len_q: lq,
-        len_k: lk,
-        head_dim: d,
-        head_dim_v: dv,
-    };
+    let base = AttentionShape::new;
     let shapes = [
         base(1, 1, 1, 1, 1, 8, 8),
         base(2, 2, 1, 7, 97, 40, 40),

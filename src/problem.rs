@@ -19,6 +19,27 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
+    /// A shape from its seven sizes, in the order of the struct's fields.
+    pub const fn new(
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        len_q: usize,
+        len_k: usize,
+        head_dim: usize,
+        head_dim_v: usize,
+    ) -> Self {
+        AttentionShape {
+            batch,
+            heads_q,
+            heads_kv,
+            len_q,
+            len_k,
+            head_dim,
+            head_dim_v,
+        }
+    }
+
     /// Derives the problem from logical `[B, H, S, D]` shapes of q, k and v.
     pub fn from_qkv(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<Self> {
         let [b, hq, lq, d] = q;

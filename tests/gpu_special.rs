@@ -23,18 +23,6 @@ fn paths(ctx: &wgpu_attention::Context) -> Vec<(KernelChoice, FusedTiling)> {
         .collect()
 }
 
-fn shape(b: usize, hq: usize, hkv: usize, lq: usize, lk: usize, d: usize, dv: usize) -> AttentionShape {
-    AttentionShape {
-        batch: b,
-        heads_q: hq,
-        heads_kv: hkv,
-        len_q: lq,
-        len_k: lk,
-        head_dim: d,
-        head_dim_v: dv,
-    }
-}
-
 fn case(shape: AttentionShape, options: AttentionOptions, seed: u64) -> CheckCase {
     CheckCase {
         shape,
@@ -60,7 +48,11 @@ fn on_every_path(mut c: CheckCase) {
 fn logits_of_magnitude_1e3_stay_exact() {
     // |scores| reach ~1e3: without the max subtraction exp() overflows, and a wrong
     // rescale in the online softmax shows up at once.
-    let mut c = case(shape(1, 2, 2, 37, 150, 64, 32), AttentionOptions::default(), 11);
+    let mut c = case(
+        AttentionShape::new(1, 2, 2, 37, 150, 64, 32),
+        AttentionOptions::default(),
+        11,
+    );
     c.range = 40.0;
     on_every_path(c);
 }
@@ -68,7 +60,7 @@ fn logits_of_magnitude_1e3_stay_exact() {
 #[test]
 fn nan_and_inf_at_masked_keys_never_contribute() {
     let Some(ctx) = common::ctx() else { return };
-    let s = shape(2, 2, 1, 19, 23, 16, 16);
+    let s = AttentionShape::new(2, 2, 1, 19, 23, 16, 16);
     let lens = vec![17, 9];
     // Key 3 is masked for everyone by an explicit mask; keys past each length by padding.
     let mut visible = vec![true; s.len_k];
@@ -105,7 +97,7 @@ fn key_lengths_of_zero_and_full() {
         key_lengths: Some(vec![0, 41, 5]),
         ..Default::default()
     };
-    on_every_path(case(shape(3, 2, 2, 13, 41, 24, 24), options, 13));
+    on_every_path(case(AttentionShape::new(3, 2, 2, 13, 41, 24, 24), options, 13));
 }
 
 #[test]
@@ -118,7 +110,7 @@ fn causal_with_unequal_lengths_both_ways_and_both_alignments() {
                 ..Default::default()
             };
             seed += 1;
-            on_every_path(case(shape(1, 3, 1, lq, lk, 20, 12), options, seed));
+            on_every_path(case(AttentionShape::new(1, 3, 1, lq, lk, 20, 12), options, seed));
         }
     }
 }
@@ -130,13 +122,17 @@ fn scale_and_output_layout_are_honoured() {
         output_layout: Some(Layout::Bshd),
         ..Default::default()
     };
-    on_every_path(case(shape(2, 4, 2, 21, 30, 33, 17), options, 30));
+    on_every_path(case(AttentionShape::new(2, 4, 2, 21, 30, 33, 17), options, 30));
 }
 
 #[test]
 fn fused_and_materialized_agree_closely() {
     let Some(ctx) = common::ctx() else { return };
-    let c = case(shape(2, 4, 4, 70, 90, 64, 64), AttentionOptions::default(), 40);
+    let c = case(
+        AttentionShape::new(2, 4, 4, 70, 90, 64, 64),
+        AttentionOptions::default(),
+        40,
+    );
     let [q, k, v] = random_qkv(&c);
     let upload = |data: &[f32], dims| Tensor::from_f32(ctx, dims, Layout::Bhsd, data).expect("upload");
     let (qt, kt, vt) = (

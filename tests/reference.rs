@@ -5,18 +5,6 @@ use wgpu_attention::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, AttentionShape, CausalAlignment, Mask,
 };
 
-fn shape(b: usize, hq: usize, hkv: usize, lq: usize, lk: usize, d: usize, dv: usize) -> AttentionShape {
-    AttentionShape {
-        batch: b,
-        heads_q: hq,
-        heads_kv: hkv,
-        len_q: lq,
-        len_k: lk,
-        head_dim: d,
-        head_dim_v: dv,
-    }
-}
-
 fn close(got: f64, want: f64) -> bool {
     (got - want).abs() <= 1e-12 * want.abs().max(1.0)
 }
@@ -27,7 +15,7 @@ fn close(got: f64, want: f64) -> bool {
 fn seed_001_two_by_two_example() {
     let q = [1.0, 0.0, 0.0, 1.0];
     let v = [23.1f32, 24.3, 22.8, 23.5];
-    let s = shape(1, 1, 1, 2, 2, 2, 2);
+    let s = AttentionShape::new(1, 1, 1, 2, 2, 2, 2);
     let r = attention(&q, &q, &v, &s, &AttentionOptions::default()).expect("valid problem");
     // The scale is an f32 (as on the GPU), so the expectation uses the same rounded value.
     let scale = f64::from(1.0 / 2f32.sqrt());
@@ -58,7 +46,7 @@ fn causal_three_by_three_top_left() {
     // Q = K = 0 row-wise scores are all equal, so visible keys share weight equally.
     let q = [0.5f32; 3 * 2];
     let v = [1.0f32, 10.0, 2.0, 20.0, 3.0, 30.0];
-    let s = shape(1, 1, 1, 3, 3, 2, 2);
+    let s = AttentionShape::new(1, 1, 1, 3, 3, 2, 2);
     let options = AttentionOptions {
         causal: Some(CausalAlignment::TopLeft),
         ..Default::default()
@@ -81,7 +69,7 @@ fn bottom_right_alignment_and_fully_masked_rows() {
     let q = [0.1f32, 0.2, 0.3];
     let k = [0.4f32, 0.5];
     let v = [7.0f32, 9.0];
-    let s = shape(1, 1, 1, 3, 2, 1, 1);
+    let s = AttentionShape::new(1, 1, 1, 3, 2, 1, 1);
     let options = AttentionOptions {
         causal: Some(CausalAlignment::BottomRight),
         ..Default::default()
@@ -103,7 +91,7 @@ fn masks_compose_and_additive_bias_is_added() {
     let q = [1.0f32, 1.0];
     let k = [1.0f32, 1.0, 1.0];
     let v = [1.0f32, 2.0, 3.0];
-    let s = shape(1, 1, 1, 2, 3, 1, 1);
+    let s = AttentionShape::new(1, 1, 1, 2, 3, 1, 1);
     let mask = Mask::additive(&[3], vec![0.0, 2f32.ln(), f32::NEG_INFINITY]).expect("valid mask");
     let options = AttentionOptions {
         scale: Some(1.0),
@@ -128,7 +116,7 @@ fn gqa_query_heads_share_kv_heads_in_groups() {
     let q = [1.0f32; 4];
     let k = [1.0f32; 2];
     let v = [5.0f32, -5.0];
-    let s = shape(1, 4, 2, 1, 1, 1, 1);
+    let s = AttentionShape::new(1, 4, 2, 1, 1, 1, 1);
     let r = attention(&q, &k, &v, &s, &AttentionOptions::default()).expect("valid problem");
     assert_eq!(r.out, vec![5.0, 5.0, -5.0, -5.0]);
 }
