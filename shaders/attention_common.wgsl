@@ -129,3 +129,10 @@ fn masked_score(raw: f32, end: u32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     let w = mask_word(b, h, i, j);
     return select(neg_inf(), raw * p.scale + word_bias(w), word_allows(w));
 }
+
+// Offsets of the rows of keys j0..j0+3 in K or V (clamped to the last key: rows past
+// the end are loaded but always masked).
+fn row_offsets(base: u32, stride: u32, j0: u32) -> vec4<u32> {
+    let last = p.len_k - 1u;
+    return vec4<u32>(base) + min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * stride;
+}

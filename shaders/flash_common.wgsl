@@ -85,13 +85,6 @@ fn qload4(base: u32, t4: u32) -> vec4<f32> {
     return r;
 }
 
-// Offsets of the rows of keys j0..j0+3 in K or V (clamped to the last key: rows past
-// the end are loaded but always masked).
-fn row_offsets(base: u32, stride: u32, j0: u32) -> vec4<u32> {
-    let last = p.len_k - 1u;
-    return vec4<u32>(base) + min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * stride;
-}
-
 // Masks four raw scores (already scaled through q_row) of keys j0..j0+3.
 fn mask4(raw: vec4<f32>, s: RowSetup, j0: u32) -> vec4<f32> {
     var out4: vec4<f32>;

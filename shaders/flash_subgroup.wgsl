@@ -1,67 +1,177 @@
 // Fused attention for CPU adapters with subgroups of at least 8 lanes (lavapipe).
-// Same online softmax and masking as flash_attention.wgsl (see flash_common.wgsl).
+// Same online softmax and masking rules as flash_attention.wgsl, arranged for a CPU.
 //
 // Why a separate kernel: CPU drivers run 8 invocations as one SIMD batch and perform a
 // storage load lane by lane, even when every lane reads the same address, as all lanes
-// do for K and V here. So instead, for each group of 8 head-dim elements of a K or V row,
-// lane l loads element 8t + l once, and subgroupBroadcast hands each element to the
-// other lanes (a register shuffle): 8x fewer loads for the same multiply-adds.
+// do for K and V here. So for each group of 8 head-dim elements of a K or V row, lane l
+// loads element 8t + l once, and subgroupBroadcast hands it to the other lanes (a
+// register shuffle). Each invocation then owns 4 query rows, so every broadcast element
+// feeds 4 multiply-adds: with the rows as the components of a vec4, the inner loops are
+// `vec4 += vec4 * scalar`, which is what a SIMD CPU does best.
 //
-// Tiling: a workgroup owns ROWS query rows of one (batch, head); each invocation owns
-// one row; keys in blocks of 4; no workgroup memory, no barriers. Lanes 0..7 of each
-// subgroup must be active (the key loop is uniform across the workgroup).
+// Tiling: a workgroup owns ROWS query rows of one (batch, head), ROWS / 4 invocations;
+// invocation `lid` owns rows row0 + lid + r * ROWS / 4 for r = 0..3 (component r). Keys
+// are consumed in blocks of 4: 16 scores, one online-softmax step per row, then the V
+// update. No workgroup memory, no barriers. Lanes 0..7 of each subgroup must be active
+// (the key loop is uniform across the workgroup).
 
-fn bcast4(x: f32, hi: bool) -> vec4<f32> {
-    if hi {
-        return vec4<f32>(subgroupBroadcast(x, 4u), subgroupBroadcast(x, 5u), subgroupBroadcast(x, 6u), subgroupBroadcast(x, 7u));
+const MAX_DIM: u32 = 256u;
+const LANES: u32 = 8u;
+override ROWS: u32 = 32u;
+
+// Component r of each vec4 belongs to this invocation's row r.
+var<private> q_t: array<vec4<f32>, MAX_DIM>; // q_t[d] = scale * Q[row][d]
+var<private> acc_t: array<vec4<f32>, MAX_DIM>; // unnormalised output rows
+var<private> row_max: vec4<f32>;
+var<private> row_sum: vec4<f32>;
+var<private> score: array<vec4<f32>, 4>; // score[c]: key j0 + c
+var<private> prob: array<vec4<f32>, 4>;
+
+// kd[c] = K[j0 + c][d]
+fn add_scores(d: u32, kd: vec4<f32>) {
+    let qd = q_t[d];
+    score[0] += qd * kd.x;
+    score[1] += qd * kd.y;
+    score[2] += qd * kd.z;
+    score[3] += qd * kd.w;
+}
+
+// vd[c] = V[j0 + c][d]
+fn add_values(d: u32, vd: vec4<f32>) {
+    acc_t[d] += prob[0] * vd.x + prob[1] * vd.y + prob[2] * vd.z + prob[3] * vd.w;
+}
+
+// Element d of four K rows (zero past the head dim).
+fn k_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
+    if d >= p.head_dim {
+        return vec4<f32>(0.0);
     }
-    return vec4<f32>(subgroupBroadcast(x, 0u), subgroupBroadcast(x, 1u), subgroupBroadcast(x, 2u), subgroupBroadcast(x, 3u));
+    return vec4<f32>(f32(k[rows.x + d]), f32(k[rows.y + d]), f32(k[rows.z + d]), f32(k[rows.w + d]));
 }
 
-fn kload(base: u32, d: u32) -> f32 {
-    return select(0.0, f32(k[base + min(d, p.head_dim - 1u)]), d < p.head_dim);
+fn v_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
+    if d >= p.head_dim_v {
+        return vec4<f32>(0.0);
+    }
+    return vec4<f32>(f32(v[rows.x + d]), f32(v[rows.y + d]), f32(v[rows.z + d]), f32(v[rows.w + d]));
 }
 
-fn vload(base: u32, d: u32) -> f32 {
-    return select(0.0, f32(v[base + min(d, p.head_dim_v - 1u)]), d < p.head_dim_v);
+// Online-softmax step over the 4 keys of the block, for all 4 rows at once: raises the
+// running maxima, rescales the accumulators and sums, and leaves the unnormalised
+// probabilities (exactly 0 at masked positions) in `prob`.
+fn online_step4() {
+    let block_max = max(max(score[0], score[1]), max(score[2], score[3]));
+    let new_max = max(row_max, block_max);
+    let row_unseen = (bitcast<vec4<u32>>(row_max) == vec4<u32>(NEG_INF_BITS));
+    if any(new_max > row_max) {
+        // alpha is 0 where nothing was seen yet (acc and sum are still 0 there).
+        let alpha = select(exp(row_max - new_max), vec4<f32>(0.0), row_unseen);
+        row_sum *= alpha;
+        let dv8 = (p.head_dim_v + 7u) / 8u * 8u;
+        for (var d = 0u; d < dv8; d++) {
+            acc_t[d] *= alpha;
+        }
+        row_max = new_max;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        let masked = bitcast<vec4<u32>>(score[c]) == vec4<u32>(NEG_INF_BITS);
+        prob[c] = select(exp(score[c] - new_max), vec4<f32>(0.0), masked);
+    }
+    row_sum += prob[0] + prob[1] + prob[2] + prob[3];
 }
 
-@compute @workgroup_size(ROWS, 1, 1)
+@compute @workgroup_size(ROWS / 4u, 1, 1)
 fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {
-    let s = setup_row(lid.x, wid);
-    let lane = sg_lane % 8u;
+    let hd = head_of(p.bh_start + wid.y);
+    let lane = sg_lane % LANES;
+    let stride_r = ROWS / 4u;
+    let row0 = wid.x * ROWS;
+    let rows = vec4<u32>(row0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * stride_r;
+    let last_q = p.len_q - 1u;
+    let clamped = min(rows, vec4<u32>(last_q));
+    var ends: vec4<u32>;
+    for (var r = 0u; r < 4u; r++) {
+        ends[r] = key_end(hd.b, clamped[r]);
+    }
+    // Uniform across the workgroup: its last row sees the most keys.
+    let block_end = key_end(hd.b, min(row0 + ROWS - 1u, last_q));
+
     let d8 = (p.head_dim + 7u) / 8u;
     let dv8 = (p.head_dim_v + 7u) / 8u;
-    for (var j0 = 0u; j0 < s.block_end; j0 += 4u) {
-        let kr = row_offsets(s.k_base, p.k_stride_s, j0);
-        var raw = vec4<f32>(0.0);
-        for (var t = 0u; t < d8; t++) {
-            let d = t * 8u + lane;
-            let x0 = kload(kr.x, d);
-            let x1 = kload(kr.y, d);
-            let x2 = kload(kr.z, d);
-            let x3 = kload(kr.w, d);
-            let qa = q_row[2u * t];
-            let qb = q_row[2u * t + 1u];
-            raw += vec4<f32>(
-                dot(qa, bcast4(x0, false)) + dot(qb, bcast4(x0, true)),
-                dot(qa, bcast4(x1, false)) + dot(qb, bcast4(x1, true)),
-                dot(qa, bcast4(x2, false)) + dot(qb, bcast4(x2, true)),
-                dot(qa, bcast4(x3, false)) + dot(qb, bcast4(x3, true)),
-            );
+    let q_base = vec4<u32>(hd.b * p.q_stride_b + hd.h * p.q_stride_h) + clamped * p.q_stride_s;
+    for (var d = 0u; d < d8 * 8u; d++) {
+        var qd = vec4<f32>(0.0);
+        if d < p.head_dim {
+            qd = vec4<f32>(f32(q[q_base.x + d]), f32(q[q_base.y + d]), f32(q[q_base.z + d]), f32(q[q_base.w + d]));
         }
-        let pr = online_step(mask4(raw, s, j0));
-        let vr = row_offsets(s.v_base, p.v_stride_s, j0);
+        q_t[d] = qd * p.scale;
+    }
+    for (var d = 0u; d < dv8 * 8u; d++) {
+        acc_t[d] = vec4<f32>(0.0);
+    }
+    row_max = vec4<f32>(neg_inf());
+    row_sum = vec4<f32>(0.0);
+
+    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
+    let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
+    for (var j0 = 0u; j0 < block_end; j0 += 4u) {
+        for (var c = 0u; c < 4u; c++) {
+            score[c] = vec4<f32>(0.0);
+        }
+        let kr = row_offsets(k_base, p.k_stride_s, j0);
+        for (var t = 0u; t < d8; t++) {
+            let d = t * LANES;
+            let x = k_column(kr, d + lane);
+            add_scores(d, subgroupBroadcast(x, 0u));
+            add_scores(d + 1u, subgroupBroadcast(x, 1u));
+            add_scores(d + 2u, subgroupBroadcast(x, 2u));
+            add_scores(d + 3u, subgroupBroadcast(x, 3u));
+            add_scores(d + 4u, subgroupBroadcast(x, 4u));
+            add_scores(d + 5u, subgroupBroadcast(x, 5u));
+            add_scores(d + 6u, subgroupBroadcast(x, 6u));
+            add_scores(d + 7u, subgroupBroadcast(x, 7u));
+        }
+        // Masks, per row r and key j0 + c (q_t already carries the scale).
+        for (var c = 0u; c < 4u; c++) {
+            let j = j0 + c;
+            for (var r = 0u; r < 4u; r++) {
+                var masked_score = neg_inf();
+                if j < ends[r] {
+                    let w = mask_word(hd.b, hd.h, clamped[r], j);
+                    masked_score = select(neg_inf(), score[c][r] + word_bias(w), word_allows(w));
+                }
+                score[c][r] = masked_score;
+            }
+        }
+        online_step4();
+        let vr = row_offsets(v_base, p.v_stride_s, j0);
         for (var t = 0u; t < dv8; t++) {
-            let d = t * 8u + lane;
-            let y0 = vload(vr.x, d);
-            let y1 = vload(vr.y, d);
-            let y2 = vload(vr.z, d);
-            let y3 = vload(vr.w, d);
-            acc[2u * t] += pr.x * bcast4(y0, false) + pr.y * bcast4(y1, false) + pr.z * bcast4(y2, false) + pr.w * bcast4(y3, false);
-            acc[2u * t + 1u] += pr.x * bcast4(y0, true) + pr.y * bcast4(y1, true) + pr.z * bcast4(y2, true) + pr.w * bcast4(y3, true);
+            let d = t * LANES;
+            let y = v_column(vr, d + lane);
+            add_values(d, subgroupBroadcast(y, 0u));
+            add_values(d + 1u, subgroupBroadcast(y, 1u));
+            add_values(d + 2u, subgroupBroadcast(y, 2u));
+            add_values(d + 3u, subgroupBroadcast(y, 3u));
+            add_values(d + 4u, subgroupBroadcast(y, 4u));
+            add_values(d + 5u, subgroupBroadcast(y, 5u));
+            add_values(d + 6u, subgroupBroadcast(y, 6u));
+            add_values(d + 7u, subgroupBroadcast(y, 7u));
         }
     }
-    finish_row(s, wid.x * ROWS + lid.x);
-}
 
+    // Normalise and store; rows that saw no key get zeros and lse = -inf.
+    let empty = row_sum == vec4<f32>(0.0);
+    let inv = select(vec4<f32>(1.0) / row_sum, vec4<f32>(0.0), empty);
+    let row_lse = select(row_max + log(row_sum), vec4<f32>(neg_inf()), empty);
+    for (var r = 0u; r < 4u; r++) {
+        let row = rows[r];
+        if row >= p.len_q {
+            continue;
+        }
+        let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + row * p.o_stride_s;
+        for (var d = 0u; d < p.head_dim_v; d++) {
+            output[o_base + d] = elem(acc_t[d][r] * inv[r]);
+        }
+        lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = row_lse[r];
+    }
+}

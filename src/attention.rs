@@ -143,7 +143,7 @@ impl Context {
                 }
                 FlashConfig {
                     kernel: flash::SUBGROUP,
-                    rows: 16,
+                    rows: 32,
                 }
             }
             FusedTiling::Registers | FusedTiling::Auto => FlashConfig {

@@ -6,7 +6,7 @@ use crate::attention::encode_sdpa;
 use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
-use crate::kernels::matmul::encode_matmul;
+use crate::kernels::matmul::{encode_linear, Linear};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
@@ -43,12 +43,14 @@ pub fn time_gpu(
     mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<Timing> {
     let mut run = || -> Result<Duration> {
-        let start = Instant::now();
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        record(&mut encoder)?;
-        ctx.queue().submit([encoder.finish()]);
-        ctx.wait_idle()?;
-        Ok(start.elapsed())
+        ctx.scoped("timing GPU work", || {
+            let start = Instant::now();
+            let mut encoder = ctx.device().create_command_encoder(&Default::default());
+            record(&mut encoder)?;
+            ctx.queue().submit([encoder.finish()]);
+            ctx.wait_idle()?;
+            Ok(start.elapsed())
+        })
     };
     let first = run()?;
     run()?;
@@ -84,7 +86,8 @@ pub fn time_attention(
     })
 }
 
-/// Times the matmul probe on `n x n x n`; returns the timing and its FLOP count.
+/// Times the roofline probe, the linear-layer GEMM on `n x n x n` (f32, the adapter's
+/// tiling); returns the timing and its FLOP count.
 pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)> {
     let mut rng = Rng::new(2);
     let make = |data: &[f32]| {
@@ -94,10 +97,22 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
             usage: tensor_usage(),
         })
     };
-    let a = make(&rng.vec(n * n, -1.0, 1.0));
-    let b = make(&rng.vec(n * n, -1.0, 1.0));
-    let c = ctx.create_buffer("matmul probe output", (4 * n * n) as u64, tensor_usage())?;
-    let timing = time_gpu(ctx, reps, |encoder| encode_matmul(ctx, encoder, &a, &b, &c, n, n, n))?;
+    let x = make(&rng.vec(n * n, -1.0, 1.0));
+    let w = make(&rng.vec(n * n, -1.0, 1.0));
+    let y = ctx.create_buffer("matmul probe output", (4 * n * n) as u64, tensor_usage())?;
+    let linear = Linear {
+        x: &x,
+        x_stride: n,
+        w: &w,
+        bias: None,
+        outputs: &[(&y, n)],
+        m: n,
+        k: n,
+    };
+    let tiling = ctx.linear_tiling();
+    let timing = time_gpu(ctx, reps, |encoder| {
+        encode_linear(ctx, encoder, DType::F32, tiling, &linear)
+    })?;
     Ok((timing, 2.0 * (n as f64).powi(3)))
 }
 

@@ -98,7 +98,7 @@ fn mask_kind_constants_match() {
 
 #[test]
 fn kernel_slots_are_exactly_the_bindings_each_entry_point_uses() {
-    for kernel in ALL_KERNELS.into_iter().filter(|k| !k.preludes.is_empty()) {
+    for kernel in ALL_KERNELS.into_iter().filter(|k| !k.slots.is_empty()) {
         let source = shader_source(&kernel, DType::F32);
         let module = validate(&source).expect("valid shader");
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())

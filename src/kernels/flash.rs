@@ -42,7 +42,7 @@ pub const SUBGROUP: Kernel = Kernel {
     source: include_str!("../../shaders/flash_subgroup.wgsl"),
     entry: "flash_subgroup",
     slots: SLOTS,
-    preludes: super::FLASH_PRELUDE,
+    preludes: super::ATTENTION_PRELUDE,
 };
 
 /// Lanes `flash_subgroup.wgsl` needs in a subgroup.

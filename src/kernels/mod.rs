@@ -41,8 +41,9 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 7] = [
-    matmul::KERNEL,
+pub const ALL_KERNELS: [Kernel; 8] = [
+    matmul::TILED,
+    matmul::SUBGROUP,
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,

@@ -1,0 +1,167 @@
+//! The linear-layer GEMM (`shaders/matmul.wgsl`) against an f64 reference: awkward sizes
+//! (not multiples of any tile), bias, split outputs, row strides, both tilings, f32/f16.
+
+mod common;
+
+use half::f16;
+use wgpu_attention::check::Rng;
+use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
+use wgpu_attention::{Context, DType, Layout, Tensor};
+
+struct Case {
+    m: usize,
+    k: usize,
+    x_stride: usize,
+    widths: Vec<usize>,
+    bias: bool,
+    dtype: DType,
+    tiling: LinearTiling,
+    seed: u64,
+}
+
+fn round(dtype: DType, values: Vec<f32>) -> Vec<f32> {
+    match dtype {
+        DType::F32 => values,
+        DType::F16 => values.into_iter().map(|x| f16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+fn matrix(ctx: &Context, dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Tensor {
+    Tensor::from_f32_as(ctx, [1, 1, rows, cols], Layout::Bhsd, dtype, data).expect("upload")
+}
+
+fn run(ctx: &Context, case: &Case) {
+    let mut rng = Rng::new(case.seed);
+    let n: usize = case.widths.iter().sum();
+    let (m, k) = (case.m, case.k);
+    let x = round(case.dtype, rng.vec((m - 1) * case.x_stride + k, -1.0, 1.0));
+    let w = round(case.dtype, rng.vec(n * k, -1.0, 1.0));
+    let b = round(case.dtype, rng.vec(n, -1.0, 1.0));
+    let x_gpu = matrix(ctx, case.dtype, 1, x.len(), &x);
+    let w_gpu = matrix(ctx, case.dtype, n, k, &w);
+    let b_gpu = matrix(ctx, case.dtype, 1, n, &b);
+    let outs: Vec<Tensor> = case
+        .widths
+        .iter()
+        .map(|&width| Tensor::empty(ctx, [1, 1, m, width], Layout::Bhsd, case.dtype).expect("alloc"))
+        .collect();
+    let outputs: Vec<(&wgpu_attention::wgpu::Buffer, usize)> = outs
+        .iter()
+        .zip(&case.widths)
+        .map(|(t, &width)| (t.buffer(), width))
+        .collect();
+    let linear = Linear {
+        x: x_gpu.buffer(),
+        x_stride: case.x_stride,
+        w: w_gpu.buffer(),
+        bias: case.bias.then(|| b_gpu.buffer()),
+        outputs: &outputs,
+        m,
+        k,
+    };
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    encode_linear(ctx, &mut encoder, case.dtype, case.tiling, &linear).expect("encode");
+    ctx.queue().submit([encoder.finish()]);
+    let got: Vec<Vec<f32>> = outs.iter().map(|t| t.to_f32_vec(ctx).expect("readback")).collect();
+
+    let mut first_col = 0;
+    for (seg, &width) in case.widths.iter().enumerate() {
+        for row in 0..m {
+            for col in 0..width {
+                let c = first_col + col;
+                let mut want = if case.bias { f64::from(b[c]) } else { 0.0 };
+                let mut magnitude = want.abs();
+                for i in 0..k {
+                    let term = f64::from(x[row * case.x_stride + i]) * f64::from(w[c * k + i]);
+                    want += term;
+                    magnitude += term.abs();
+                }
+                // f32 accumulation: k roundings of partial sums; f16 output: one more rounding.
+                let mut bound = 2.0 * (k + 1) as f64 * f64::from(f32::EPSILON) * magnitude;
+                if case.dtype == DType::F16 {
+                    bound += want.abs() * 2f64.powi(-10);
+                }
+                let g = f64::from(got[seg][row * width + col]);
+                assert!(
+                    (g - want).abs() <= bound,
+                    "seed {}: {:?} {:?} m={m} k={k} widths={:?}: Y[{row}][{c}] = {g}, want {want} (bound {bound:.3e})",
+                    case.seed,
+                    case.tiling,
+                    case.dtype,
+                    case.widths
+                );
+            }
+        }
+        first_col += width;
+    }
+}
+
+fn tilings(ctx: &Context) -> Vec<LinearTiling> {
+    let mut out = vec![LinearTiling::Tiled];
+    if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
+        out.push(LinearTiling::Subgroup);
+    }
+    out
+}
+
+#[test]
+fn linear_matches_the_f64_reference_on_awkward_sizes() {
+    let Some(ctx) = common::ctx() else { return };
+    let shapes: [(usize, usize, usize, &[usize], bool); 6] = [
+        (1, 1, 1, &[1], false),
+        (13, 29, 29, &[37], true),
+        (70, 100, 131, &[9, 17, 5], true),
+        (9, 64, 64, &[64, 16, 16], false),
+        (65, 7, 7, &[130], true),
+        (3, 300, 300, &[2, 70], false),
+    ];
+    let mut seed = 100;
+    for tiling in tilings(ctx) {
+        for dtype in [DType::F32, DType::F16] {
+            if dtype == DType::F16 && !ctx.capabilities().f16 {
+                continue;
+            }
+            for &(m, k, x_stride, widths, bias) in &shapes {
+                seed += 1;
+                let case = Case {
+                    m,
+                    k,
+                    x_stride,
+                    widths: widths.to_vec(),
+                    bias,
+                    dtype,
+                    tiling,
+                    seed,
+                };
+                run(ctx, &case);
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_rejects_bad_requests_with_errors() {
+    let Some(ctx) = common::ctx() else { return };
+    let small = matrix(ctx, DType::F32, 1, 4, &[1.0, 2.0, 3.0, 4.0]);
+    let out = Tensor::empty(ctx, [1, 1, 1, 4], Layout::Bhsd, DType::F32).expect("alloc");
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let attempt = |encoder: &mut wgpu_attention::wgpu::CommandEncoder, m: usize, k: usize, widths: &[usize]| {
+        let outputs: Vec<_> = widths.iter().map(|&wd| (out.buffer(), wd)).collect();
+        let linear = Linear {
+            x: small.buffer(),
+            x_stride: k,
+            w: small.buffer(),
+            bias: None,
+            outputs: &outputs,
+            m,
+            k,
+        };
+        encode_linear(ctx, encoder, DType::F32, LinearTiling::Tiled, &linear)
+    };
+    assert!(attempt(&mut encoder, 0, 4, &[1]).is_err(), "m = 0");
+    assert!(attempt(&mut encoder, 1, 4, &[]).is_err(), "no outputs");
+    assert!(attempt(&mut encoder, 1, 4, &[1, 1, 1, 1]).is_err(), "four outputs");
+    assert!(attempt(&mut encoder, 2, 4, &[1]).is_err(), "X too small for 2 rows");
+    assert!(attempt(&mut encoder, 1, 4, &[2]).is_err(), "W too small for 2 columns");
+    assert!(attempt(&mut encoder, 1, 4, &[0]).is_err(), "zero-width output");
+}
