@@ -10,7 +10,6 @@ use crate::kernels::{softmax_rows, weights_v, AttentionBindings, AttentionParams
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
-use wgpu::util::DeviceExt;
 
 /// What one attention call produces.
 #[derive(Debug)]
@@ -343,11 +342,8 @@ impl Plan {
                 bh_count: bh_count as u32,
                 ..base_params
             };
-            let params_buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("attention params"),
-                contents: bytemuck::bytes_of(&params),
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+            let params_buffer =
+                ctx.create_buffer_init("attention params", bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM)?;
             let bindings = AttentionBindings {
                 params: &params_buffer,
                 q: q.buffer(),
@@ -397,11 +393,5 @@ fn mask_words(options: &AttentionOptions) -> Vec<u32> {
 }
 
 fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
-    ctx.scoped(label, || {
-        Ok(ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::cast_slice(words),
-            usage: wgpu::BufferUsages::STORAGE,
-        }))
-    })
+    ctx.create_buffer_init(label, bytemuck::cast_slice(words), wgpu::BufferUsages::STORAGE)
 }

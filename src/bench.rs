@@ -11,7 +11,6 @@ use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 use std::time::{Duration, Instant};
-use wgpu::util::DeviceExt;
 
 /// Timings of one benchmark row.
 #[derive(Clone, Debug)]
@@ -91,14 +90,10 @@ pub fn time_attention(
 pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)> {
     let mut rng = Rng::new(2);
     let make = |data: &[f32]| {
-        ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("matmul probe input"),
-            contents: bytemuck::cast_slice(data),
-            usage: tensor_usage(),
-        })
+        ctx.create_buffer_init("matmul probe input", bytemuck::cast_slice(data), tensor_usage())
     };
-    let x = make(&rng.vec(n * n, -1.0, 1.0));
-    let w = make(&rng.vec(n * n, -1.0, 1.0));
+    let x = make(&rng.vec(n * n, -1.0, 1.0))?;
+    let w = make(&rng.vec(n * n, -1.0, 1.0))?;
     let y = ctx.create_buffer("matmul probe output", (4 * n * n) as u64, tensor_usage())?;
     let linear = Linear {
         x: &x,

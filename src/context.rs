@@ -3,7 +3,9 @@
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use wgpu::util::DeviceExt;
 
 /// How to pick an adapter. Empty fields fall back to the environment
 /// (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`, `WGPU_POWER_PREF`), then to wgpu's default.
@@ -112,6 +114,7 @@ pub struct Context {
     info: wgpu::AdapterInfo,
     caps: Capabilities,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    allocated: AtomicU64,
 }
 
 impl std::fmt::Debug for Context {
@@ -210,6 +213,7 @@ impl Context {
             info,
             caps,
             pipelines: Mutex::new(HashMap::new()),
+            allocated: AtomicU64::new(0),
         }
     }
 
@@ -268,6 +272,31 @@ impl Context {
 
     /// Creates a buffer after checking the device's size limit.
     pub(crate) fn create_buffer(&self, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        let size = self.check_buffer_size(label, bytes)?;
+        self.scoped(label, || {
+            Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            }))
+        })
+    }
+
+    /// Creates a buffer holding `contents` after checking the device's size limit.
+    pub(crate) fn create_buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+        self.check_buffer_size(label, contents.len() as u64)?;
+        self.scoped(label, || {
+            Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage,
+            }))
+        })
+    }
+
+    /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`].
+    fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {
         let size = bytes.max(4).div_ceil(4) * 4;
         if size > self.caps.max_buffer {
             return Err(Error::LimitExceeded {
@@ -277,14 +306,14 @@ impl Context {
                 max: self.caps.max_buffer,
             });
         }
-        self.scoped(label, || {
-            Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some(label),
-                size,
-                usage,
-                mapped_at_creation: false,
-            }))
-        })
+        self.allocated.fetch_add(size, Ordering::Relaxed);
+        Ok(size)
+    }
+
+    /// Bytes of GPU buffers this context has created so far (cumulative: freed buffers
+    /// are not subtracted). The difference around a call is what that call allocated.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
     }
 
     /// Blocks until all submitted work is done.

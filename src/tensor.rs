@@ -5,7 +5,6 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use half::f16;
-use wgpu::util::DeviceExt;
 
 /// Element type in GPU memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,26 +79,14 @@ impl Tensor {
     /// Uploads f32 data given in `layout`'s memory order.
     pub fn from_f32(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
         check_len(shape, data.len())?;
-        Ok(Self::from_bytes(
-            ctx,
-            shape,
-            layout,
-            DType::F32,
-            bytemuck::cast_slice(data),
-        ))
+        Self::from_bytes(ctx, shape, layout, DType::F32, bytemuck::cast_slice(data))
     }
 
     /// Uploads f16 data given in `layout`'s memory order. Needs `SHADER_F16`.
     pub fn from_f16(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
         check_len(shape, data.len())?;
         ctx.require_f16("f16 tensors")?;
-        Ok(Self::from_bytes(
-            ctx,
-            shape,
-            layout,
-            DType::F16,
-            bytemuck::cast_slice(data),
-        ))
+        Self::from_bytes(ctx, shape, layout, DType::F16, bytemuck::cast_slice(data))
     }
 
     /// Uploads f32 data, converting to `dtype` on the host.
@@ -113,18 +100,14 @@ impl Tensor {
         }
     }
 
-    fn from_bytes(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Self {
-        let buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("wgpu-attention tensor"),
-            contents: &pad_to_4(bytes),
-            usage: tensor_usage(),
-        });
-        Tensor {
+    fn from_bytes(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Result<Self> {
+        let buffer = ctx.create_buffer_init("wgpu-attention tensor", &pad_to_4(bytes), tensor_usage())?;
+        Ok(Tensor {
             buffer,
             shape,
             layout,
             dtype,
-        }
+        })
     }
 
     /// An uninitialised tensor (used for outputs).

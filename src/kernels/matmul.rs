@@ -7,7 +7,6 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::tensor::{tensor_usage, DType};
 use bytemuck::{Pod, Zeroable};
-use wgpu::util::DeviceExt;
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 
@@ -188,11 +187,7 @@ pub fn encode_linear(
         seg2: if widths.len() == 1 { n as u32 } else { seg2 as u32 },
         pad: 0,
     };
-    let params = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
-        label: Some("linear params"),
-        contents: bytemuck::bytes_of(&params),
-        usage: wgpu::BufferUsages::UNIFORM,
-    });
+    let params = ctx.create_buffer_init("linear params", bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM)?;
     // Unused bindings still need a buffer each (a writable one may not be bound twice).
     let placeholders = (0..3)
         .map(|_| ctx.create_buffer("linear placeholder", 16, tensor_usage()))
