@@ -342,8 +342,11 @@ impl Plan {
                 bh_count: bh_count as u32,
                 ..base_params
             };
-            let params_buffer =
-                ctx.create_buffer_init("attention params", bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM)?;
+            let params_buffer = ctx.create_buffer_init(
+                "attention params",
+                bytemuck::bytes_of(&params),
+                wgpu::BufferUsages::UNIFORM,
+            )?;
             let bindings = AttentionBindings {
                 params: &params_buffer,
                 q: q.buffer(),

@@ -187,7 +187,10 @@ impl Context {
     /// subgroups, timestamps) and the adapter's own limits.
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
             required_features: adapter.features() & wanted,
@@ -284,7 +287,12 @@ impl Context {
     }
 
     /// Creates a buffer holding `contents` after checking the device's size limit.
-    pub(crate) fn create_buffer_init(&self, label: &str, contents: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+    pub(crate) fn create_buffer_init(
+        &self,
+        label: &str,
+        contents: &[u8],
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         self.check_buffer_size(label, contents.len() as u64)?;
         self.scoped(label, || {
             Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -1,27 +1,58 @@
-//! `bench`: attention problems on the chosen adapter, as a table, with a matmul
-//! roofline probe measured in the same run.
+//! `bench`: a suite of attention problems on one adapter (or every adapter), printed as a
+//! table and optionally written as JSON (schema in docs/bench-json.md), with the
+//! roofline probe measured in the same process. `--compare` reads two JSON files instead.
 
+use super::info::adapter_json;
+use super::npy::write_all;
 use super::{AdapterArgs, CliError};
-use wgpu_attention::bench::{gflops, time_attention, time_matmul};
-use wgpu_attention::{resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use wgpu_attention::bench::probe::Probe;
+use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
+use wgpu_attention::bench::Clock;
+use wgpu_attention::{AttentionShape, Context, DType, FusedTiling};
+
+/// Version tag of the JSON this command writes.
+pub const SCHEMA: &str = "wgpu-attention-bench/1";
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// B,Hq,Hkv,Lq,Lk,D[,Dv] (repeatable); default: the (1, 8, 8, 2048, 2048, 64).
+    /// Problem set: quick (about a minute on lavapipe), standard (L up to 2048) or long
+    /// (adds L = 8192 and 32768 for the fused path). Ignored when --shape is given.
+    #[arg(long, default_value = "quick")]
+    suite: String,
+    /// B,Hq,Hkv,Lq,Lk,D[,Dv] (repeatable); replaces the suite.
     #[arg(long)]
     shape: Vec<String>,
-    /// Also run each shape causal (top-left).
+    /// With --shape: also run each shape causal (top-left).
     #[arg(long)]
     causal: bool,
-    /// Kernels to run: fused, materialized or both.
+    /// f32, f16 or both (f16 rows only where the adapter has SHADER_F16).
     #[arg(long, default_value = "both")]
+    dtype: String,
+    /// fused, materialized, cpu (the f64 reference), both (fused + materialized) or all.
+    #[arg(long, default_value = "all")]
     kernel: String,
-    /// Timed repetitions after warm-up.
-    #[arg(long, default_value_t = 5)]
+    /// Timed repetitions after the first call and one warm-up.
+    #[arg(long, default_value_t = 3)]
     reps: usize,
-    /// Size of the n x n x n matmul probe.
-    #[arg(long, default_value_t = 1024)]
+    /// Size n of the n x n x n GEMM probe.
+    #[arg(long, default_value_t = 512)]
     probe: usize,
+    /// MiB copied by the bandwidth probe.
+    #[arg(long, default_value_t = 64)]
+    copy_mib: u64,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Run on every adapter found (respecting --backend), one after the other.
+    #[arg(long)]
+    all_adapters: bool,
+    /// Compare two JSON files row by row (B's speedup over A) instead of measuring.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    compare: Vec<PathBuf>,
 }
 
 fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
@@ -33,100 +64,345 @@ fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
     if v.len() != 6 && v.len() != 7 {
         return Err(CliError::bad(format!("--shape '{s}': expected B,Hq,Hkv,Lq,Lk,D[,Dv]")));
     }
-    Ok(AttentionShape {
-        batch: v[0],
-        heads_q: v[1],
-        heads_kv: v[2],
-        len_q: v[3],
-        len_k: v[4],
-        head_dim: v[5],
-        head_dim_v: *v.get(6).unwrap_or(&v[5]),
-    })
+    let shape = AttentionShape::new(v[0], v[1], v[2], v[3], v[4], v[5], *v.get(6).unwrap_or(&v[5]));
+    shape
+        .check_options(&Default::default())
+        .map_err(|e| CliError::bad(format!("--shape '{s}': {e}")))?;
+    Ok(shape)
+}
+
+/// What to measure, decided before any adapter is opened.
+struct Plan {
+    suite: Option<Suite>,
+    shapes: Vec<AttentionShape>,
+    causal: bool,
+    dtypes: Vec<DType>,
+    kernels: Vec<BenchKernel>,
+}
+
+impl Plan {
+    fn from_args(args: &BenchArgs) -> Result<Plan, CliError> {
+        let shapes = args
+            .shape
+            .iter()
+            .map(|s| parse_shape(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let suite =
+            if shapes.is_empty() {
+                Some(Suite::parse(&args.suite).ok_or_else(|| {
+                    CliError::bad(format!("--suite '{}': expected quick, standard or long", args.suite))
+                })?)
+            } else {
+                None
+            };
+        let dtypes = match args.dtype.as_str() {
+            "f32" => vec![DType::F32],
+            "f16" => vec![DType::F16],
+            "both" => vec![DType::F32, DType::F16],
+            other => return Err(CliError::bad(format!("--dtype '{other}': expected f32, f16 or both"))),
+        };
+        let kernels = BenchKernel::parse(&args.kernel).ok_or_else(|| {
+            CliError::bad(format!(
+                "--kernel '{}': expected fused, materialized, cpu, both or all",
+                args.kernel
+            ))
+        })?;
+        if args.reps == 0 || args.probe == 0 || args.copy_mib == 0 {
+            return Err(CliError::bad("--reps, --probe and --copy-mib must be at least 1"));
+        }
+        Ok(Plan {
+            suite,
+            shapes,
+            causal: args.causal,
+            dtypes,
+            kernels,
+        })
+    }
+
+    /// The problems for an adapter (f16 only where it has SHADER_F16).
+    fn cases(&self, f16: bool) -> Vec<BenchCase> {
+        let wanted = |dtype: DType| self.dtypes.contains(&dtype) && (dtype == DType::F32 || f16);
+        let mut cases = match self.suite {
+            Some(suite) => suite.cases(f16),
+            None => {
+                let causal: &[bool] = if self.causal { &[false, true] } else { &[false] };
+                let mut out = Vec::new();
+                for &shape in &self.shapes {
+                    for dtype in [DType::F32, DType::F16] {
+                        for &causal in causal {
+                            out.push(BenchCase { shape, causal, dtype });
+                        }
+                    }
+                }
+                out
+            }
+        };
+        cases.retain(|c| wanted(c.dtype));
+        cases
+    }
 }
 
 pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
-    let ctx = adapter.context()?;
+    if !args.compare.is_empty() {
+        return super::bench_compare::run(&args.compare[0], &args.compare[1]);
+    }
+    let plan = Plan::from_args(args)?;
+    let contexts = if args.all_adapters {
+        let adapters = wgpu_attention::enumerate_adapters(adapter.backend.as_deref())?;
+        if adapters.is_empty() {
+            return Err(CliError::bad("--all-adapters: no adapters found"));
+        }
+        adapters
+            .iter()
+            .map(Context::from_adapter)
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![adapter.context()?]
+    };
+    let mut runs = Vec::new();
+    for ctx in &contexts {
+        runs.push(measure(ctx, &plan, args)?);
+    }
+    if runs.len() > 1 {
+        print_side_by_side(&runs);
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "schema": SCHEMA,
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "unix_time": std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            "suite": plan.suite.map(|s| s.name()),
+            "reps": args.reps,
+            "flops": "2*B*Hq*Lq*Lk*(D+Dv), i.e. 4*B*Hq*Lq*Lk*D when Dv = D; halved for causal",
+            "compulsory_bytes": "Q, K, V read once and O written once, at the row's dtype",
+            "runs": runs,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::bad(e.to_string()))?;
+        write_all(&[(path, text.into_bytes())])?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs the plan on one adapter, printing its table; returns the JSON of the run.
+fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliError> {
     let info = ctx.adapter_info();
+    let cases = plan.cases(ctx.capabilities().f16);
+    let fused_tiling = ctx.fused_config(FusedTiling::Auto)?.name();
+    let clock = Clock::for_context(ctx);
     println!(
         "adapter: {} ({:?}, {:?}), driver {} {}",
         info.name, info.backend, info.device_type, info.driver, info.driver_info
     );
-    println!("timing: wall clock around submit + wait, after warm-up; first call (compile) separate");
-    let (probe, probe_flops) = time_matmul(&ctx, args.probe, args.reps)?;
-    let probe_gf = gflops(probe_flops, probe.median);
     println!(
-        "probe: matmul {0}x{0}x{0} f32: {1:.2} ms median, {2:.1} GFLOP/s",
-        args.probe,
-        probe.median.as_secs_f64() * 1e3,
-        probe_gf
+        "timing: {}, median of {} runs after the first call and one warm-up; first call (compile) separate",
+        clock.name(),
+        args.reps
     );
-    let shapes = if args.shape.is_empty() {
-        vec![parse_shape("1,8,8,2048,2048,64")?]
-    } else {
-        args.shape.iter().map(|s| parse_shape(s)).collect::<Result<_, _>>()?
-    };
-    let kernels: Vec<KernelChoice> = match args.kernel.as_str() {
-        "fused" => vec![KernelChoice::Fused],
-        "materialized" => vec![KernelChoice::Materialized],
-        "both" => vec![KernelChoice::Fused, KernelChoice::Materialized],
-        other => {
-            return Err(CliError::bad(format!(
-                "--kernel '{other}': expected fused, materialized or both"
-            )))
-        }
-    };
+    println!("tiles: fused {fused_tiling}, GEMM {}", ctx.linear_tiling().name());
+
+    let progress = progress_bar(cases.len() * plan.kernels.len() + 1);
+    progress.set_message(format!("probe on {}", info.name));
+    let probe = Probe::measure(ctx, args.probe, args.copy_mib, args.reps)?;
+    progress.inc(1);
     println!(
-        "{:<28} {:<10} {:<20} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}",
-        "shape B,Hq,Hkv,Lq,Lk,D,Dv",
+        "probe: GEMM {0}x{0}x{0} f32 ({1}) {2:.2} ms = {3:.2} GFLOP/s; copy {4} MiB {5:.2} ms = {6:.2} GB/s (read + write)",
+        probe.gemm_n,
+        probe.gemm_tiling,
+        probe.gemm.median.as_secs_f64() * 1e3,
+        probe.gemm_gflops,
+        probe.copy_bytes >> 20,
+        probe.copy.median.as_secs_f64() * 1e3,
+        probe.copy_gbps
+    );
+    print_header();
+    let mut rows = Vec::new();
+    for case in &cases {
+        progress.set_message(format!("{} {}", shape_text(&case.shape), case.dtype.name()));
+        // Each kernel is its own step of the bar.
+        let mut case_rows = Vec::new();
+        for &kernel in &plan.kernels {
+            case_rows.push(run_kernel(ctx, case, kernel, args.reps, &probe)?);
+            progress.inc(1);
+        }
+        fill_speedups(&mut case_rows);
+        for row in &case_rows {
+            progress.suspend(|| print_row(row));
+        }
+        rows.extend(case_rows);
+    }
+    progress.finish_and_clear();
+    println!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal; GB/s count Q, K, V, O once.");
+
+    let caps = ctx.capabilities();
+    Ok(json!({
+        "adapter": adapter_json(info, ctx.device().features(), &ctx.device().limits()),
+        "enabled_features": format!("{:?}", ctx.device().features()),
+        "subgroups": caps.subgroups.map(|(lo, hi)| json!([lo, hi])),
+        "fused_tiling": fused_tiling,
+        "gemm_tiling": ctx.linear_tiling().name(),
+        "timing_clock": clock.name(),
+        "probe": {
+            "gemm_n": probe.gemm_n,
+            "gemm_median_ms": ms(probe.gemm.median),
+            "gemm_gflops": probe.gemm_gflops,
+            "copy_bytes": probe.copy_bytes,
+            "copy_median_ms": ms(probe.copy.median),
+            "copy_gbps": probe.copy_gbps,
+        },
+        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+    }))
+}
+
+fn progress_bar(steps: usize) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(steps as u64), target);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub fn shape_text(s: &AttentionShape) -> String {
+    format!(
+        "{},{},{},{},{},{},{}",
+        s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim, s.head_dim_v
+    )
+}
+
+fn print_header() {
+    println!(
+        "{:<26} {:<15} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9}",
+        "B,Hq,Hkv,Lq,Lk,D,Dv",
         "mask",
+        "dtype",
         "kernel",
         "first ms",
         "median ms",
         "min ms",
         "max ms",
         "GFLOP/s",
-        "% probe"
+        "GB/s",
+        "%gemm",
+        "%copy",
+        "x mat",
+        "x cpu",
+        "alloc MiB"
     );
-    for shape in &shapes {
-        let causal_opts: &[Option<CausalAlignment>] = if args.causal {
-            &[None, Some(CausalAlignment::TopLeft)]
-        } else {
-            &[None]
-        };
-        for &causal in causal_opts {
-            for &kernel in &kernels {
-                let options = AttentionOptions {
-                    causal,
-                    kernel,
-                    ..Default::default()
-                };
-                let name = resolve_kernel(&ctx, &options)?.name();
-                let t = time_attention(&ctx, shape, &options, DType::F32, args.reps)?;
-                let gf = gflops(shape.flops(causal.is_some()), t.median);
-                println!(
-                    "{:<28} {:<10} {:<20} {:>10.1} {:>10.2} {:>10.2} {:>10.2} {:>9.2} {:>7.0}%",
-                    format!(
-                        "{},{},{},{},{},{},{}",
-                        shape.batch,
-                        shape.heads_q,
-                        shape.heads_kv,
-                        shape.len_q,
-                        shape.len_k,
-                        shape.head_dim,
-                        shape.head_dim_v
-                    ),
-                    if causal.is_some() { "causal" } else { "none" },
-                    name,
-                    t.first.as_secs_f64() * 1e3,
-                    t.median.as_secs_f64() * 1e3,
-                    t.min.as_secs_f64() * 1e3,
-                    t.max.as_secs_f64() * 1e3,
-                    gf,
-                    100.0 * gf / probe_gf
-                );
-            }
+}
+
+fn print_row(row: &BenchRow) {
+    let head = format!(
+        "{:<26} {:<15} {:<5} {:<18}",
+        shape_text(&row.case.shape),
+        row.case.mask_name(),
+        row.case.dtype.name(),
+        row.kernel
+    );
+    match &row.outcome {
+        RowOutcome::Skipped(reason) => println!("{head} {reason}"),
+        RowOutcome::Measured(m) => {
+            let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+            println!(
+                "{head} {:>9.1} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.2} {:>6.0}% {:>6.0}% {:>8} {:>8} {:>9}",
+                ms(m.timing.first),
+                ms(m.timing.median),
+                ms(m.timing.min),
+                ms(m.timing.max),
+                m.gflops,
+                m.gbps,
+                m.percent_of_probe_gflops,
+                m.percent_of_probe_gbps,
+                ratio(m.speedup_over_materialized),
+                ratio(m.speedup_over_cpu_reference),
+                m.allocated_bytes
+                    .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1048576.0)),
+            );
         }
     }
-    println!("GFLOP/s count 4·B·Hq·Lq·Lk·D (with D+Dv), halved for causal.");
-    Ok(())
+}
+
+fn row_json(row: &BenchRow) -> Value {
+    let s = &row.case.shape;
+    let mut out = json!({
+        "batch": s.batch,
+        "heads_q": s.heads_q,
+        "heads_kv": s.heads_kv,
+        "len_q": s.len_q,
+        "len_k": s.len_k,
+        "head_dim": s.head_dim,
+        "head_dim_v": s.head_dim_v,
+        "mask": row.case.mask_name(),
+        "dtype": row.case.dtype.name(),
+        "kernel": row.kernel,
+        "flops": row.case.flops(),
+        "compulsory_bytes": row.case.compulsory_bytes(),
+    });
+    let fields = match &row.outcome {
+        RowOutcome::Skipped(reason) => json!({ "status": "skipped", "reason": reason }),
+        RowOutcome::Measured(m) => json!({
+            "status": "measured",
+            "clock": m.timing.clock.name(),
+            "reps": m.timing.reps,
+            "first_ms": ms(m.timing.first),
+            "median_ms": ms(m.timing.median),
+            "min_ms": ms(m.timing.min),
+            "max_ms": ms(m.timing.max),
+            "gflops": m.gflops,
+            "gbps": m.gbps,
+            "percent_of_probe_gflops": m.percent_of_probe_gflops,
+            "percent_of_probe_gbps": m.percent_of_probe_gbps,
+            "speedup_over_materialized": m.speedup_over_materialized,
+            "speedup_over_cpu_reference": m.speedup_over_cpu_reference,
+            "allocated_bytes": m.allocated_bytes,
+        }),
+    };
+    if let (Some(out), Some(fields)) = (out.as_object_mut(), fields.as_object()) {
+        out.extend(fields.clone());
+    }
+    out
+}
+
+/// With several adapters: each row's median on each, in one table.
+fn print_side_by_side(runs: &[Value]) {
+    println!();
+    println!("side by side (median ms):");
+    let names: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            format!(
+                "{} ({})",
+                r["adapter"]["name"].as_str().unwrap_or("?"),
+                r["adapter"]["backend"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    println!("{:<60} {}", "row", names.join(" | "));
+    let Some(first_rows) = runs[0]["rows"].as_array() else {
+        return;
+    };
+    for row in first_rows {
+        let key = super::bench_compare::row_key(row);
+        let cells: Vec<String> = runs
+            .iter()
+            .map(|run| {
+                run["rows"]
+                    .as_array()
+                    .and_then(|rows| rows.iter().find(|r| super::bench_compare::row_key(r) == key))
+                    .and_then(|r| r["median_ms"].as_f64())
+                    .map_or("-".to_string(), |t| format!("{t:.2}"))
+            })
+            .collect();
+        println!("{key:<60} {}", cells.join(" | "));
+    }
 }

@@ -19,31 +19,7 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
                 continue;
             }
         }
-        let features = a.features();
-        let limits = a.limits();
-        let subgroups = features
-            .contains(wgpu::Features::SUBGROUP)
-            .then(|| serde_json::json!([info.subgroup_min_size, info.subgroup_max_size]));
-        all.push(serde_json::json!({
-            "name": info.name,
-            "backend": format!("{:?}", info.backend),
-            "device_type": format!("{:?}", info.device_type),
-            "vendor": format!("0x{:04x}", info.vendor),
-            "device": format!("0x{:04x}", info.device),
-            "driver": info.driver,
-            "driver_info": info.driver_info,
-            "f16": features.contains(wgpu::Features::SHADER_F16),
-            "subgroup_sizes": subgroups,
-            "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            "limits": {
-                "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
-                "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
-                "max_compute_workgroups_per_dimension": limits.max_compute_workgroups_per_dimension,
-                "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
-                "max_storage_buffers_per_shader_stage": limits.max_storage_buffers_per_shader_stage,
-                "max_buffer_size": limits.max_buffer_size,
-            },
-        }));
+        all.push(adapter_json(&info, a.features(), &a.limits()));
     }
     if args.json {
         println!(
@@ -80,4 +56,33 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// An adapter's identity, the features this crate cares about and the limits that matter,
+/// as printed by `info --json` and recorded in `bench --json` headers.
+pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> serde_json::Value {
+    let subgroups = features
+        .contains(wgpu::Features::SUBGROUP)
+        .then(|| serde_json::json!([info.subgroup_min_size, info.subgroup_max_size]));
+    serde_json::json!({
+        "name": info.name,
+        "backend": format!("{:?}", info.backend),
+        "device_type": format!("{:?}", info.device_type),
+        "vendor": format!("0x{:04x}", info.vendor),
+        "device": format!("0x{:04x}", info.device),
+        "driver": info.driver,
+        "driver_info": info.driver_info,
+        "f16": features.contains(wgpu::Features::SHADER_F16),
+        "subgroup_sizes": subgroups,
+        "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        "timestamp_query_inside_encoders": features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS),
+        "limits": {
+            "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
+            "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
+            "max_compute_workgroups_per_dimension": limits.max_compute_workgroups_per_dimension,
+            "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
+            "max_storage_buffers_per_shader_stage": limits.max_storage_buffers_per_shader_stage,
+            "max_buffer_size": limits.max_buffer_size,
+        },
+    })
 }

@@ -4,6 +4,7 @@
 //! an adapter that cannot do what was asked (one line on stderr, no output written).
 
 mod bench;
+mod bench_compare;
 mod check;
 mod demo;
 mod info;

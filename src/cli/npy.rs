@@ -124,7 +124,9 @@ pub fn encode_f32(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, CliError> {
 pub fn write_all(files: &[(&Path, Vec<u8>)]) -> Result<(), CliError> {
     let mut temps = Vec::new();
     for (path, bytes) in files {
-        let tmp = path.with_extension("npy.partial");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp = std::path::PathBuf::from(tmp);
         if let Err(e) = std::fs::write(&tmp, bytes) {
             let _ = std::fs::remove_file(&tmp);
             for t in &temps {

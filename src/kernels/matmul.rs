@@ -187,7 +187,11 @@ pub fn encode_linear(
         seg2: if widths.len() == 1 { n as u32 } else { seg2 as u32 },
         pad: 0,
     };
-    let params = ctx.create_buffer_init("linear params", bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM)?;
+    let params = ctx.create_buffer_init(
+        "linear params",
+        bytemuck::bytes_of(&params),
+        wgpu::BufferUsages::UNIFORM,
+    )?;
     // Unused bindings still need a buffer each (a writable one may not be bound twice).
     let placeholders = (0..3)
         .map(|_| ctx.create_buffer("linear placeholder", 16, tensor_usage()))

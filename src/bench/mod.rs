@@ -1,0 +1,212 @@
+//! Measuring kernels: GPU timestamps where the adapter has them (else wall clock around
+//! submit and wait), repetitions after a warm-up, with the first call (pipeline
+//! compilation included) reported separately. Used by the `bench` command and the
+//! criterion benches.
+
+pub mod probe;
+pub mod suite;
+
+use crate::check::Rng;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::problem::AttentionShape;
+use crate::tensor::{DType, Layout, Tensor};
+use std::time::{Duration, Instant};
+
+/// How a duration was measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Timestamps written on the GPU before and after the recorded work.
+    GpuTimestamps,
+    /// Host wall clock around submit and wait.
+    WallClock,
+}
+
+impl Clock {
+    pub fn name(self) -> &'static str {
+        match self {
+            Clock::GpuTimestamps => "gpu-timestamps",
+            Clock::WallClock => "wall-clock",
+        }
+    }
+
+    /// The clock `time_gpu` uses on this context.
+    pub fn for_context(ctx: &Context) -> Clock {
+        if ctx
+            .device()
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+        {
+            Clock::GpuTimestamps
+        } else {
+            Clock::WallClock
+        }
+    }
+}
+
+/// Timings of one benchmark row.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// The first call, including pipeline compilation (wall clock).
+    pub first: Duration,
+    pub median: Duration,
+    pub min: Duration,
+    pub max: Duration,
+    pub reps: usize,
+    pub clock: Clock,
+}
+
+fn summarise(first: Duration, mut samples: Vec<Duration>, clock: Clock) -> Timing {
+    samples.sort();
+    Timing {
+        first,
+        median: samples[samples.len() / 2],
+        min: samples[0],
+        max: samples[samples.len() - 1],
+        reps: samples.len(),
+        clock,
+    }
+}
+
+/// Measures GPU work with timestamps written into the command stream.
+struct Stopwatch {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    readable: wgpu::Buffer,
+    period_ns: f64,
+}
+
+impl Stopwatch {
+    fn new(ctx: &Context) -> Self {
+        let device = ctx.device();
+        let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+        Stopwatch {
+            queries: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolved: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench timestamps resolved"),
+                size: 16,
+                usage,
+                mapped_at_creation: false,
+            }),
+            readable: device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench timestamps readback"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            period_ns: f64::from(ctx.queue().get_timestamp_period()),
+        }
+    }
+
+    fn time(
+        &self,
+        ctx: &Context,
+        record: &mut impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<Duration> {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        encoder.write_timestamp(&self.queries, 0);
+        record(&mut encoder)?;
+        encoder.write_timestamp(&self.queries, 1);
+        encoder.resolve_query_set(&self.queries, 0..2, &self.resolved, 0);
+        encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.readable, 0, 16);
+        ctx.queue().submit([encoder.finish()]);
+        let slice = self.readable.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        ctx.wait_idle()?;
+        rx.recv()
+            .map_err(|e| Error::Readback(e.to_string()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let ticks: [u64; 2] = {
+            let data = slice.get_mapped_range().map_err(|e| Error::Readback(e.to_string()))?;
+            let words: [u64; 2] = bytemuck::pod_read_unaligned(&data[..16]);
+            words
+        };
+        self.readable.unmap();
+        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.period_ns;
+        Ok(Duration::from_nanos(ns as u64))
+    }
+}
+
+/// Runs `record` once, submitted and waited for, wall clock.
+fn wall_clock(ctx: &Context, record: &mut impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>) -> Result<Duration> {
+    let start = Instant::now();
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    record(&mut encoder)?;
+    ctx.queue().submit([encoder.finish()]);
+    ctx.wait_idle()?;
+    Ok(start.elapsed())
+}
+
+/// Times `record` (which records GPU work): the first call on the wall clock, then one
+/// untimed warm-up, then `reps` timed runs with [`Clock::for_context`].
+pub fn time_gpu(
+    ctx: &Context,
+    reps: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<Timing> {
+    ctx.scoped("timing GPU work", || {
+        let first = wall_clock(ctx, &mut record)?;
+        wall_clock(ctx, &mut record)?;
+        let clock = Clock::for_context(ctx);
+        let samples = match clock {
+            Clock::GpuTimestamps => {
+                let stopwatch = Stopwatch::new(ctx);
+                (0..reps.max(1))
+                    .map(|_| stopwatch.time(ctx, &mut record))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            Clock::WallClock => (0..reps.max(1))
+                .map(|_| wall_clock(ctx, &mut record))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        Ok(summarise(first, samples, clock))
+    })
+}
+
+/// Times a host computation the same way (first call, warm-up skipped for slow ones).
+pub fn time_host(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
+    let mut run = || -> Result<Duration> {
+        let start = Instant::now();
+        work()?;
+        Ok(start.elapsed())
+    };
+    let first = run()?;
+    let samples = (0..reps.max(1)).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    Ok(summarise(first, samples, Clock::WallClock))
+}
+
+/// Random q, k, v for a benchmark shape (BHSD), as host data and uploaded.
+pub fn bench_data(shape: &AttentionShape) -> [Vec<f32>; 3] {
+    let mut rng = Rng::new(1);
+    let mut make = |h: usize, l: usize, d: usize| rng.vec(shape.batch * h * l * d, -1.0, 1.0);
+    [
+        make(shape.heads_q, shape.len_q, shape.head_dim),
+        make(shape.heads_kv, shape.len_k, shape.head_dim),
+        make(shape.heads_kv, shape.len_k, shape.head_dim_v),
+    ]
+}
+
+/// Random q, k, v for a benchmark shape, uploaded as BHSD tensors of `dtype`.
+pub fn bench_inputs(ctx: &Context, shape: &AttentionShape, dtype: DType) -> Result<[Tensor; 3]> {
+    let [q, k, v] = bench_data(shape);
+    let upload = |h: usize, l: usize, d: usize, data: &[f32]| {
+        Tensor::from_f32_as(ctx, [shape.batch, h, l, d], Layout::Bhsd, dtype, data)
+    };
+    Ok([
+        upload(shape.heads_q, shape.len_q, shape.head_dim, &q)?,
+        upload(shape.heads_kv, shape.len_k, shape.head_dim, &k)?,
+        upload(shape.heads_kv, shape.len_k, shape.head_dim_v, &v)?,
+    ])
+}
+
+/// GFLOP/s for `flops` in `t`.
+pub fn gflops(flops: f64, t: Duration) -> f64 {
+    flops / t.as_secs_f64() / 1e9
+}

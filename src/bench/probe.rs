@@ -1,0 +1,77 @@
+//! The roofline probe: what the adapter achieves on a plain GEMM (GFLOP/s, with this
+//! crate's linear-layer kernel and the adapter's tiling) and on a device-to-device copy
+//! (GB/s), measured in the same process as the attention rows they are compared with.
+
+use super::{gflops, time_gpu, Timing};
+use crate::check::Rng;
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::matmul::{encode_linear, Linear};
+use crate::tensor::{tensor_usage, DType};
+
+/// Both halves of the probe.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// Size n of the n x n x n GEMM.
+    pub gemm_n: usize,
+    pub gemm_tiling: &'static str,
+    pub gemm: Timing,
+    pub gemm_gflops: f64,
+    /// Bytes copied (read once and written once).
+    pub copy_bytes: u64,
+    pub copy: Timing,
+    /// Read + write bytes per second, in GB/s.
+    pub copy_gbps: f64,
+}
+
+impl Probe {
+    pub fn measure(ctx: &Context, gemm_n: usize, copy_mib: u64, reps: usize) -> Result<Probe> {
+        let (gemm, flops) = time_matmul(ctx, gemm_n, reps)?;
+        let copy_bytes = copy_mib << 20;
+        let copy = time_copy(ctx, copy_bytes, reps)?;
+        Ok(Probe {
+            gemm_n,
+            gemm_tiling: ctx.linear_tiling().name(),
+            gemm_gflops: gflops(flops, gemm.median),
+            gemm,
+            copy_bytes,
+            copy_gbps: 2.0 * copy_bytes as f64 / copy.median.as_secs_f64() / 1e9,
+            copy,
+        })
+    }
+}
+
+/// Times the linear-layer GEMM on `n x n x n` (f32, the adapter's tiling); returns the
+/// timing and its FLOP count.
+pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)> {
+    let mut rng = Rng::new(2);
+    let mut make =
+        |label: &str| ctx.create_buffer_init(label, bytemuck::cast_slice(&rng.vec(n * n, -1.0, 1.0)), tensor_usage());
+    let x = make("probe X")?;
+    let w = make("probe W")?;
+    let y = ctx.create_buffer("probe Y", (4 * n * n) as u64, tensor_usage())?;
+    let linear = Linear {
+        x: &x,
+        x_stride: n,
+        w: &w,
+        bias: None,
+        outputs: &[(&y, n)],
+        m: n,
+        k: n,
+    };
+    let tiling = ctx.linear_tiling();
+    let timing = time_gpu(ctx, reps, |encoder| {
+        encode_linear(ctx, encoder, DType::F32, tiling, &linear)
+    })?;
+    Ok((timing, 2.0 * (n as f64).powi(3)))
+}
+
+/// Times a device-to-device copy of `bytes`.
+pub fn time_copy(ctx: &Context, bytes: u64, reps: usize) -> Result<Timing> {
+    let src = ctx.create_buffer("probe copy source", bytes, tensor_usage())?;
+    let dst = ctx.create_buffer("probe copy destination", bytes, tensor_usage())?;
+    time_gpu(ctx, reps, |encoder| {
+        encoder.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
+        Ok(())
+    })
+}
