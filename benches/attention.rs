@@ -1,11 +1,12 @@
-//! Criterion benches: fused vs materialized, causal vs not, f32 and f16, timed around
-//! submit + wait with `iter_custom` (wall clock; GPU work only, inputs uploaded once).
-//! Default sizes finish in a few minutes on lavapipe; set WGPU_ATTENTION_BENCH_LARGE=1
-//! for the (1, 8, 2048, 64) shape.
+//! Criterion benches: one group per kernel x dtype x causal, one benchmark per sequence
+//! length; GPU work timed with timestamps where the adapter has them (else wall clock
+//! around submit and wait), throughput in attention FLOPs (halved for causal).
+//! Default lengths keep `cargo bench` to a few minutes on lavapipe;
+//! `WGPU_ATTENTION_BENCH_LARGE=1` adds L = 2048.
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use std::time::{Duration, Instant};
-use wgpu_attention::bench::bench_inputs;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::time::Duration;
+use wgpu_attention::bench::{bench_inputs, GpuTimer};
 use wgpu_attention::{encode_sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, KernelChoice};
 
 fn attention(c: &mut Criterion) {
@@ -16,60 +17,53 @@ fn attention(c: &mut Criterion) {
             return;
         }
     };
-    let len = if std::env::var("WGPU_ATTENTION_BENCH_LARGE").as_deref() == Ok("1") {
-        2048
-    } else {
-        256
-    };
-    let shape = AttentionShape {
-        batch: 1,
-        heads_q: 8,
-        heads_kv: 8,
-        len_q: len,
-        len_k: len,
-        head_dim: 64,
-        head_dim_v: 64,
-    };
+    eprintln!("benches on {} ({:?})", ctx.adapter_info().name, ctx.adapter_info().backend);
+    let mut lengths = vec![256, 512];
+    if std::env::var("WGPU_ATTENTION_BENCH_LARGE").as_deref() == Ok("1") {
+        lengths.push(2048);
+    }
     let dtypes: &[DType] = if ctx.capabilities().f16 {
         &[DType::F32, DType::F16]
     } else {
         &[DType::F32]
     };
-    for &dtype in dtypes {
-        let Ok([q, k, v]) = bench_inputs(&ctx, &shape, dtype) else {
-            continue;
-        };
-        for kernel in [KernelChoice::Fused, KernelChoice::Materialized] {
+    let timer = GpuTimer::new(&ctx);
+    for kernel in [KernelChoice::Fused, KernelChoice::Materialized] {
+        for &dtype in dtypes {
             for causal in [None, Some(CausalAlignment::TopLeft)] {
                 let name = format!(
-                    "{kernel:?}/{}/{}",
+                    "{}/{}/{}",
+                    if kernel == KernelChoice::Fused { "fused" } else { "materialized" },
                     dtype.name(),
                     if causal.is_some() { "causal" } else { "full" }
                 );
-                let mut group = c.benchmark_group(format!("attention_L{len}_D64"));
-                group.throughput(Throughput::Elements(shape.flops(causal.is_some()) as u64));
+                let mut group = c.benchmark_group(name);
                 group.sample_size(10);
                 let options = AttentionOptions {
                     kernel,
                     causal,
                     ..Default::default()
                 };
-                group.bench_function(name, |b| {
-                    b.iter_custom(|iters| {
-                        let mut total = Duration::ZERO;
-                        for _ in 0..iters {
-                            let start = Instant::now();
-                            let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                            if encode_sdpa(&ctx, &mut encoder, &q, &k, &v, &options).is_err() {
-                                return Duration::MAX;
-                            }
-                            ctx.queue().submit([encoder.finish()]);
-                            let _ = ctx.wait_idle();
-                            total += start.elapsed();
-                        }
-                        total
-                    })
-                });
+                for &len in &lengths {
+                    let shape = AttentionShape::new(1, 8, 8, len, len, 64, 64);
+                    let Ok([q, k, v]) = bench_inputs(&ctx, &shape, dtype) else {
+                        continue;
+                    };
+                    group.throughput(Throughput::Elements(shape.flops(causal.is_some()) as u64));
+                    group.bench_function(BenchmarkId::new("B1_H8_D64_L", len), |b| {
+                        b.iter_custom(|iters| {
+                            (0..iters)
+                                .map(|_| {
+                                    timer
+                                        .time(&ctx, |encoder| {
+                                            encode_sdpa(&ctx, encoder, &q, &k, &v, &options).map(|_| ())
+                                        })
+                                        .unwrap_or(Duration::MAX)
+                                })
+                                .sum()
+                        })
+                    });
+                }
                 group.finish();
             }
         }

@@ -144,6 +144,30 @@ fn wall_clock(ctx: &Context, record: &mut impl FnMut(&mut wgpu::CommandEncoder) 
     Ok(start.elapsed())
 }
 
+/// Times single submissions with the context's [`Clock`] (for criterion's `iter_custom`).
+pub struct GpuTimer {
+    stopwatch: Option<Stopwatch>,
+}
+
+impl GpuTimer {
+    pub fn new(ctx: &Context) -> Self {
+        let stopwatch = (Clock::for_context(ctx) == Clock::GpuTimestamps).then(|| Stopwatch::new(ctx));
+        GpuTimer { stopwatch }
+    }
+
+    /// Records, submits and waits for `record`; returns the time it took.
+    pub fn time(
+        &self,
+        ctx: &Context,
+        mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<Duration> {
+        ctx.scoped("timing GPU work", || match &self.stopwatch {
+            Some(stopwatch) => stopwatch.time(ctx, &mut record),
+            None => wall_clock(ctx, &mut record),
+        })
+    }
+}
+
 /// Times `record` (which records GPU work): the first call on the wall clock, then one
 /// untimed warm-up, then `reps` timed runs with [`Clock::for_context`].
 pub fn time_gpu(
