@@ -17,7 +17,11 @@ fn attention(c: &mut Criterion) {
             return;
         }
     };
-    eprintln!("benches on {} ({:?})", ctx.adapter_info().name, ctx.adapter_info().backend);
+    eprintln!(
+        "benches on {} ({:?})",
+        ctx.adapter_info().name,
+        ctx.adapter_info().backend
+    );
     let mut lengths = vec![256, 512];
     if std::env::var("WGPU_ATTENTION_BENCH_LARGE").as_deref() == Ok("1") {
         lengths.push(2048);
@@ -33,7 +37,11 @@ fn attention(c: &mut Criterion) {
             for causal in [None, Some(CausalAlignment::TopLeft)] {
                 let name = format!(
                     "{}/{}/{}",
-                    if kernel == KernelChoice::Fused { "fused" } else { "materialized" },
+                    if kernel == KernelChoice::Fused {
+                        "fused"
+                    } else {
+                        "materialized"
+                    },
                     dtype.name(),
                     if causal.is_some() { "causal" } else { "full" }
                 );

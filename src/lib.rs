@@ -27,6 +27,8 @@ pub mod bench;
 pub mod check;
 pub mod context;
 pub mod error;
+#[cfg(feature = "viz")]
+pub mod heatmap;
 pub mod kernels;
 pub mod options;
 pub mod problem;

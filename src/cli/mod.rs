@@ -10,6 +10,7 @@ mod demo;
 mod info;
 mod npy;
 mod run;
+mod viz;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -79,8 +80,10 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// A small attention problem on the default adapter, checked against the CPU.
     Demo,
-    /// Time attention kernels against a matmul roofline probe.
+    /// Time attention kernels against a GEMM and copy roofline probe.
     Bench(bench::BenchArgs),
+    /// Attention-weight heatmaps as PNG, from q/k or from a weights .npy.
+    Viz(viz::VizArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(&cli.adapter, &args),
         Command::Demo => demo::run(&cli.adapter),
         Command::Bench(args) => bench::run(&cli.adapter, &args),
+        Command::Viz(args) => viz::run(&cli.adapter, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -121,9 +121,10 @@ pub fn encode_f32(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, CliError> {
 
 /// Writes all files or none: each goes to a temporary sibling first, and only when every
 /// one is written are they renamed into place.
-pub fn write_all(files: &[(&Path, Vec<u8>)]) -> Result<(), CliError> {
+pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError> {
     let mut temps = Vec::new();
     for (path, bytes) in files {
+        let path = path.as_ref();
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".partial");
         let tmp = std::path::PathBuf::from(tmp);
@@ -137,6 +138,7 @@ pub fn write_all(files: &[(&Path, Vec<u8>)]) -> Result<(), CliError> {
         temps.push(tmp);
     }
     for ((path, _), tmp) in files.iter().zip(&temps) {
+        let path = path.as_ref();
         std::fs::rename(tmp, path).map_err(|e| CliError::bad(format!("cannot write {}: {e}", path.display())))?;
     }
     Ok(())

@@ -40,6 +40,23 @@ pub enum LayoutArg {
     Bshd,
 }
 
+/// Scale and masks, shared by `run` and `viz`.
+#[derive(clap::Args)]
+pub struct MaskArgs {
+    /// Causal mask and its alignment.
+    #[arg(long, value_enum)]
+    causal: Option<CausalArg>,
+    /// Valid keys per batch element, int32/int64 [B].
+    #[arg(long)]
+    key_lengths: Option<PathBuf>,
+    /// Explicit mask broadcastable to [B, Hq, Lq, Lk]: bool (true = may attend) or float32 (additive).
+    #[arg(long)]
+    mask: Option<PathBuf>,
+    /// Score scale (default 1/sqrt(D)).
+    #[arg(long, allow_hyphen_values = true)]
+    scale: Option<f32>,
+}
+
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Queries, [B, Hq, Lq, D] (or [B, Lq, Hq, D] with --layout bshd), float32 or float16.
@@ -54,18 +71,8 @@ pub struct RunArgs {
     /// Output file (float32, same layout as the inputs).
     #[arg(long)]
     out: PathBuf,
-    /// Causal mask and its alignment.
-    #[arg(long, value_enum)]
-    causal: Option<CausalArg>,
-    /// Valid keys per batch element, int32/int64 [B].
-    #[arg(long)]
-    key_lengths: Option<PathBuf>,
-    /// Explicit mask broadcastable to [B, Hq, Lq, Lk]: bool (true = may attend) or float32 (additive).
-    #[arg(long)]
-    mask: Option<PathBuf>,
-    /// Score scale (default 1/sqrt(D)).
-    #[arg(long, allow_hyphen_values = true)]
-    scale: Option<f32>,
+    #[command(flatten)]
+    masks: MaskArgs,
     #[arg(long, value_enum, default_value = "auto")]
     kernel: KernelArg,
     /// Tile configuration of the fused kernel.
@@ -85,7 +92,7 @@ pub struct RunArgs {
     lse_out: Option<PathBuf>,
 }
 
-fn load_4d(ctx: &Context, path: &std::path::Path, layout: Layout, dtype: DType) -> Result<Tensor, CliError> {
+pub fn load_4d(ctx: &Context, path: &std::path::Path, layout: Layout, dtype: DType) -> Result<Tensor, CliError> {
     let a = npy::read_float(path)?;
     let memory: [usize; 4] = a.shape.as_slice().try_into().map_err(|_| {
         CliError::bad(format!(
@@ -103,45 +110,55 @@ fn load_4d(ctx: &Context, path: &std::path::Path, layout: Layout, dtype: DType) 
     )?)
 }
 
-fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
-    let key_lengths = match &args.key_lengths {
-        None => None,
-        Some(path) => {
-            let a = npy::read_int(path)?;
-            if a.shape != [batch] {
-                return Err(CliError::bad(format!(
-                    "{}: key lengths must have shape [{batch}], got {:?}",
-                    path.display(),
-                    a.shape
-                )));
-            }
-            let lens = a
-                .data
-                .iter()
-                .map(|&x| {
-                    u32::try_from(x).map_err(|_| {
-                        CliError::bad(format!("{}: key length {x} is negative or too large", path.display()))
+impl MaskArgs {
+    /// Options with this scale and these masks (everything else default).
+    pub fn options(&self, batch: usize) -> Result<AttentionOptions, CliError> {
+        let args = self;
+        let key_lengths = match &args.key_lengths {
+            None => None,
+            Some(path) => {
+                let a = npy::read_int(path)?;
+                if a.shape != [batch] {
+                    return Err(CliError::bad(format!(
+                        "{}: key lengths must have shape [{batch}], got {:?}",
+                        path.display(),
+                        a.shape
+                    )));
+                }
+                let lens = a
+                    .data
+                    .iter()
+                    .map(|&x| {
+                        u32::try_from(x).map_err(|_| {
+                            CliError::bad(format!("{}: key length {x} is negative or too large", path.display()))
+                        })
                     })
-                })
-                .collect::<Result<Vec<u32>, _>>()?;
-            Some(lens)
-        }
-    };
-    let mask = match &args.mask {
-        None => None,
-        Some(path) => Some(match npy::read_mask(path)? {
-            MaskArray::Bool(a) => Mask::boolean(&a.shape, a.data)?,
-            MaskArray::Additive(a) => Mask::additive(&a.shape, a.data)?,
-        }),
-    };
+                    .collect::<Result<Vec<u32>, _>>()?;
+                Some(lens)
+            }
+        };
+        let mask = match &args.mask {
+            None => None,
+            Some(path) => Some(match npy::read_mask(path)? {
+                MaskArray::Bool(a) => Mask::boolean(&a.shape, a.data)?,
+                MaskArray::Additive(a) => Mask::additive(&a.shape, a.data)?,
+            }),
+        };
+        Ok(AttentionOptions {
+            scale: args.scale,
+            causal: args.causal.map(|c| match c {
+                CausalArg::TopLeft => CausalAlignment::TopLeft,
+                CausalArg::BottomRight => CausalAlignment::BottomRight,
+            }),
+            key_lengths,
+            mask,
+            ..Default::default()
+        })
+    }
+}
+
+fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
     Ok(AttentionOptions {
-        scale: args.scale,
-        causal: args.causal.map(|c| match c {
-            CausalArg::TopLeft => CausalAlignment::TopLeft,
-            CausalArg::BottomRight => CausalAlignment::BottomRight,
-        }),
-        key_lengths,
-        mask,
         kernel: match args.kernel {
             KernelArg::Auto => KernelChoice::Auto,
             KernelArg::Fused => KernelChoice::Fused,
@@ -155,7 +172,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
         },
         need_weights: args.weights_out.is_some(),
         need_lse: args.lse_out.is_some(),
-        output_layout: None,
+        ..args.masks.options(batch)?
     })
 }
 

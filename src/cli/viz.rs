@@ -1,0 +1,151 @@
+//! `viz`: attention-weight heatmaps as PNG, from `--q/--k` (computed on the GPU with the
+//! masks and options of `run`) or from a weights `.npy`. Writes one image per
+//! (batch, head) and one grid of all heads per batch element, all or none.
+
+use super::npy;
+use super::run::{load_4d, LayoutArg, MaskArgs};
+use super::{AdapterArgs, CliError};
+use std::path::{Path, PathBuf};
+use wgpu_attention::heatmap::{render_grid, render_panel, Labels, Panel};
+use wgpu_attention::{sdpa, AttentionOptions, DType, Layout};
+
+#[derive(clap::Args)]
+pub struct VizArgs {
+    /// Attention weights: [Lq, Lk], [B, Lq, Lk] or [B, H, Lq, Lk] float32 (instead of --q/--k).
+    #[arg(long, conflicts_with_all = ["q", "k", "v"])]
+    weights: Option<PathBuf>,
+    /// Queries [B, Hq, Lq, D] (or BSHD with --layout bshd).
+    #[arg(long, requires = "k")]
+    q: Option<PathBuf>,
+    /// Keys [B, Hkv, Lk, D].
+    #[arg(long, requires = "q")]
+    k: Option<PathBuf>,
+    /// Values; the weights do not depend on them, so K stands in when omitted.
+    #[arg(long, requires = "q")]
+    v: Option<PathBuf>,
+    #[command(flatten)]
+    masks: MaskArgs,
+    /// Memory layout of q, k, v.
+    #[arg(long, value_enum, default_value = "bhsd")]
+    layout: LayoutArg,
+    /// Labels of the query positions, comma-separated (e.g. tokens).
+    #[arg(long)]
+    query_labels: Option<String>,
+    /// Labels of the key positions, comma-separated.
+    #[arg(long)]
+    key_labels: Option<String>,
+    /// Directory for the images (created if missing).
+    #[arg(long)]
+    out_dir: PathBuf,
+    /// File name prefix: <prefix>_b<b>_h<h>.png and <prefix>_b<b>_heads.png.
+    #[arg(long, default_value = "attention")]
+    prefix: String,
+}
+
+/// Weights as [B, H, Lq, Lk] host data.
+struct Weights {
+    shape: [usize; 4],
+    data: Vec<f32>,
+}
+
+fn weights_from_file(path: &Path) -> Result<Weights, CliError> {
+    let a = npy::read_float(path)?;
+    let shape = match a.shape.as_slice() {
+        &[lq, lk] => [1, 1, lq, lk],
+        &[b, lq, lk] => [b, 1, lq, lk],
+        &[b, h, lq, lk] => [b, h, lq, lk],
+        other => {
+            return Err(CliError::bad(format!(
+                "{}: expected [Lq, Lk], [B, Lq, Lk] or [B, H, Lq, Lk], got {other:?}",
+                path.display()
+            )))
+        }
+    };
+    Ok(Weights { shape, data: a.data })
+}
+
+fn weights_from_qk(adapter: &AdapterArgs, args: &VizArgs, q_path: &Path, k_path: &Path) -> Result<Weights, CliError> {
+    let ctx = adapter.context()?;
+    let layout = match args.layout {
+        LayoutArg::Bhsd => Layout::Bhsd,
+        LayoutArg::Bshd => Layout::Bshd,
+    };
+    let q = load_4d(&ctx, q_path, layout, DType::F32)?;
+    let k = load_4d(&ctx, k_path, layout, DType::F32)?;
+    let v = load_4d(&ctx, args.v.as_deref().unwrap_or(k_path), layout, DType::F32)?;
+    let options = AttentionOptions {
+        need_weights: true,
+        ..args.masks.options(q.shape()[0])?
+    };
+    let result = sdpa(&ctx, &q, &k, &v, &options)?;
+    let weights = result
+        .weights
+        .ok_or_else(|| CliError::bad("the attention call returned no weights"))?;
+    Ok(Weights {
+        shape: weights.shape(),
+        data: weights.to_f32_vec(&ctx)?,
+    })
+}
+
+fn split_labels(list: &Option<String>, what: &str, count: usize) -> Result<Option<Vec<String>>, CliError> {
+    let Some(list) = list else { return Ok(None) };
+    let labels: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+    if labels.len() != count {
+        return Err(CliError::bad(format!(
+            "--{what}-labels has {} labels for {count} positions",
+            labels.len()
+        )));
+    }
+    Ok(Some(labels))
+}
+
+pub fn run(adapter: &AdapterArgs, args: &VizArgs) -> Result<(), CliError> {
+    let weights = match (&args.weights, &args.q, &args.k) {
+        (Some(path), _, _) => weights_from_file(path)?,
+        (None, Some(q), Some(k)) => weights_from_qk(adapter, args, q, k)?,
+        _ => return Err(CliError::bad("give --weights W.npy, or --q Q.npy and --k K.npy")),
+    };
+    let [batch, heads, len_q, len_k] = weights.shape;
+    if batch * heads * len_q * len_k == 0 {
+        return Err(CliError::bad(format!(
+            "nothing to draw: weights of shape {:?}",
+            weights.shape
+        )));
+    }
+    let labels = Labels {
+        queries: split_labels(&args.query_labels, "query", len_q)?,
+        keys: split_labels(&args.key_labels, "key", len_k)?,
+    };
+    let panel_len = len_q * len_k;
+    let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
+    for b in 0..batch {
+        let panels: Vec<Panel> = (0..heads)
+            .map(|h| {
+                let start = (b * heads + h) * panel_len;
+                Panel {
+                    title: format!("batch {b}, head {h}"),
+                    weights: &weights.data[start..start + panel_len],
+                    len_q,
+                    len_k,
+                }
+            })
+            .collect();
+        for (h, panel) in panels.iter().enumerate() {
+            let (canvas, _) = render_panel(panel, &labels)?;
+            files.push((
+                args.out_dir.join(format!("{}_b{b}_h{h}.png", args.prefix)),
+                canvas.to_png()?,
+            ));
+        }
+        let (grid, _) = render_grid(&panels, &labels)?;
+        files.push((
+            args.out_dir.join(format!("{}_b{b}_heads.png", args.prefix)),
+            grid.to_png()?,
+        ));
+    }
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| CliError::bad(format!("cannot create {}: {e}", args.out_dir.display())))?;
+    npy::write_all(&files)?;
+    println!("wrote {} images to {}", files.len(), args.out_dir.display());
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! `bench` (JSON fields, --compare, bad input) and `viz` (PNG size, masked keys drawn at
+//! weight zero) through the command line.
+
+mod common;
+use npyz::WriterBuilder;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use wgpu_attention::check::Rng;
+use wgpu_attention::heatmap::{colour, render_grid, render_panel, Labels, Panel};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgpu-attention-bv-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut file)
+        .begin_nd()
+        .expect("npy header");
+    w.extend(data.iter().copied()).expect("npy data");
+    w.finish().expect("npy finish");
+}
+
+/// (width, height, RGB bytes) of a PNG.
+fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).expect("png exists")));
+    let mut reader = decoder.read_info().expect("png header");
+    let mut buf = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut buf).expect("png data");
+    assert_eq!(info.color_type, png::ColorType::Rgb);
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, buf)
+}
+
+fn pixel(img: &(u32, u32, Vec<u8>), x: u32, y: u32) -> [u8; 3] {
+    let i = ((y * img.0 + x) * 3) as usize;
+    [img.2[i], img.2[i + 1], img.2[i + 2]]
+}
+
+fn ok(output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn viz_draws_masked_keys_at_weight_zero() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("viz");
+    let (heads, lq, lk, d) = (2usize, 4usize, 5usize, 8usize);
+    let seed = 31;
+    let mut rng = Rng::new(seed);
+    write_npy(
+        &dir.join("q.npy"),
+        &[1, heads as u64, lq as u64, d as u64],
+        &rng.vec(heads * lq * d, -1.0, 1.0),
+    );
+    write_npy(
+        &dir.join("k.npy"),
+        &[1, heads as u64, lk as u64, d as u64],
+        &rng.vec(heads * lk * d, -1.0, 1.0),
+    );
+    write_npy(&dir.join("lens.npy"), &[1], &[3i32]);
+    let out = dir.join("png");
+    let output = bin()
+        .current_dir(&dir)
+        .args(["viz", "--q", "q.npy", "--k", "k.npy", "--key-lengths", "lens.npy"])
+        .args([
+            "--query-labels",
+            "I,like,green,tea",
+            "--key-labels",
+            "I,like,green,<pad>,<pad>",
+        ])
+        .args(["--out-dir", "png"])
+        .output()
+        .expect("runs");
+    ok(&output);
+
+    // The geometry depends only on the shape and labels, so a panel of any weights gives it.
+    let labels = Labels {
+        queries: Some(["I", "like", "green", "tea"].map(String::from).to_vec()),
+        keys: Some(["I", "like", "green", "<pad>", "<pad>"].map(String::from).to_vec()),
+    };
+    let dummy = vec![0.5; lq * lk];
+    let panel = |h: usize| Panel {
+        title: format!("batch 0, head {h}"),
+        weights: &dummy,
+        len_q: lq,
+        len_k: lk,
+    };
+    let (expected, geometry) = render_panel(&panel(0), &labels).expect("render");
+    for h in 0..heads {
+        let img = decode_png(&out.join(format!("attention_b0_h{h}.png")));
+        assert_eq!(
+            (img.0, img.1),
+            (expected.width, expected.height),
+            "seed {seed}: head {h} size"
+        );
+        for i in 0..lq {
+            for j in 0..lk {
+                let (x, y) = geometry.centre(i, j);
+                let c = pixel(&img, x, y);
+                if j >= 3 {
+                    assert_eq!(
+                        c,
+                        colour(0.0),
+                        "seed {seed}: head {h} masked cell ({i},{j}) not drawn at 0"
+                    );
+                } else {
+                    assert_ne!(
+                        c,
+                        colour(0.0),
+                        "seed {seed}: head {h} visible cell ({i},{j}) drawn at 0"
+                    );
+                }
+            }
+        }
+    }
+    let (grid_expected, grid_geometry) = render_grid(&[panel(0), panel(1)], &labels).expect("render");
+    let grid = decode_png(&out.join("attention_b0_heads.png"));
+    assert_eq!((grid.0, grid.1), (grid_expected.width, grid_expected.height));
+    for g in &grid_geometry {
+        for i in 0..lq {
+            let (x, y) = g.centre(i, 4);
+            assert_eq!(pixel(&grid, x, y), colour(0.0), "seed {seed}: grid masked cell ({i},4)");
+        }
+    }
+}
+
+#[test]
+fn viz_rejects_bad_input_without_writing() {
+    let dir = scratch("viz-bad");
+    write_npy(&dir.join("w5d.npy"), &[1, 1, 1, 2, 2], &[0.25f32; 4]);
+    write_npy(&dir.join("w.npy"), &[2, 3], &[0.5f32; 6]);
+    for args in [
+        vec!["viz", "--weights", "w5d.npy", "--out-dir", "png"],
+        vec!["viz", "--weights", "w.npy", "--key-labels", "a,b", "--out-dir", "png"],
+        vec!["viz", "--out-dir", "png"],
+    ] {
+        let output = bin().current_dir(&dir).args(&args).output().expect("runs");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(!dir.join("png").exists(), "{args:?}: wrote output");
+    }
+    let output = bin()
+        .current_dir(&dir)
+        .args(["viz", "--weights", "w.npy", "--out-dir", "png"])
+        .output()
+        .expect("runs");
+    ok(&output);
+    let img = decode_png(&dir.join("png/attention_b0_h0.png"));
+    assert!(img.0 > 0 && img.1 > 0);
+}
+
+#[test]
+fn bench_json_has_every_field_and_compares() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("bench");
+    let output = bin()
+        .current_dir(&dir)
+        .args([
+            "bench",
+            "--shape",
+            "1,2,1,40,24,16,8",
+            "--causal",
+            "--dtype",
+            "f32",
+            "--reps",
+            "1",
+        ])
+        .args(["--probe", "64", "--copy-mib", "1", "--json", "b.json"])
+        .output()
+        .expect("runs");
+    ok(&output);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("b.json")).expect("json written")).expect("valid json");
+    assert_eq!(doc["schema"], "wgpu-attention-bench/1");
+    let run = &doc["runs"][0];
+    for field in [
+        "name",
+        "vendor",
+        "device",
+        "device_type",
+        "backend",
+        "driver",
+        "driver_info",
+        "limits",
+    ] {
+        assert!(!run["adapter"][field].is_null(), "adapter.{field} missing");
+    }
+    for field in ["fused_tiling", "gemm_tiling", "timing_clock", "enabled_features"] {
+        assert!(run[field].is_string(), "{field} missing");
+    }
+    for field in ["gemm_gflops", "copy_gbps"] {
+        assert!(run["probe"][field].as_f64().is_some_and(|x| x > 0.0), "probe.{field}");
+    }
+    let rows = run["rows"].as_array().expect("rows");
+    // 2 masks x (fused, materialized, cpu-reference).
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for row in rows {
+        assert_eq!(row["status"], "measured", "{row}");
+        for field in [
+            "batch",
+            "heads_q",
+            "heads_kv",
+            "len_q",
+            "len_k",
+            "head_dim",
+            "head_dim_v",
+            "first_ms",
+            "median_ms",
+            "min_ms",
+            "max_ms",
+            "gflops",
+            "gbps",
+            "percent_of_probe_gflops",
+            "percent_of_probe_gbps",
+            "speedup_over_materialized",
+            "speedup_over_cpu_reference",
+        ] {
+            assert!(row[field].as_f64().is_some(), "{field} missing in {row}");
+        }
+        assert!(row["min_ms"].as_f64() <= row["median_ms"].as_f64());
+        assert!(row["median_ms"].as_f64() <= row["max_ms"].as_f64());
+        assert_eq!(row["head_dim_v"], 8);
+    }
+    let output = bin()
+        .current_dir(&dir)
+        .args(["bench", "--compare", "b.json", "b.json"])
+        .output()
+        .expect("runs");
+    ok(&output);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(text.matches("1.00x").count(), 6, "{text}");
+
+    for args in [
+        vec!["bench", "--suite", "bogus"],
+        vec!["bench", "--shape", "1,2,3"],
+        vec!["bench", "--compare", "missing.json", "b.json"],
+        vec!["bench", "--reps", "0"],
+    ] {
+        let output = bin().current_dir(&dir).args(&args).output().expect("runs");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+    }
+}
