@@ -67,9 +67,19 @@ fn online_step4() {
         // alpha is 0 where nothing was seen yet (acc and sum are still 0 there).
         let alpha = select(exp(row_max - new_max), vec4<f32>(0.0), row_unseen);
         row_sum *= alpha;
-        let dv8 = (p.head_dim_v + 7u) / 8u * 8u;
-        for (var d = 0u; d < dv8; d++) {
+        // By octets: llvmpipe caps the loop iterations an invocation may run (65535 in
+        // all), and this loop can run at every block (see kernels::loop_budget).
+        let dv8 = (p.head_dim_v + 7u) / 8u;
+        for (var t = 0u; t < dv8; t++) {
+            let d = t * LANES;
             acc_t[d] *= alpha;
+            acc_t[d + 1u] *= alpha;
+            acc_t[d + 2u] *= alpha;
+            acc_t[d + 3u] *= alpha;
+            acc_t[d + 4u] *= alpha;
+            acc_t[d + 5u] *= alpha;
+            acc_t[d + 6u] *= alpha;
+            acc_t[d + 7u] *= alpha;
         }
         row_max = new_max;
     }

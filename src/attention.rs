@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores::{self, Epilogue};
-use crate::kernels::{softmax_rows, weights_v, AttentionBindings, AttentionParams};
+use crate::kernels::{loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
@@ -180,6 +180,26 @@ impl Plan {
         }
         shape.check_options(options)?;
         let kernel = resolve_kernel(ctx, options)?;
+        if ctx.has_llvmpipe_loop_cap() {
+            let needed = match &kernel {
+                ResolvedKernel::Fused(config) => loop_budget::fused_iterations(config, &shape),
+                ResolvedKernel::Materialized => loop_budget::materialized_iterations(&shape),
+            };
+            if needed > loop_budget::LLVMPIPE_LOOP_CAP {
+                return Err(Error::LimitExceeded {
+                    what: format!(
+                        "{} attention over {} keys (D {}, Dv {}) on llvmpipe, in loop iterations per invocation",
+                        kernel.name(),
+                        shape.len_k,
+                        shape.head_dim,
+                        shape.head_dim_v
+                    ),
+                    limit: "llvmpipe's cap on loop iterations per invocation",
+                    requested: needed,
+                    max: loop_budget::LLVMPIPE_LOOP_CAP,
+                });
+            }
+        }
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;
         for (what, bytes) in [

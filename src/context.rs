@@ -244,6 +244,13 @@ impl Context {
                 .any(|n| self.info.name.to_lowercase().contains(n))
     }
 
+    /// True on Mesa's llvmpipe (lavapipe, GL llvmpipe), which ends an invocation's loops
+    /// after 65535 iterations in total (see `kernels::loop_budget`).
+    pub fn has_llvmpipe_loop_cap(&self) -> bool {
+        let llvmpipe = |s: &str| s.to_lowercase().contains("llvmpipe");
+        llvmpipe(&self.info.name) || llvmpipe(&self.info.driver)
+    }
+
     pub(crate) fn require_f16(&self, needed_for: &str) -> Result<()> {
         if self.caps.f16 {
             Ok(())

@@ -3,9 +3,11 @@
 //! fused and materialized paths.
 
 mod common;
-use wgpu_attention::check::{random_qkv, run_case, run_case_with, CheckCase};
+use wgpu_attention::check::{random_qkv, run_case, run_case_with, CheckCase, Rng};
+use wgpu_attention::kernels::loop_budget;
 use wgpu_attention::{
-    sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, FusedTiling, KernelChoice, Layout, Mask, Tensor,
+    resolve_kernel, sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, FusedTiling, KernelChoice,
+    Layout, Mask, ResolvedKernel, Tensor,
 };
 
 const ALL_PATHS: [(KernelChoice, FusedTiling); 4] = [
@@ -163,4 +165,66 @@ fn fused_and_materialized_agree_closely() {
     // And the reference agrees with them within the f32 tolerance.
     let outcome = run_case(ctx, &c).expect("runs");
     assert!(outcome.passed, "{}", outcome.summary());
+}
+
+/// Keys whose scores rise along the sequence, so every key block raises the running
+/// maximum and rescales the accumulator (the most loop iterations per block).
+fn rising_scores(shape: &AttentionShape, seed: u64) -> [Vec<f32>; 3] {
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(shape.len_q * shape.head_dim, 0.5, 1.0);
+    let mut k = Vec::with_capacity(shape.len_k * shape.head_dim);
+    for j in 0..shape.len_k {
+        let ramp = (j + 1) as f32 / shape.len_k as f32;
+        k.extend(rng.vec(shape.head_dim, 0.9, 1.0).into_iter().map(|x| x * ramp));
+    }
+    let v = rng.vec(shape.len_k * shape.head_dim_v, -1.0, 1.0);
+    [q, k, v]
+}
+
+#[test]
+fn long_key_sequences_are_exact_or_refused_on_llvmpipe() {
+    // llvmpipe ends an invocation's loops after 65535 iterations; kernels::loop_budget
+    // bounds what each kernel needs. The longest sequence within the bound must be exact
+    // (worst case: a rescale at every block), one block more must be refused. Elsewhere
+    // 32768 keys must be exact.
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 19;
+    for (kernel, tiling) in paths(ctx) {
+        let options = AttentionOptions {
+            kernel,
+            tiling,
+            ..Default::default()
+        };
+        let iterations = |len_k: usize| {
+            let s = AttentionShape::new(1, 1, 1, 8, len_k, 64, 64);
+            match resolve_kernel(ctx, &options).expect("kernel") {
+                ResolvedKernel::Fused(config) => loop_budget::fused_iterations(&config, &s),
+                ResolvedKernel::Materialized => loop_budget::materialized_iterations(&s),
+            }
+        };
+        let longest = if ctx.has_llvmpipe_loop_cap() {
+            (4..=32768)
+                .step_by(4)
+                .take_while(|&l| iterations(l) <= loop_budget::LLVMPIPE_LOOP_CAP)
+                .last()
+        } else {
+            Some(32768)
+        };
+        let Some(longest) = longest else { continue };
+        let mut c = case(AttentionShape::new(1, 1, 1, 8, longest, 64, 64), options.clone(), seed);
+        let [q, k, v] = rising_scores(&c.shape, seed);
+        let outcome = run_case_with(ctx, &c, &q, &k, &v).expect("runs");
+        assert!(outcome.passed, "seed {seed}: {} keys: {}", longest, outcome.summary());
+        if ctx.has_llvmpipe_loop_cap() {
+            c.shape.len_k = longest + 4;
+            let [q, k, v] = rising_scores(&c.shape, seed);
+            match run_case_with(ctx, &c, &q, &k, &v) {
+                Err(Error::LimitExceeded { limit, .. }) => assert!(limit.contains("llvmpipe"), "{limit}"),
+                other => panic!(
+                    "{} keys on llvmpipe: expected LimitExceeded, got {other:?}",
+                    longest + 4
+                ),
+            }
+        }
+    }
 }

@@ -7,6 +7,7 @@
 //! else is specialised with WGSL `override` constants.
 
 pub mod flash;
+pub mod loop_budget;
 pub mod matmul;
 pub mod params;
 pub(crate) mod qk_scores;

@@ -1,0 +1,43 @@
+//! llvmpipe (Mesa's CPU driver behind lavapipe and the GL llvmpipe adapter) ends the loops
+//! of a shader invocation after 65535 iterations in total, counted across all its loops
+//! (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then goes on with wrong
+//! results; loops with a constant trip count are unrolled and do not count. This module
+//! bounds the iterations each attention kernel needs, from the structure of its WGSL
+//! loops, so that requests beyond the cap are refused with an error instead.
+
+use super::flash::FlashConfig;
+use crate::problem::AttentionShape;
+
+/// Loop iterations llvmpipe allows one invocation.
+pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
+
+/// Worst-case loop iterations of one invocation of the fused kernel (every key block
+/// raising the running maximum, i.e. rescaling the accumulator). The 4-trip loops over
+/// the keys of a block (masking, probabilities) are counted too, in case the driver
+/// keeps them as loops: measured, the subgroup kernel fails one block past the bound
+/// without them.
+pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
+    let blocks = s.len_k.div_ceil(4) as u64;
+    let (d, dv) = (s.head_dim as u64, s.head_dim_v as u64);
+    match config.name() {
+        // Per block: the K octets, the V octets, the rescale octets, the block itself,
+        // two 4-trip key loops. Around it: Q load and accumulator clear over padded
+        // dims, 4 rows stored.
+        "subgroup" => {
+            let (d8, dv8) = (d.div_ceil(8), dv.div_ceil(8));
+            blocks * (d8 + 2 * dv8 + 9) + 8 * d8 + 8 * dv8 + 4 * dv
+        }
+        // Per block: K vec4s, V vec4s, rescale vec4s, the block itself, two 4-trip key
+        // loops. Around it: Q load and clear, store.
+        _ => {
+            let (d4, dv4) = (d.div_ceil(4), dv.div_ceil(4));
+            blocks * (d4 + 2 * dv4 + 9) + 2 * d4 + 2 * dv4
+        }
+    }
+}
+
+/// Worst-case loop iterations of one invocation of the materialized path (the softmax
+/// pass walks a row of scores three times; the other passes less).
+pub fn materialized_iterations(s: &AttentionShape) -> u64 {
+    3 * s.len_k as u64 + s.head_dim.max(s.head_dim_v) as u64
+}
