@@ -56,6 +56,26 @@ fn v_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
     return vec4<f32>(f32(v[rows.x + d]), f32(v[rows.y + d]), f32(v[rows.z + d]), f32(v[rows.w + d]));
 }
 
+// The scores of key j for the 4 rows, masked: -inf where a rule masks (row r, j).
+// Written with vector operations only: per-component loops with dynamic indices made
+// this kernel take a minute to compile on llvmpipe.
+fn mask_column(hd: Head, rows: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>) -> vec4<f32> {
+    let visible = vec4<u32>(j) < ends;
+    if p.mask_kind == MASK_NONE {
+        return select(vec4<f32>(neg_inf()), s, visible);
+    }
+    let jc = min(j, p.len_k - 1u); // past the end the word is read but not used
+    let w = vec4<u32>(
+        mask_word(hd.b, hd.h, rows.x, jc),
+        mask_word(hd.b, hd.h, rows.y, jc),
+        mask_word(hd.b, hd.h, rows.z, jc),
+        mask_word(hd.b, hd.h, rows.w, jc),
+    );
+    let allows = select(w != vec4<u32>(NEG_INF_BITS), w != vec4<u32>(0u), p.mask_kind == MASK_BOOL);
+    let bias = select(vec4<f32>(0.0), bitcast<vec4<f32>>(w), p.mask_kind == MASK_ADDITIVE);
+    return select(vec4<f32>(neg_inf()), s + bias, visible & allows);
+}
+
 // Online-softmax step over the 4 keys of the block, for all 4 rows at once: raises the
 // running maxima, rescales the accumulators and sums, and leaves the unnormalised
 // probabilities (exactly 0 at masked positions) in `prob`.
@@ -99,10 +119,12 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let rows = vec4<u32>(row0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * stride_r;
     let last_q = p.len_q - 1u;
     let clamped = min(rows, vec4<u32>(last_q));
-    var ends: vec4<u32>;
-    for (var r = 0u; r < 4u; r++) {
-        ends[r] = key_end(hd.b, clamped[r]);
-    }
+    let ends = vec4<u32>(
+        key_end(hd.b, clamped.x),
+        key_end(hd.b, clamped.y),
+        key_end(hd.b, clamped.z),
+        key_end(hd.b, clamped.w),
+    );
     // Uniform across the workgroup: its last row sees the most keys.
     let block_end = key_end(hd.b, min(row0 + ROWS - 1u, last_q));
 
@@ -141,18 +163,11 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             add_scores(d + 6u, subgroupBroadcast(x, 6u));
             add_scores(d + 7u, subgroupBroadcast(x, 7u));
         }
-        // Masks, per row r and key j0 + c (q_t already carries the scale).
-        for (var c = 0u; c < 4u; c++) {
-            let j = j0 + c;
-            for (var r = 0u; r < 4u; r++) {
-                var masked_score = neg_inf();
-                if j < ends[r] {
-                    let w = mask_word(hd.b, hd.h, clamped[r], j);
-                    masked_score = select(neg_inf(), score[c][r] + word_bias(w), word_allows(w));
-                }
-                score[c][r] = masked_score;
-            }
-        }
+        // Masks (q_t already carries the scale).
+        score[0] = mask_column(hd, clamped, ends, j0, score[0]);
+        score[1] = mask_column(hd, clamped, ends, j0 + 1u, score[1]);
+        score[2] = mask_column(hd, clamped, ends, j0 + 2u, score[2]);
+        score[3] = mask_column(hd, clamped, ends, j0 + 3u, score[3]);
         online_step4();
         let vr = row_offsets(v_base, p.v_stride_s, j0);
         for (var t = 0u; t < dv8; t++) {

@@ -123,6 +123,7 @@ impl Context {
                     return Err(Error::LimitExceeded {
                         what: "the shared fused tiling".into(),
                         limit: "max_compute_workgroup_storage_size",
+                        unit: "bytes",
                         requested: flash::SHARED_TILE_BYTES.into(),
                         max: have.into(),
                     });
@@ -188,13 +189,14 @@ impl Plan {
             if needed > loop_budget::LLVMPIPE_LOOP_CAP {
                 return Err(Error::LimitExceeded {
                     what: format!(
-                        "{} attention over {} keys (D {}, Dv {}) on llvmpipe, in loop iterations per invocation",
+                        "{} attention over {} keys (D {}, Dv {}) on llvmpipe",
                         kernel.name(),
                         shape.len_k,
                         shape.head_dim,
                         shape.head_dim_v
                     ),
                     limit: "llvmpipe's cap on loop iterations per invocation",
+                    unit: "loop iterations",
                     requested: needed,
                     max: loop_budget::LLVMPIPE_LOOP_CAP,
                 });
@@ -222,6 +224,7 @@ impl Plan {
                 return Err(Error::LimitExceeded {
                     what: format!("binding {what}"),
                     limit: "max_storage_buffer_binding_size",
+                    unit: "bytes",
                     requested: bytes,
                     max: binding,
                 });
@@ -232,6 +235,7 @@ impl Plan {
             return Err(Error::LimitExceeded {
                 what: "the attention weights [B, Hq, Lq, Lk] f32".into(),
                 limit: "max_buffer_size",
+                unit: "bytes",
                 requested: weights_bytes,
                 max: caps.max_buffer,
             });
@@ -243,6 +247,7 @@ impl Plan {
             return Err(Error::LimitExceeded {
                 what: format!("the score matrix of one head ({} x {} f32)", shape.len_q, shape.len_k),
                 limit: "max_storage_buffer_binding_size",
+                unit: "bytes",
                 requested: per_head,
                 max: chunk_limit,
             });
@@ -260,6 +265,7 @@ impl Plan {
             return Err(Error::LimitExceeded {
                 what: format!("workgroups along one axis for length {}", shape.len_q.max(shape.len_k)),
                 limit: "max_compute_workgroups_per_dimension",
+                unit: "workgroups",
                 requested: widest as u64,
                 max: max_groups as u64,
             });

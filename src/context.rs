@@ -317,6 +317,7 @@ impl Context {
             return Err(Error::LimitExceeded {
                 what: label.into(),
                 limit: "max_buffer_size",
+                unit: "bytes",
                 requested: size,
                 max: self.caps.max_buffer,
             });

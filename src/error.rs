@@ -41,10 +41,12 @@ pub enum Error {
     },
 
     /// The request is larger than a device limit allows.
-    #[error("{what} needs {requested} bytes but the device limit {limit} is {max} bytes")]
+    #[error("{what} needs {requested} {unit} but the device limit {limit} is {max} {unit}")]
     LimitExceeded {
         what: String,
         limit: &'static str,
+        /// What `requested` and `max` count: bytes, workgroups, loop iterations.
+        unit: &'static str,
         requested: u64,
         max: u64,
     },

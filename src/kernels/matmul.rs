@@ -169,6 +169,7 @@ pub fn encode_linear(
         return Err(Error::LimitExceeded {
             what: format!("a {m} x {n} linear layer"),
             limit: "max_compute_workgroups_per_dimension",
+            unit: "workgroups",
             requested: groups[0].max(groups[1]).into(),
             max: max.into(),
         });
