@@ -1,5 +1,5 @@
-// Shared by the fused attention kernels (flash_attention.wgsl, flash_subgroup.wgsl),
-// appended after attention_common.wgsl: per-invocation state for one query row and the
+// Shared by the fused kernels of flash_attention.wgsl (flash_subgroup.wgsl keeps its
+// own 4-row state), appended after attention_common.wgsl: per-invocation state for one query row and the
 // online-softmax steps.
 //
 // Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
