@@ -2,35 +2,11 @@
 //! stderr and writes no output file.
 
 mod common;
-use npyz::WriterBuilder;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use common::cli::{bin, scratch, write_npy};
+use std::path::Path;
 use wgpu_attention::check::Rng;
 use wgpu_attention::reference::attention;
 use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wgpu-attention-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
-    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut file)
-        .begin_nd()
-        .expect("npy header");
-    w.extend(data.iter().copied()).expect("npy data");
-    w.finish().expect("npy finish");
-}
 
 fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
     let npy = npyz::NpyFile::new(std::fs::File::open(path).expect("output exists")).expect("valid npy");

@@ -2,34 +2,10 @@
 //! weight zero) through the command line.
 
 mod common;
-use npyz::WriterBuilder;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use common::cli::{bin, scratch, write_npy};
+use std::path::Path;
 use wgpu_attention::check::Rng;
 use wgpu_attention::heatmap::{colour, render_grid, render_panel, Labels, Panel};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wgpu-attention-bv-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
-
-fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
-    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
-    let mut w = npyz::WriteOptions::new()
-        .default_dtype()
-        .shape(shape)
-        .writer(&mut file)
-        .begin_nd()
-        .expect("npy header");
-    w.extend(data.iter().copied()).expect("npy data");
-    w.finish().expect("npy finish");
-}
 
 /// (width, height, RGB bytes) of a PNG.
 fn decode_png(path: &Path) -> (u32, u32, Vec<u8>) {

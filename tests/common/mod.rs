@@ -2,6 +2,8 @@
 //! and the skip-or-fail rule for machines without an adapter.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::sync::OnceLock;
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::Context;

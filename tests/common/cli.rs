@@ -1,0 +1,31 @@
+//! Helpers for the tests that drive the command-line binary.
+
+use npyz::WriterBuilder;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `wgpu-attention` binary built for this test run.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+}
+
+/// A fresh, empty temporary directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgpu-attention-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Writes `data` as a C-order `.npy` of `shape`.
+pub fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data: &[T]) {
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut w = npyz::WriteOptions::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut file)
+        .begin_nd()
+        .expect("npy header");
+    w.extend(data.iter().copied()).expect("npy data");
+    w.finish().expect("npy finish");
+}
