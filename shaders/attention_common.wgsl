@@ -42,8 +42,12 @@ struct Params {
     // bh = b * heads_q + h. Work too large for one binding is split this way.
     bh_start: u32,
     bh_count: u32,
-    pad0: u32,
-    pad1: u32,
+    // The fused kernels walk keys key_begin .. key_stop only (both multiples of 4, or
+    // key_stop = len_k). With key_begin > 0 a dispatch resumes from the output rows and
+    // log-sum-exps the previous key range left (llvmpipe caps loop iterations per
+    // invocation, so long key ranges are split across dispatches).
+    key_begin: u32,
+    key_stop: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

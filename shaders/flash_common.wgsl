@@ -5,7 +5,9 @@
 // Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
 // output accumulator live in private vec4 arrays; keys are consumed in blocks of 4:
 // 4 scores, one running-max update, one rescale of the accumulator, then 4 rank-1
-// updates with the V rows. Rows that see no key write zeros and lse = -inf.
+// updates with the V rows. Rows that see no key write zeros and lse = -inf. A dispatch
+// walks the keys p.key_begin .. p.key_stop and may resume from an earlier one's results
+// (resume_row).
 
 const MAX_VEC4: u32 = 64u; // head dims up to 256
 override ROWS: u32 = 32u;
@@ -56,14 +58,9 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     for (var t = 0u; t < d4; t++) {
         q_row[t] = qload4(q_base, t) * p.scale;
     }
-    let dv4 = (p.head_dim_v + 3u) / 4u;
-    for (var t = 0u; t < dv4; t++) {
-        acc[t] = vec4<f32>(0.0);
-    }
-    row_max = neg_inf();
-    row_sum = 0.0;
+    resume_row(hd, i);
     // Uniform across the workgroup: the last row of the block sees the most keys.
-    let block_end = key_end(hd.b, min(row0 + ROWS - 1u, p.len_q - 1u));
+    let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, p.len_q - 1u)), p.key_stop);
     return RowSetup(
         hd,
         i,
@@ -72,6 +69,36 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
         hd.b * p.k_stride_b + hd.hk * p.k_stride_h,
         hd.b * p.v_stride_b + hd.hk * p.v_stride_h,
     );
+}
+
+// The running state before key p.key_begin: empty for the first key range; otherwise
+// what the previous range stored. Its normalised output row o and log-sum-exp lse are
+// an equivalent state (max lse, sum 1, accumulator o), so the online softmax continues
+// as if it had never stopped.
+fn resume_row(hd: Head, i: u32) {
+    let dv4 = (p.head_dim_v + 3u) / 4u;
+    row_max = neg_inf();
+    if p.key_begin > 0u {
+        row_max = lse[(hd.b * p.heads_q + hd.h) * p.len_q + i];
+    }
+    if is_neg_inf(row_max) {
+        row_sum = 0.0;
+        for (var t = 0u; t < dv4; t++) {
+            acc[t] = vec4<f32>(0.0);
+        }
+        return;
+    }
+    row_sum = 1.0;
+    let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
+    for (var t = 0u; t < dv4; t++) {
+        var o = vec4<f32>(0.0);
+        for (var c = 0u; c < 4u; c++) {
+            if t * 4u + c < p.head_dim_v {
+                o[c] = f32(output[o_base + t * 4u + c]);
+            }
+        }
+        acc[t] = o;
+    }
 }
 
 fn qload4(base: u32, t4: u32) -> vec4<f32> {

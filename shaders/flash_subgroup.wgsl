@@ -13,9 +13,11 @@
 // invocation `lid` owns rows row0 + lid + r * ROWS / 4 for r = 0..3 (component r). Keys
 // are consumed in blocks of 4: 16 scores, one online-softmax step per row, then the V
 // update. No workgroup memory, no barriers. Lanes 0..7 of each subgroup must be active
-// (the key loop is uniform across the workgroup).
+// (the key loop is uniform across the workgroup). A dispatch walks the keys
+// p.key_begin .. p.key_stop and may resume from an earlier one's results (resume_rows).
 
-const MAX_DIM: u32 = 256u;
+// MAX_DIM (a multiple of 8, at least D and Dv) comes from a one-line prelude: the
+// host picks 64, 128 or 256, as smaller arrays compile much faster on llvmpipe.
 const LANES: u32 = 8u;
 override ROWS: u32 = 32u;
 
@@ -110,6 +112,32 @@ fn online_step4() {
     row_sum += prob[0] + prob[1] + prob[2] + prob[3];
 }
 
+// The running state of the 4 rows before key p.key_begin: empty for the first key
+// range, else what the previous dispatch stored (flash_common.wgsl's resume_row
+// explains why a normalised row and its log-sum-exp are an equivalent state).
+fn resume_rows(hd: Head, rows: vec4<u32>, dims: u32) {
+    row_max = vec4<f32>(neg_inf());
+    if p.key_begin > 0u {
+        let base = (hd.b * p.heads_q + hd.h) * p.len_q;
+        row_max = vec4<f32>(lse[base + rows.x], lse[base + rows.y], lse[base + rows.z], lse[base + rows.w]);
+    }
+    let unseen = bitcast<vec4<u32>>(row_max) == vec4<u32>(NEG_INF_BITS);
+    row_sum = select(vec4<f32>(1.0), vec4<f32>(0.0), unseen);
+    let o_base = vec4<u32>(hd.b * p.o_stride_b + hd.h * p.o_stride_h) + rows * p.o_stride_s;
+    for (var d = 0u; d < dims; d++) {
+        var o = vec4<f32>(0.0);
+        if p.key_begin > 0u && d < p.head_dim_v {
+            o = vec4<f32>(
+                f32(output[o_base.x + d]),
+                f32(output[o_base.y + d]),
+                f32(output[o_base.z + d]),
+                f32(output[o_base.w + d]),
+            );
+        }
+        acc_t[d] = select(o, vec4<f32>(0.0), unseen);
+    }
+}
+
 @compute @workgroup_size(ROWS / 4u, 1, 1)
 fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {
     let hd = head_of(p.bh_start + wid.y);
@@ -126,7 +154,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         key_end(hd.b, clamped.w),
     );
     // Uniform across the workgroup: its last row sees the most keys.
-    let block_end = key_end(hd.b, min(row0 + ROWS - 1u, last_q));
+    let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, last_q)), p.key_stop);
 
     let d8 = (p.head_dim + 7u) / 8u;
     let dv8 = (p.head_dim_v + 7u) / 8u;
@@ -138,15 +166,11 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         }
         q_t[d] = qd * p.scale;
     }
-    for (var d = 0u; d < dv8 * 8u; d++) {
-        acc_t[d] = vec4<f32>(0.0);
-    }
-    row_max = vec4<f32>(neg_inf());
-    row_sum = vec4<f32>(0.0);
+    resume_rows(hd, clamped, dv8 * 8u);
 
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
-    for (var j0 = 0u; j0 < block_end; j0 += 4u) {
+    for (var j0 = p.key_begin; j0 < block_end; j0 += 4u) {
         for (var c = 0u; c < 4u; c++) {
             score[c] = vec4<f32>(0.0);
         }

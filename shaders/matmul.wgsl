@@ -1,5 +1,7 @@
 // Linear layer as a GEMM: Y = X · Wᵀ (+ bias), the layout of PyTorch's nn.Linear.
-// X is [M, K] (row stride x_stride), W is [N, K], bias [N]; all row-major `elem`
+// X is [M, K] (row stride x_stride), W is [N, K], bias [N], both starting at row
+// w_row0 of their buffers (one packed [3E, E] Q/K/V weight serves three projections);
+// all row-major `elem`
 // (f32 or f16), accumulated in f32. Used for the attention projections and as the
 // benchmark's roofline probe.
 //
@@ -24,7 +26,7 @@ struct LinearParams {
     has_bias: u32,
     seg1: u32,
     seg2: u32,
-    pad: u32,
+    w_row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> lp: LinearParams;
@@ -41,7 +43,7 @@ fn x_at(row: u32, col: u32) -> f32 {
 }
 
 fn w_at(row: u32, col: u32) -> f32 {
-    return select(0.0, f32(w[row * lp.k + min(col, lp.k - 1u)]), col < lp.k);
+    return select(0.0, f32(w[(lp.w_row0 + row) * lp.k + min(col, lp.k - 1u)]), col < lp.k);
 }
 
 // Adds the bias and stores Y[row][col] into its output segment; ignores positions past M or N.
@@ -51,7 +53,7 @@ fn store(row: u32, col: u32, value: f32) {
     }
     var y = value;
     if lp.has_bias != 0u {
-        y += f32(bias[col]);
+        y += f32(bias[lp.w_row0 + col]);
     }
     if col < lp.seg1 {
         out0[row * lp.seg1 + col] = elem(y);

@@ -162,6 +162,8 @@ struct Plan {
     out_layout: Layout,
     /// (batch, head) pairs per dispatch when a score chunk is needed.
     heads_per_chunk: usize,
+    /// Keys one fused dispatch walks (all of them except under llvmpipe's loop cap).
+    keys_per_dispatch: usize,
     needs_scores: bool,
 }
 
@@ -181,27 +183,7 @@ impl Plan {
         }
         shape.check_options(options)?;
         let kernel = resolve_kernel(ctx, options)?;
-        if ctx.has_llvmpipe_loop_cap() {
-            let needed = match &kernel {
-                ResolvedKernel::Fused(config) => loop_budget::fused_iterations(config, &shape),
-                ResolvedKernel::Materialized => loop_budget::materialized_iterations(&shape),
-            };
-            if needed > loop_budget::LLVMPIPE_LOOP_CAP {
-                return Err(Error::LimitExceeded {
-                    what: format!(
-                        "{} attention over {} keys (D {}, Dv {}) on llvmpipe",
-                        kernel.name(),
-                        shape.len_k,
-                        shape.head_dim,
-                        shape.head_dim_v
-                    ),
-                    limit: "llvmpipe's cap on loop iterations per invocation",
-                    unit: "loop iterations",
-                    requested: needed,
-                    max: loop_budget::LLVMPIPE_LOOP_CAP,
-                });
-            }
-        }
+        let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape)?;
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;
         for (what, bytes) in [
@@ -276,6 +258,7 @@ impl Plan {
             kernel,
             out_layout: options.output_layout.unwrap_or(q.layout()),
             heads_per_chunk,
+            keys_per_dispatch,
             needs_scores,
         })
     }
@@ -327,8 +310,8 @@ impl Plan {
             m_stride_k: m[3] as u32,
             bh_start: 0,
             bh_count: s.batch_heads() as u32,
-            pad0: 0,
-            pad1: 0,
+            key_begin: 0,
+            key_stop: s.len_k as u32,
         }
     }
 
@@ -391,7 +374,29 @@ impl Plan {
                     weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                 }
                 ResolvedKernel::Fused(config) => {
-                    flash::encode(ctx, encoder, self.dtype, config, &bindings, &params)?;
+                    // Each key range resumes from the previous one's output and lse.
+                    for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
+                        let range = AttentionParams {
+                            key_begin: key_begin as u32,
+                            key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
+                            ..params
+                        };
+                        let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
+                        let range_buffer = if whole {
+                            None
+                        } else {
+                            Some(ctx.create_buffer_init(
+                                "attention params (key range)",
+                                bytemuck::bytes_of(&range),
+                                wgpu::BufferUsages::UNIFORM,
+                            )?)
+                        };
+                        let range_bindings = AttentionBindings {
+                            params: range_buffer.as_ref().unwrap_or(&params_buffer),
+                            ..bindings
+                        };
+                        flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
+                    }
                     if weights.is_some() {
                         qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params, Epilogue::Weights)?;
                     }
@@ -409,6 +414,48 @@ impl Plan {
             weights,
             lse: options.need_lse.then_some(lse),
         })
+    }
+}
+
+/// Keys one fused dispatch may walk: all of them, except on llvmpipe, which ends an
+/// invocation's loops after 65535 iterations (see `kernels::loop_budget`); there the
+/// fused kernels split the keys across dispatches and the materialized path, which
+/// cannot, refuses.
+fn key_range_per_dispatch(ctx: &Context, kernel: &ResolvedKernel, shape: &AttentionShape) -> Result<usize> {
+    let all = shape.len_k.max(1);
+    if !ctx.has_llvmpipe_loop_cap() {
+        return Ok(all);
+    }
+    let refuse = |needed: u64| Error::LimitExceeded {
+        what: format!(
+            "{} attention over {} keys (D {}, Dv {}) on llvmpipe",
+            kernel.name(),
+            shape.len_k,
+            shape.head_dim,
+            shape.head_dim_v
+        ),
+        limit: "llvmpipe's cap on loop iterations per invocation",
+        unit: "loop iterations",
+        requested: needed,
+        max: loop_budget::LLVMPIPE_LOOP_CAP,
+    };
+    match kernel {
+        ResolvedKernel::Fused(config) => {
+            let most = loop_budget::keys_per_dispatch(config, shape).ok_or_else(|| {
+                let one_block = AttentionShape { len_k: 4, ..*shape };
+                refuse(loop_budget::fused_iterations(config, &one_block))
+            })?;
+            // As few dispatches as the cap allows, with equal key ranges.
+            let dispatches = shape.len_k.div_ceil(most).max(1);
+            Ok(shape.len_k.div_ceil(dispatches).next_multiple_of(4).min(all))
+        }
+        ResolvedKernel::Materialized => {
+            let needed = loop_budget::materialized_iterations(shape);
+            if needed > loop_budget::LLVMPIPE_LOOP_CAP {
+                return Err(refuse(needed));
+            }
+            Ok(all)
+        }
     }
 }
 

@@ -101,8 +101,8 @@ impl Capabilities {
 /// constants. Pipelines are compiled once per context (lavapipe compiles through LLVM).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PipelineKey {
-    /// Shader file and entry point.
-    pub shader: (&'static str, &'static str),
+    /// Shader file, entry point and variant.
+    pub shader: (&'static str, &'static str, &'static str),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
 }

@@ -13,6 +13,8 @@ struct Case {
     k: usize,
     x_stride: usize,
     widths: Vec<usize>,
+    /// Rows of W (and bias entries) before the ones used.
+    w_row0: usize,
     bias: bool,
     dtype: DType,
     tiling: LinearTiling,
@@ -35,11 +37,12 @@ fn run(ctx: &Context, case: &Case) {
     let n: usize = case.widths.iter().sum();
     let (m, k) = (case.m, case.k);
     let x = round(case.dtype, rng.vec((m - 1) * case.x_stride + k, -1.0, 1.0));
-    let w = round(case.dtype, rng.vec(n * k, -1.0, 1.0));
-    let b = round(case.dtype, rng.vec(n, -1.0, 1.0));
+    let rows = case.w_row0 + n;
+    let w = round(case.dtype, rng.vec(rows * k, -1.0, 1.0));
+    let b = round(case.dtype, rng.vec(rows, -1.0, 1.0));
     let x_gpu = matrix(ctx, case.dtype, 1, x.len(), &x);
-    let w_gpu = matrix(ctx, case.dtype, n, k, &w);
-    let b_gpu = matrix(ctx, case.dtype, 1, n, &b);
+    let w_gpu = matrix(ctx, case.dtype, rows, k, &w);
+    let b_gpu = matrix(ctx, case.dtype, 1, rows, &b);
     let outs: Vec<Tensor> = case
         .widths
         .iter()
@@ -55,6 +58,7 @@ fn run(ctx: &Context, case: &Case) {
         x_stride: case.x_stride,
         w: w_gpu.buffer(),
         bias: case.bias.then(|| b_gpu.buffer()),
+        w_row0: case.w_row0,
         outputs: &outputs,
         m,
         k,
@@ -69,10 +73,11 @@ fn run(ctx: &Context, case: &Case) {
         for row in 0..m {
             for col in 0..width {
                 let c = first_col + col;
-                let mut want = if case.bias { f64::from(b[c]) } else { 0.0 };
+                let wc = case.w_row0 + c;
+                let mut want = if case.bias { f64::from(b[wc]) } else { 0.0 };
                 let mut magnitude = want.abs();
                 for i in 0..k {
-                    let term = f64::from(x[row * case.x_stride + i]) * f64::from(w[c * k + i]);
+                    let term = f64::from(x[row * case.x_stride + i]) * f64::from(w[wc * k + i]);
                     want += term;
                     magnitude += term.abs();
                 }
@@ -96,6 +101,9 @@ fn run(ctx: &Context, case: &Case) {
     }
 }
 
+/// (m, k, x_stride, output widths, w_row0, bias)
+type Shape = (usize, usize, usize, &'static [usize], usize, bool);
+
 fn tilings(ctx: &Context) -> Vec<LinearTiling> {
     let mut out = vec![LinearTiling::Tiled];
     if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
@@ -107,13 +115,13 @@ fn tilings(ctx: &Context) -> Vec<LinearTiling> {
 #[test]
 fn linear_matches_the_f64_reference_on_awkward_sizes() {
     let Some(ctx) = common::ctx() else { return };
-    let shapes: [(usize, usize, usize, &[usize], bool); 6] = [
-        (1, 1, 1, &[1], false),
-        (13, 29, 29, &[37], true),
-        (70, 100, 131, &[9, 17, 5], true),
-        (9, 64, 64, &[64, 16, 16], false),
-        (65, 7, 7, &[130], true),
-        (3, 300, 300, &[2, 70], false),
+    let shapes: [Shape; 6] = [
+        (1, 1, 1, &[1], 0, false),
+        (13, 29, 29, &[37], 5, true),
+        (70, 100, 131, &[9, 17, 5], 0, true),
+        (9, 64, 64, &[64, 16, 16], 0, false),
+        (65, 7, 7, &[130], 0, true),
+        (3, 300, 300, &[2, 70], 71, false),
     ];
     let mut seed = 100;
     for tiling in tilings(ctx) {
@@ -121,13 +129,14 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
             if dtype == DType::F16 && !ctx.capabilities().f16 {
                 continue;
             }
-            for &(m, k, x_stride, widths, bias) in &shapes {
+            for &(m, k, x_stride, widths, w_row0, bias) in &shapes {
                 seed += 1;
                 let case = Case {
                     m,
                     k,
                     x_stride,
                     widths: widths.to_vec(),
+                    w_row0,
                     bias,
                     dtype,
                     tiling,
@@ -152,6 +161,7 @@ fn linear_rejects_bad_requests_with_errors() {
             x_stride: k,
             w: small.buffer(),
             bias: None,
+            w_row0: 0,
             outputs: &outputs,
             m,
             k,

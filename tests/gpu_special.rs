@@ -3,11 +3,11 @@
 //! fused and materialized paths.
 
 mod common;
-use wgpu_attention::check::{random_qkv, run_case, run_case_with, CheckCase, Rng};
+use wgpu_attention::check::{random_bool_mask, random_qkv, run_case, run_case_with, CheckCase, Rng};
 use wgpu_attention::kernels::loop_budget;
 use wgpu_attention::{
-    resolve_kernel, sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, FusedTiling, KernelChoice,
-    Layout, Mask, ResolvedKernel, Tensor,
+    sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, FusedTiling, KernelChoice, Layout, Mask,
+    Tensor,
 };
 
 const ALL_PATHS: [(KernelChoice, FusedTiling); 4] = [
@@ -182,49 +182,93 @@ fn rising_scores(shape: &AttentionShape, seed: u64) -> [Vec<f32>; 3] {
 }
 
 #[test]
-fn long_key_sequences_are_exact_or_refused_on_llvmpipe() {
-    // llvmpipe ends an invocation's loops after 65535 iterations; kernels::loop_budget
-    // bounds what each kernel needs. The longest sequence within the bound must be exact
-    // (worst case: a rescale at every block), one block more must be refused. Elsewhere
-    // 32768 keys must be exact.
+fn long_key_sequences_are_exact_on_every_fused_path() {
+    // llvmpipe ends an invocation's loops after 65535 iterations; there the fused
+    // kernels split 32768 keys across dispatches, each resuming from the previous one's
+    // output and lse. Rising scores rescale the accumulator at every block (the most loop
+    // iterations per block) and make every later range raise the running maximum.
     let Some(ctx) = common::ctx() else { return };
     let seed = 19;
-    for (kernel, tiling) in paths(ctx) {
+    for (kernel, tiling) in paths(ctx).into_iter().filter(|&(k, _)| k == KernelChoice::Fused) {
         let options = AttentionOptions {
             kernel,
             tiling,
             ..Default::default()
         };
-        let iterations = |len_k: usize| {
-            let s = AttentionShape::new(1, 1, 1, 8, len_k, 64, 64);
-            match resolve_kernel(ctx, &options).expect("kernel") {
-                ResolvedKernel::Fused(config) => loop_budget::fused_iterations(&config, &s),
-                ResolvedKernel::Materialized => loop_budget::materialized_iterations(&s),
-            }
-        };
-        let longest = if ctx.has_llvmpipe_loop_cap() {
-            (4..=32768)
-                .step_by(4)
-                .take_while(|&l| iterations(l) <= loop_budget::LLVMPIPE_LOOP_CAP)
-                .last()
-        } else {
-            Some(32768)
-        };
-        let Some(longest) = longest else { continue };
-        let mut c = case(AttentionShape::new(1, 1, 1, 8, longest, 64, 64), options.clone(), seed);
+        let c = case(AttentionShape::new(1, 1, 1, 8, 32768, 64, 64), options, seed);
         let [q, k, v] = rising_scores(&c.shape, seed);
         let outcome = run_case_with(ctx, &c, &q, &k, &v).expect("runs");
-        assert!(outcome.passed, "seed {seed}: {} keys: {}", longest, outcome.summary());
-        if ctx.has_llvmpipe_loop_cap() {
-            c.shape.len_k = longest + 4;
-            let [q, k, v] = rising_scores(&c.shape, seed);
-            match run_case_with(ctx, &c, &q, &k, &v) {
-                Err(Error::LimitExceeded { limit, .. }) => assert!(limit.contains("llvmpipe"), "{limit}"),
-                other => panic!(
-                    "{} keys on llvmpipe: expected LimitExceeded, got {other:?}",
-                    longest + 4
-                ),
+        assert!(outcome.passed, "seed {seed}: {tiling:?}: {}", outcome.summary());
+    }
+}
+
+#[test]
+fn key_ranges_split_across_dispatches_keep_every_mask() {
+    // D = 256 gives the shortest key range per dispatch under llvmpipe's loop cap (about
+    // 1300 keys for the registers tiling, 2500 for subgroup), so 3000 keys take several
+    // dispatches there: rows whose causal end or key length falls in an earlier range,
+    // rows with nothing visible in a range, and an explicit mask must all survive the
+    // resume. Elsewhere this is one dispatch and must be exact all the same.
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 23;
+    let shape = AttentionShape::new(2, 2, 1, 37, 3000, 256, 256);
+    let mut rng = Rng::new(seed);
+    for (kernel, tiling) in paths(ctx).into_iter().filter(|&(k, _)| k == KernelChoice::Fused) {
+        for dtype in [DType::F32, DType::F16] {
+            if dtype == DType::F16 && !ctx.capabilities().f16 {
+                continue;
             }
+            let options = AttentionOptions {
+                kernel,
+                tiling,
+                causal: Some(CausalAlignment::BottomRight),
+                key_lengths: Some(vec![3000, 1700]),
+                mask: Some(random_bool_mask(&mut rng, [1, 1, 37, 3000])),
+                need_weights: true,
+                ..Default::default()
+            };
+            let mut c = case(shape, options, seed);
+            c.dtype = dtype;
+            common::assert_case(ctx, &c);
+        }
+    }
+}
+
+#[test]
+fn materialized_path_is_exact_or_refused_on_llvmpipe() {
+    // The materialized softmax walks a row of scores in one invocation and cannot be
+    // split: on llvmpipe the longest row within the loop cap must be exact and one block
+    // more refused. Elsewhere 32768 keys exceed no such limit (the score matrix of one
+    // head, 8 x 32768 f32, is small).
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 29;
+    let options = AttentionOptions {
+        kernel: KernelChoice::Materialized,
+        ..Default::default()
+    };
+    let iterations = |len_k| loop_budget::materialized_iterations(&AttentionShape::new(1, 1, 1, 8, len_k, 64, 64));
+    let longest = if ctx.has_llvmpipe_loop_cap() {
+        (4..=32768)
+            .step_by(4)
+            .take_while(|&l| iterations(l) <= loop_budget::LLVMPIPE_LOOP_CAP)
+            .last()
+            .expect("a short row fits")
+    } else {
+        32768
+    };
+    let mut c = case(AttentionShape::new(1, 1, 1, 8, longest, 64, 64), options, seed);
+    let [q, k, v] = rising_scores(&c.shape, seed);
+    let outcome = run_case_with(ctx, &c, &q, &k, &v).expect("runs");
+    assert!(outcome.passed, "seed {seed}: {longest} keys: {}", outcome.summary());
+    if ctx.has_llvmpipe_loop_cap() {
+        c.shape.len_k = longest + 4;
+        let [q, k, v] = rising_scores(&c.shape, seed);
+        match run_case_with(ctx, &c, &q, &k, &v) {
+            Err(Error::LimitExceeded { limit, .. }) => assert!(limit.contains("llvmpipe"), "{limit}"),
+            other => panic!(
+                "{} keys on llvmpipe: expected LimitExceeded, got {other:?}",
+                longest + 4
+            ),
         }
     }
 }

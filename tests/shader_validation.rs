@@ -73,8 +73,8 @@ fn uniform_layout_matches_rust() {
         ("m_stride_k", offset_of!(AttentionParams, m_stride_k)),
         ("bh_start", offset_of!(AttentionParams, bh_start)),
         ("bh_count", offset_of!(AttentionParams, bh_count)),
-        ("pad0", offset_of!(AttentionParams, pad0)),
-        ("pad1", offset_of!(AttentionParams, pad1)),
+        ("key_begin", offset_of!(AttentionParams, key_begin)),
+        ("key_stop", offset_of!(AttentionParams, key_stop)),
     ];
     let wgsl: Vec<(&str, usize)> = members
         .iter()

@@ -55,6 +55,7 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
         x_stride: n,
         w: &w,
         bias: None,
+        w_row0: 0,
         outputs: &[(&y, n)],
         m: n,
         k: n,

@@ -3,7 +3,9 @@
 //! (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then goes on with wrong
 //! results; loops with a constant trip count are unrolled and do not count. This module
 //! bounds the iterations each attention kernel needs, from the structure of its WGSL
-//! loops, so that requests beyond the cap are refused with an error instead.
+//! loops. The fused kernels split a long key range across dispatches that each stay
+//! within the cap ([`keys_per_dispatch`]), resuming from the previous dispatch's output
+//! and log-sum-exp; the materialized path refuses what does not fit.
 
 use super::flash::FlashConfig;
 use crate::problem::AttentionShape;
@@ -21,19 +23,40 @@ pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
     let (d, dv) = (s.head_dim as u64, s.head_dim_v as u64);
     match config.name() {
         // Per block: the K octets, the V octets, the rescale octets, the block itself,
-        // two 4-trip key loops. Around it: Q load and accumulator clear over padded
+        // two 4-trip key loops. Around it: Q load and accumulator resume over padded
         // dims, 4 rows stored.
         "subgroup" => {
             let (d8, dv8) = (d.div_ceil(8), dv.div_ceil(8));
             blocks * (d8 + 2 * dv8 + 9) + 8 * d8 + 8 * dv8 + 4 * dv
         }
         // Per block: K vec4s, V vec4s, rescale vec4s, the block itself, two 4-trip key
-        // loops. Around it: Q load and clear, store.
+        // loops. Around it: Q load, accumulator resume and store (each vec4 with a
+        // 4-trip loop inside).
         _ => {
             let (d4, dv4) = (d.div_ceil(4), dv.div_ceil(4));
-            blocks * (d4 + 2 * dv4 + 9) + 2 * d4 + 2 * dv4
+            blocks * (d4 + 2 * dv4 + 9) + 5 * d4 + 10 * dv4
         }
     }
+}
+
+/// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
+/// llvmpipe's cap, or `None` if not even one block of 4 fits.
+pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape) -> Option<usize> {
+    let fits = |keys: usize| {
+        let part = AttentionShape { len_k: keys, ..*s };
+        fused_iterations(config, &part) <= LLVMPIPE_LOOP_CAP
+    };
+    // Iterations grow with the keys: binary search for the last block count that fits.
+    let (mut lo, mut hi) = (0usize, s.len_k.div_ceil(4));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(4 * mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (lo > 0).then_some(4 * lo)
 }
 
 /// Worst-case loop iterations of one invocation of the materialized path (the softmax

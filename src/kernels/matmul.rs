@@ -18,6 +18,7 @@ pub const TILED: Kernel = Kernel {
     entry: "linear_tiled",
     slots: &[],
     preludes: &[],
+    variant: "",
 };
 
 /// CPU adapters with >= 8-lane subgroups: X elements loaded once and broadcast.
@@ -27,6 +28,7 @@ pub const SUBGROUP: Kernel = Kernel {
     entry: "linear_subgroup",
     slots: &[],
     preludes: &[SOURCE],
+    variant: "",
 };
 
 /// Which GEMM tiling to run.
@@ -71,7 +73,7 @@ pub struct LinearParams {
     pub has_bias: u32,
     pub seg1: u32,
     pub seg2: u32,
-    pub pad: u32,
+    pub w_row0: u32,
 }
 
 /// One linear layer application: `out = x · wᵀ + bias`, all buffers row-major of `dtype`.
@@ -79,10 +81,13 @@ pub struct Linear<'a> {
     /// `[m, k]` with row stride `x_stride` elements.
     pub x: &'a wgpu::Buffer,
     pub x_stride: usize,
-    /// `[n, k]`, as PyTorch stores `nn.Linear.weight`.
+    /// `[n, k]`, as PyTorch stores `nn.Linear.weight`, from row `w_row0` on.
     pub w: &'a wgpu::Buffer,
-    /// `[n]`.
+    /// `[n]`, from element `w_row0` on.
     pub bias: Option<&'a wgpu::Buffer>,
+    /// First row of `w` (and element of `bias`) used: lets one packed `[3E, E]`
+    /// projection weight serve separate Q, K and V projections.
+    pub w_row0: usize,
     /// One to three outputs, each `(buffer, width)`: consecutive column ranges of Y,
     /// stored as dense `[m, width]` matrices. The widths add up to `n`.
     pub outputs: &'a [(&'a wgpu::Buffer, usize)],
@@ -141,9 +146,9 @@ impl Linear<'_> {
             Ok(())
         };
         too_small("X", self.x, (m - 1) * self.x_stride + k)?;
-        too_small("W", self.w, n * k)?;
+        too_small("W", self.w, (self.w_row0 + n) * k)?;
         if let Some(bias) = self.bias {
-            too_small("bias", bias, n)?;
+            too_small("bias", bias, self.w_row0 + n)?;
         }
         for (i, &(buffer, width)) in self.outputs.iter().enumerate() {
             too_small(&format!("output {i}"), buffer, m * width)?;
@@ -186,7 +191,7 @@ pub fn encode_linear(
         has_bias: linear.bias.is_some().into(),
         seg1: seg1 as u32,
         seg2: if widths.len() == 1 { n as u32 } else { seg2 as u32 },
-        pad: 0,
+        w_row0: linear.w_row0 as u32,
     };
     let params = ctx.create_buffer_init(
         "linear params",

@@ -7,8 +7,10 @@
 //! else is specialised with WGSL `override` constants.
 
 pub mod flash;
+pub mod layer_norm;
 pub mod loop_budget;
 pub mod matmul;
+pub mod mean_heads;
 pub mod params;
 pub(crate) mod qk_scores;
 pub(crate) mod softmax_rows;
@@ -34,6 +36,9 @@ pub struct Kernel {
     pub slots: &'static [Slot],
     /// Shared WGSL files prepended to `source`, in order.
     pub preludes: &'static [&'static str],
+    /// Tells apart kernels built from the same file and entry point with different
+    /// preludes (part of the pipeline cache key); empty for most.
+    pub variant: &'static str,
 }
 
 /// Prelude of the attention kernels: uniform block, bindings, masking rules.
@@ -42,7 +47,9 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 8] = [
+pub const ALL_KERNELS: [Kernel; 12] = [
+    layer_norm::KERNEL,
+    mean_heads::KERNEL,
     matmul::TILED,
     matmul::SUBGROUP,
     qk_scores::KERNEL,
@@ -50,7 +57,9 @@ pub const ALL_KERNELS: [Kernel; 8] = [
     weights_v::KERNEL,
     flash::REGISTERS,
     flash::SHARED,
-    flash::SUBGROUP,
+    flash::SUBGROUP_64,
+    flash::SUBGROUP_128,
+    flash::SUBGROUP_256,
 ];
 
 /// The full WGSL of a kernel for an element type.
@@ -70,12 +79,12 @@ pub(crate) fn pipeline(
     constants: &[(&'static str, u32)],
 ) -> Result<wgpu::ComputePipeline> {
     let key = PipelineKey {
-        shader: (kernel.file, kernel.entry),
+        shader: (kernel.file, kernel.entry, kernel.variant),
         dtype,
         constants: constants.to_vec(),
     };
     ctx.pipeline(key, |key| {
-        let label = format!("{}:{} ({})", kernel.file, kernel.entry, dtype.name());
+        let label = format!("{}:{}{} ({})", kernel.file, kernel.entry, kernel.variant, dtype.name());
         ctx.scoped(&format!("compiling {label}"), || {
             let module = ctx.device().create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(&label),

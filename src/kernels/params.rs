@@ -38,8 +38,11 @@ pub struct AttentionParams {
     pub m_stride_k: u32,
     pub bh_start: u32,
     pub bh_count: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    /// Keys the fused kernels walk in this dispatch: `key_begin .. key_stop`. With
+    /// `key_begin > 0` they resume from the output and log-sum-exp left by the
+    /// previous range (see `kernels::loop_budget`).
+    pub key_begin: u32,
+    pub key_stop: u32,
 }
 
 /// `mask_kind` values, as the WGSL constants `MASK_*`.

@@ -20,6 +20,7 @@ pub const KERNEL: Kernel = Kernel {
         Slot::Lse,
     ],
     preludes: super::ATTENTION_PRELUDE,
+    variant: "",
 };
 
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).

@@ -12,6 +12,7 @@ pub const KERNEL: Kernel = Kernel {
     entry: "main",
     slots: &[Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse],
     preludes: super::ATTENTION_PRELUDE,
+    variant: "",
 };
 
 const ROWS_PER_GROUP: usize = 64;

@@ -11,6 +11,7 @@ pub const KERNEL: Kernel = Kernel {
     entry: "main",
     slots: &[Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores],
     preludes: super::ATTENTION_PRELUDE,
+    variant: "",
 };
 
 /// Rows and value columns covered by one workgroup (8x8 invocations of 4x4 blocks).
