@@ -43,11 +43,12 @@ pub fn visible(
     }
 }
 
-/// Scaled dot-product attention on BHSD host data.
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+/// Scaled dot-product attention on BHSD host data (f32, or f64 for a reference built
+/// on other f64 results, as the multi-head one).
+pub fn attention<T: Copy + Into<f64>>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
     shape: &AttentionShape,
     options: &AttentionOptions,
 ) -> Result<ReferenceOutput> {
@@ -78,7 +79,7 @@ pub fn attention(
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = visible(shape, options, b, h, i, j).map(|bias| {
                         let dot: f64 = (0..d)
-                            .map(|t| f64::from(q_head[i * d + t]) * f64::from(k_head[j * d + t]))
+                            .map(|t| q_head[i * d + t].into() * k_head[j * d + t].into())
                             .sum();
                         dot * scale + bias
                     });
@@ -95,7 +96,7 @@ pub fn attention(
                         let p = (s - max).exp() / sum;
                         weights[row * len_k + j] = p;
                         for c in 0..dv {
-                            out[row * dv + c] += p * f64::from(v_head[j * dv + c]);
+                            out[row * dv + c] += p * v_head[j * dv + c].into();
                         }
                     }
                 }

@@ -100,6 +100,12 @@ impl Tensor {
         }
     }
 
+    /// A batch-first sequence `[B, S, width]` (the inputs and outputs of
+    /// [`crate::mha::MultiHeadAttention`]), stored as shape `[B, 1, S, width]`.
+    pub fn sequence(ctx: &Context, [batch, seq, width]: [usize; 3], dtype: DType, data: &[f32]) -> Result<Self> {
+        Self::from_f32_as(ctx, [batch, 1, seq, width], Layout::Bhsd, dtype, data)
+    }
+
     fn from_bytes(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Result<Self> {
         let buffer = ctx.create_buffer_init("wgpu-attention tensor", &pad_to_4(bytes), tensor_usage())?;
         Ok(Tensor {
@@ -199,13 +205,13 @@ fn check_len(shape: [usize; 4], len: usize) -> Result<()> {
 }
 
 /// Reorders host data from one layout's memory order to another's.
-pub fn relayout(data: &[f32], shape: [usize; 4], from: Layout, to: Layout) -> Vec<f32> {
+pub fn relayout<T: Copy + Default>(data: &[T], shape: [usize; 4], from: Layout, to: Layout) -> Vec<T> {
     if from == to {
         return data.to_vec();
     }
     let fs = from.strides(shape);
     let ts = to.strides(shape);
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     let [nb, nh, ns, nd] = shape;
     for b in 0..nb {
         for h in 0..nh {

@@ -1,0 +1,374 @@
+//! Multi-head attention on the GPU: Q/K/V projections as GEMMs writing head-split BSHD
+//! tensors, attention per head ([`crate::encode_sdpa`], output in BSHD, which is the
+//! head concatenation), the output projection reading it with no copy, and an optional
+//! post-norm `LayerNorm(out + query)`.
+//!
+//! Sequences are batch-first `[B, S, width]` tensors, stored as [`Tensor`]s of shape
+//! `[B, 1, S, width]` (one "head"); [`Tensor::sequence`] makes them.
+
+mod config;
+mod load;
+pub mod reference;
+mod weights;
+
+pub use config::{MhaConfig, PostNorm};
+pub use load::{load_safetensors, LoadedMha, WeightNaming};
+pub use weights::{MhaWeights, NormWeights, Projection};
+
+use crate::attention::encode_sdpa;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
+use crate::kernels::matmul::{encode_linear, Linear};
+use crate::kernels::mean_heads::encode_mean_heads;
+use crate::options::AttentionOptions;
+use crate::tensor::{tensor_usage, DType, Layout, Tensor};
+use half::f16;
+
+/// Which attention weights a forward pass returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HeadWeights {
+    #[default]
+    None,
+    /// `[B, 1, Lq, Lk]`: the mean over heads (PyTorch's `average_attn_weights=True`).
+    Averaged,
+    /// `[B, H, Lq, Lk]`.
+    PerHead,
+}
+
+/// Options of one forward pass.
+#[derive(Clone, Debug, Default)]
+pub struct MhaOptions {
+    /// Masks (causal, key lengths, explicit, broadcastable to `[B, H, Lq, Lk]`), scale
+    /// (default `1/sqrt(E/H)`) and kernel choice of the attention step. Its
+    /// `need_weights`, `need_lse` and `output_layout` are set by the layer.
+    pub attention: AttentionOptions,
+    pub weights: HeadWeights,
+}
+
+/// What a forward pass produces.
+#[derive(Debug)]
+pub struct MhaOutput {
+    /// `[B, 1, Lq, E]` (batch-first `[B, Lq, E]`), in the layer's dtype.
+    pub out: Tensor,
+    /// f32 attention weights, as [`HeadWeights`] asked.
+    pub weights: Option<Tensor>,
+}
+
+/// The sequence inputs of a forward pass.
+#[derive(Clone, Copy, Debug)]
+pub enum Inputs<'a> {
+    /// Keys and values are the query (one packed Q/K/V GEMM).
+    SelfAttention(&'a Tensor),
+    /// Query `[B, 1, Lq, E]`, key `[B, 1, Lk, kdim]`, value `[B, 1, Lk, vdim]`. When
+    /// key and value are the same tensor their projections run as one GEMM.
+    Cross {
+        query: &'a Tensor,
+        key: &'a Tensor,
+        value: &'a Tensor,
+    },
+}
+
+impl<'a> Inputs<'a> {
+    fn query(&self) -> &'a Tensor {
+        match *self {
+            Inputs::SelfAttention(x) => x,
+            Inputs::Cross { query, .. } => query,
+        }
+    }
+}
+
+/// A weight matrix and its optional bias on the GPU.
+#[derive(Debug)]
+struct GpuProjection {
+    weight: wgpu::Buffer,
+    bias: Option<wgpu::Buffer>,
+}
+
+/// The input projections as stored on the GPU.
+#[derive(Debug)]
+enum InProjections {
+    /// One `[E + 2·kv_width, E]` matrix (rows Q, then K, then V) when all inputs are
+    /// `E` wide: self-attention runs it as one GEMM, cross-attention as row ranges.
+    Packed(GpuProjection),
+    Separate {
+        q: GpuProjection,
+        k: GpuProjection,
+        v: GpuProjection,
+    },
+}
+
+/// A multi-head attention layer whose weights live on the GPU.
+#[derive(Debug)]
+pub struct MultiHeadAttention {
+    config: MhaConfig,
+    dtype: DType,
+    input: InProjections,
+    output: GpuProjection,
+    norm: Option<(wgpu::Buffer, wgpu::Buffer)>,
+}
+
+impl MultiHeadAttention {
+    /// Uploads `weights` (checked against `config`) in `dtype`.
+    pub fn new(ctx: &Context, config: MhaConfig, weights: &MhaWeights, dtype: DType) -> Result<Self> {
+        weights.check(&config)?;
+        if dtype == DType::F16 {
+            ctx.require_f16("f16 multi-head attention")?;
+        }
+        let upload = |label: &str, values: &[f32]| upload(ctx, label, dtype, values);
+        let input = if config.packs_projections() {
+            let parts = [&weights.q, &weights.k, &weights.v];
+            let weight: Vec<f32> = parts.iter().flat_map(|p| p.weight.iter().copied()).collect();
+            let bias = parts.iter().any(|p| p.bias.is_some()).then(|| {
+                // A missing bias is a zero one.
+                parts
+                    .iter()
+                    .flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.out_features]))
+                    .collect::<Vec<f32>>()
+            });
+            InProjections::Packed(GpuProjection {
+                weight: upload("mha packed in-projection weight", &weight)?,
+                bias: bias.map(|b| upload("mha packed in-projection bias", &b)).transpose()?,
+            })
+        } else {
+            InProjections::Separate {
+                q: projection(ctx, dtype, "mha q", &weights.q)?,
+                k: projection(ctx, dtype, "mha k", &weights.k)?,
+                v: projection(ctx, dtype, "mha v", &weights.v)?,
+            }
+        };
+        let norm = match (&weights.norm, config.post_norm) {
+            (Some(n), Some(_)) => Some((upload("mha norm weight", &n.weight)?, upload("mha norm bias", &n.bias)?)),
+            _ => None,
+        };
+        Ok(MultiHeadAttention {
+            output: projection(ctx, dtype, "mha out", &weights.o)?,
+            config,
+            dtype,
+            input,
+            norm,
+        })
+    }
+
+    pub fn config(&self) -> &MhaConfig {
+        &self.config
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Runs the layer; results are ready once the queue has run (reading them waits).
+    pub fn forward(&self, ctx: &Context, inputs: Inputs, options: &MhaOptions) -> Result<MhaOutput> {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let output = self.encode_forward(ctx, &mut encoder, inputs, options)?;
+        ctx.scoped("submitting multi-head attention", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        Ok(output)
+    }
+
+    /// Like [`forward`](Self::forward), recorded into the caller's encoder.
+    pub fn encode_forward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: Inputs,
+        options: &MhaOptions,
+    ) -> Result<MhaOutput> {
+        let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused)?;
+        let attention = AttentionOptions {
+            need_weights: options.weights != HeadWeights::None,
+            need_lse: false,
+            output_layout: Some(Layout::Bshd),
+            ..options.attention.clone()
+        };
+        let attended = encode_sdpa(ctx, encoder, &q, &k, &v, &attention)?;
+        let out = self.encode_output(ctx, encoder, &attended.out, inputs.query())?;
+        let weights = match (options.weights, attended.weights) {
+            (HeadWeights::Averaged, Some(per_head)) => {
+                let [b, h, lq, lk] = per_head.shape();
+                let averaged = Tensor::empty(ctx, [b, 1, lq, lk], Layout::Bhsd, DType::F32)?;
+                encode_mean_heads(ctx, encoder, per_head.buffer(), averaged.buffer(), [b, h, lq * lk])?;
+                Some(averaged)
+            }
+            (_, weights) => weights,
+        };
+        Ok(MhaOutput { out, weights })
+    }
+
+    /// Records the input projections and returns Q `[B, H, Lq, D]`, K and V
+    /// `[B, G, Lk, D]`, all BSHD. `plan` picks between the packed GEMMs and one GEMM
+    /// per projection (for benchmarks; results are the same).
+    pub fn encode_projections(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        inputs: Inputs,
+        plan: ProjectionPlan,
+    ) -> Result<[Tensor; 3]> {
+        let c = &self.config;
+        let (query, key, value) = match inputs {
+            Inputs::SelfAttention(x) => (x, x, x),
+            Inputs::Cross { query, key, value } => (query, key, value),
+        };
+        let [batch, len_q] = self.check_sequence("query", query, None, c.embed_dim)?;
+        let [_, len_k] = self.check_sequence("key", key, Some(batch), c.kdim)?;
+        self.check_sequence("value", value, Some(batch), c.vdim)?;
+        if value.shape()[2] != len_k {
+            return Err(Error::shape("value length (dim 1)", len_k, value.shape()[2]));
+        }
+        let (hd, kv) = (c.head_dim(), c.kv_width());
+        let q = Tensor::empty(ctx, [batch, c.num_heads, len_q, hd], Layout::Bshd, self.dtype)?;
+        let k = Tensor::empty(ctx, [batch, c.num_kv_heads, len_k, hd], Layout::Bshd, self.dtype)?;
+        let v = Tensor::empty(ctx, [batch, c.num_kv_heads, len_k, hd], Layout::Bshd, self.dtype)?;
+        let tiling = ctx.linear_tiling();
+        let mut gemm = |x: &Tensor, p: &GpuProjection, w_row0: usize, outputs: &[(&wgpu::Buffer, usize)]| {
+            let m = x.shape()[0] * x.shape()[2];
+            let k = x.shape()[3];
+            let linear = Linear {
+                x: x.buffer(),
+                x_stride: k,
+                w: &p.weight,
+                bias: p.bias.as_ref(),
+                w_row0,
+                outputs,
+                m,
+                k,
+            };
+            encode_linear(ctx, encoder, self.dtype, tiling, &linear)
+        };
+        let same = |a: &Tensor, b: &Tensor| a.buffer() == b.buffer();
+        let fused = plan == ProjectionPlan::Fused;
+        match &self.input {
+            InProjections::Packed(p) if fused && same(query, key) && same(key, value) => {
+                gemm(
+                    query,
+                    p,
+                    0,
+                    &[(q.buffer(), c.embed_dim), (k.buffer(), kv), (v.buffer(), kv)],
+                )?;
+            }
+            InProjections::Packed(p) if fused && same(key, value) => {
+                gemm(query, p, 0, &[(q.buffer(), c.embed_dim)])?;
+                gemm(key, p, c.embed_dim, &[(k.buffer(), kv), (v.buffer(), kv)])?;
+            }
+            InProjections::Packed(p) => {
+                gemm(query, p, 0, &[(q.buffer(), c.embed_dim)])?;
+                gemm(key, p, c.embed_dim, &[(k.buffer(), kv)])?;
+                gemm(value, p, c.embed_dim + kv, &[(v.buffer(), kv)])?;
+            }
+            InProjections::Separate { q: pq, k: pk, v: pv } => {
+                gemm(query, pq, 0, &[(q.buffer(), c.embed_dim)])?;
+                gemm(key, pk, 0, &[(k.buffer(), kv)])?;
+                gemm(value, pv, 0, &[(v.buffer(), kv)])?;
+            }
+        }
+        Ok([q, k, v])
+    }
+
+    /// Records the output projection of the attention output (`[B, H, Lq, D]` BSHD,
+    /// read as `[B·Lq, E]`) and the post-norm, if any.
+    pub fn encode_output(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        attended: &Tensor,
+        query: &Tensor,
+    ) -> Result<Tensor> {
+        let e = self.config.embed_dim;
+        let [batch, _, len_q, _] = attended.shape();
+        let rows = batch * len_q;
+        if attended.layout() != Layout::Bshd || attended.len() != rows * e || query.len() != rows * e {
+            return Err(Error::invalid(
+                "multi-head attention output projection",
+                format!(
+                    "needs a BSHD attention output and a query of {rows} x {e}, got {:?} {:?} and {:?}",
+                    attended.layout(),
+                    attended.shape(),
+                    query.shape()
+                ),
+            ));
+        }
+        let projected = Tensor::empty(ctx, [batch, 1, len_q, e], Layout::Bhsd, self.dtype)?;
+        let linear = Linear {
+            x: attended.buffer(),
+            x_stride: e,
+            w: &self.output.weight,
+            bias: self.output.bias.as_ref(),
+            w_row0: 0,
+            outputs: &[(projected.buffer(), e)],
+            m: rows,
+            k: e,
+        };
+        encode_linear(ctx, encoder, self.dtype, ctx.linear_tiling(), &linear)?;
+        let (Some((gamma, beta)), Some(post)) = (&self.norm, self.config.post_norm) else {
+            return Ok(projected);
+        };
+        let normed = Tensor::empty(ctx, [batch, 1, len_q, e], Layout::Bhsd, self.dtype)?;
+        let norm = LayerNorm {
+            x: projected.buffer(),
+            residual: Some(query.buffer()),
+            gamma,
+            beta,
+            out: normed.buffer(),
+            rows,
+            width: e,
+            eps: post.eps,
+        };
+        encode_layer_norm(ctx, encoder, self.dtype, &norm)?;
+        Ok(normed)
+    }
+
+    /// Checks a `[B, 1, S, width]` sequence tensor; returns `[B, S]`.
+    fn check_sequence(&self, what: &str, t: &Tensor, batch: Option<usize>, width: usize) -> Result<[usize; 2]> {
+        let [b, one, s, w] = t.shape();
+        if one != 1 || w != width || batch.is_some_and(|want| want != b) || s == 0 {
+            return Err(Error::shape(
+                format!("{what} sequence [B, 1, S, width]"),
+                format!("[{}, 1, S >= 1, {width}]", batch.map_or("B".into(), |b| b.to_string())),
+                format!("{:?}", t.shape()),
+            ));
+        }
+        if t.dtype() != self.dtype {
+            return Err(Error::shape(
+                format!("{what} dtype"),
+                self.dtype.name(),
+                t.dtype().name(),
+            ));
+        }
+        Ok([b, s])
+    }
+}
+
+/// How the input projections are dispatched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProjectionPlan {
+    /// As few GEMMs as the inputs allow (one for self-attention).
+    Fused,
+    /// One GEMM per projection.
+    Separate,
+}
+
+fn upload(ctx: &Context, label: &str, dtype: DType, values: &[f32]) -> Result<wgpu::Buffer> {
+    let bytes: Vec<u8> = match dtype {
+        DType::F32 => bytemuck::cast_slice(values).to_vec(),
+        DType::F16 => {
+            let halves: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
+            bytemuck::cast_slice(&halves).to_vec()
+        }
+    };
+    ctx.create_buffer_init(label, &crate::tensor::pad_to_4(&bytes), tensor_usage())
+}
+
+fn projection(ctx: &Context, dtype: DType, label: &str, p: &Projection) -> Result<GpuProjection> {
+    Ok(GpuProjection {
+        weight: upload(ctx, &format!("{label} weight"), dtype, &p.weight)?,
+        bias: p
+            .bias
+            .as_ref()
+            .map(|b| upload(ctx, &format!("{label} bias"), dtype, b))
+            .transpose()?,
+    })
+}
