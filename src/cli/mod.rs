@@ -8,6 +8,7 @@ mod bench_compare;
 mod check;
 mod demo;
 mod info;
+mod mha;
 mod npy;
 mod run;
 mod viz;
@@ -78,6 +79,8 @@ enum Command {
     Check(check::CheckArgs),
     /// One attention call on .npy inputs.
     Run(Box<run::RunArgs>),
+    /// A multi-head attention layer (projections, heads, post-norm) on .npy inputs.
+    Mha(Box<mha::MhaArgs>),
     /// A small attention problem on the default adapter, checked against the CPU.
     Demo,
     /// Time attention kernels against a GEMM and copy roofline probe.
@@ -99,6 +102,7 @@ pub fn main() -> ExitCode {
         Command::Info(args) => info::run(&cli.adapter, &args),
         Command::Check(args) => check::run(&cli.adapter, &args),
         Command::Run(args) => run::run(&cli.adapter, &args),
+        Command::Mha(args) => mha::run(&cli.adapter, &args),
         Command::Demo => demo::run(&cli.adapter),
         Command::Bench(args) => bench::run(&cli.adapter, &args),
         Command::Viz(args) => viz::run(&cli.adapter, &args),

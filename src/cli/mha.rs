@@ -1,0 +1,161 @@
+//! `mha`: a multi-head attention layer (weights from `.safetensors`) on `.npy` inputs.
+
+use super::npy;
+use super::run::{DTypeArg, KernelArg, MaskArgs, TilingArg};
+use super::{AdapterArgs, CliError};
+use std::path::{Path, PathBuf};
+use wgpu_attention::mha::{load_safetensors, PostNorm};
+use wgpu_attention::options::key_mask_from_tokens;
+use wgpu_attention::{
+    Context, DType, FusedTiling, HeadWeights, Inputs, KernelChoice, MhaOptions, MultiHeadAttention, Tensor,
+};
+
+#[derive(clap::Args)]
+pub struct MhaArgs {
+    /// Layer weights: PyTorch nn.MultiheadAttention names (in_proj_weight, out_proj.*, or
+    /// q/k/v_proj_weight) or Hugging Face names (q/k/v/o_proj.weight and .bias).
+    #[arg(long)]
+    weights: PathBuf,
+    /// Query heads.
+    #[arg(long)]
+    num_heads: usize,
+    /// Key/value heads (GQA/MQA; Hugging Face names only; default: read from k_proj.weight).
+    #[arg(long)]
+    num_kv_heads: Option<usize>,
+    /// Prefix of the layer's tensor names, e.g. "encoder.layers.0.self_attn.".
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Query sequence [B, Lq, E], float32 or float16. Also key and value unless given.
+    #[arg(long)]
+    query: PathBuf,
+    /// Key sequence [B, Lk, kdim] (cross-attention; needs --value).
+    #[arg(long, requires = "value")]
+    key: Option<PathBuf>,
+    /// Value sequence [B, Lk, vdim] (needs --key).
+    #[arg(long, requires = "key")]
+    value: Option<PathBuf>,
+    #[command(flatten)]
+    masks: MaskArgs,
+    /// Key token ids [B, Lk] (int32/int64): keys equal to --pad-id are masked.
+    #[arg(long, requires = "pad_id", conflicts_with_all = ["key_lengths", "mask"])]
+    tokens: Option<PathBuf>,
+    /// The padding token id for --tokens.
+    #[arg(long, requires = "tokens", allow_hyphen_values = true)]
+    pad_id: Option<i64>,
+    /// Apply LayerNorm(attention output + query) with the file's norm.weight and norm.bias.
+    #[arg(long)]
+    post_norm: bool,
+    /// LayerNorm epsilon.
+    #[arg(long, default_value_t = 1e-5, requires = "post_norm")]
+    norm_eps: f32,
+    /// Compute precision.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DTypeArg,
+    #[arg(long, value_enum, default_value = "auto")]
+    kernel: KernelArg,
+    /// Tile configuration of the fused kernel.
+    #[arg(long, value_enum, default_value = "auto")]
+    tiling: TilingArg,
+    /// Output file [B, Lq, E] (float32).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write the attention weights, averaged over heads [B, Lq, Lk].
+    #[arg(long)]
+    weights_out: Option<PathBuf>,
+    /// With --weights-out: per head instead, [B, H, Lq, Lk].
+    #[arg(long, requires = "weights_out")]
+    per_head: bool,
+}
+
+/// A `[B, S, width]` float array uploaded as a sequence tensor.
+fn load_sequence(ctx: &Context, path: &Path, width: usize, what: &str, dtype: DType) -> Result<Tensor, CliError> {
+    let a = npy::read_float(path)?;
+    match a.shape.as_slice() {
+        &[b, s, w] if w == width && b > 0 && s > 0 => Ok(Tensor::sequence(ctx, [b, s, w], dtype, &a.data)?),
+        _ => Err(CliError::bad(format!(
+            "{}: the {what} must have shape [B, S, {width}] (the layer's width), got {:?}",
+            path.display(),
+            a.shape
+        ))),
+    }
+}
+
+pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
+    let bytes = std::fs::read(&args.weights)
+        .map_err(|e| CliError::bad(format!("{}: cannot read weights: {e}", args.weights.display())))?;
+    let mut loaded = load_safetensors(&bytes, args.num_heads, args.num_kv_heads, &args.prefix)
+        .map_err(|e| CliError::bad(format!("{}: {e}", args.weights.display())))?;
+    if args.post_norm {
+        loaded.config.post_norm = Some(PostNorm { eps: args.norm_eps });
+    }
+    let config = loaded.config.clone();
+    let dtype = match args.dtype {
+        DTypeArg::F32 => DType::F32,
+        DTypeArg::F16 => DType::F16,
+    };
+    let ctx = adapter.context()?;
+    let layer = MultiHeadAttention::new(&ctx, config.clone(), &loaded.weights, dtype)?;
+    let query = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype)?;
+    let kv = match (&args.key, &args.value) {
+        (Some(k), Some(v)) => Some((
+            load_sequence(&ctx, k, config.kdim, "key", dtype)?,
+            load_sequence(&ctx, v, config.vdim, "value", dtype)?,
+        )),
+        _ => None,
+    };
+    let inputs = match &kv {
+        Some((key, value)) => Inputs::Cross {
+            query: &query,
+            key,
+            value,
+        },
+        None => Inputs::SelfAttention(&query),
+    };
+    let [batch, _, len_q, _] = query.shape();
+    let len_k = kv.as_ref().map_or(len_q, |(k, _)| k.shape()[2]);
+    let mut attention = args.masks.options(batch)?;
+    if let (Some(path), Some(pad_id)) = (&args.tokens, args.pad_id) {
+        let t = npy::read_int(path)?;
+        if t.shape != [batch, len_k] {
+            return Err(CliError::bad(format!(
+                "{}: token ids must have shape [{batch}, {len_k}] (batch, keys), got {:?}",
+                path.display(),
+                t.shape
+            )));
+        }
+        attention.mask = Some(key_mask_from_tokens(&t.data, batch, pad_id)?);
+    }
+    attention.kernel = match args.kernel {
+        KernelArg::Auto => KernelChoice::Auto,
+        KernelArg::Fused => KernelChoice::Fused,
+        KernelArg::Materialized => KernelChoice::Materialized,
+    };
+    attention.tiling = match args.tiling {
+        TilingArg::Auto => FusedTiling::Auto,
+        TilingArg::Registers => FusedTiling::Registers,
+        TilingArg::Shared => FusedTiling::Shared,
+        TilingArg::Subgroup => FusedTiling::Subgroup,
+    };
+    let weights = match (&args.weights_out, args.per_head) {
+        (None, _) => HeadWeights::None,
+        (Some(_), false) => HeadWeights::Averaged,
+        (Some(_), true) => HeadWeights::PerHead,
+    };
+    let result = layer.forward(&ctx, inputs, &MhaOptions { attention, weights })?;
+
+    let e = config.embed_dim;
+    let mut files = vec![(
+        args.out.as_path(),
+        npy::encode_f32(&[batch, len_q, e], &result.out.to_f32_vec(&ctx)?)?,
+    )];
+    if let (Some(path), Some(w)) = (&args.weights_out, &result.weights) {
+        let shape = w.shape();
+        let shape: &[usize] = if args.per_head {
+            &shape
+        } else {
+            &[shape[0], shape[2], shape[3]]
+        };
+        files.push((path.as_path(), npy::encode_f32(shape, &w.to_f32_vec(&ctx)?)?));
+    }
+    npy::write_all(&files)
+}

@@ -1,0 +1,170 @@
+//! `wgpu-attention mha` end to end on the PyTorch fixture, and its bad-input contract.
+
+mod common;
+
+use common::cli::{bin, scratch};
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch_mha")
+        .join(name)
+}
+
+fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let npy = npyz::NpyFile::new(&bytes[..]).expect("npy");
+    (npy.shape().to_vec(), npy.into_vec().expect("f32 data"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn run_ok(args: &[&str]) {
+    let output = bin().args(args).output().expect("runs");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn mha_matches_pytorch_with_tokens_post_norm_and_both_weight_shapes() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("mha");
+    let (out, weights) = (dir.join("out.npy"), dir.join("w.npy"));
+    let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    // Self-attention, pad mask from token ids, weights averaged over heads.
+    run_ok(&[
+        "mha",
+        "--weights",
+        &s(&fixture("self.safetensors")),
+        "--num-heads",
+        "4",
+        "--query",
+        &s(&fixture("self_query.npy")),
+        "--tokens",
+        &s(&fixture("self_tokens.npy")),
+        "--pad-id",
+        "0",
+        "--out",
+        &s(&out),
+        "--weights-out",
+        &s(&weights),
+    ]);
+    let (shape, got) = read_f32(&out);
+    assert_eq!(shape, [2, 5, 16]);
+    assert!(max_diff(&got, &read_f32(&fixture("self_out.npy")).1) < 2e-5);
+    let (shape, got) = read_f32(&weights);
+    assert_eq!(shape, [2, 5, 5]);
+    assert!(max_diff(&got, &read_f32(&fixture("self_weights.npy")).1) < 2e-5);
+
+    // Hugging Face names under a prefix, causal, post-norm, per-head weights.
+    run_ok(&[
+        "mha",
+        "--weights",
+        &s(&fixture("postnorm.safetensors")),
+        "--prefix",
+        "encoder.layers.0.",
+        "--num-heads",
+        "3",
+        "--query",
+        &s(&fixture("postnorm_query.npy")),
+        "--causal",
+        "top-left",
+        "--post-norm",
+        "--out",
+        &s(&out),
+        "--weights-out",
+        &s(&weights),
+        "--per-head",
+    ]);
+    assert!(max_diff(&read_f32(&out).1, &read_f32(&fixture("postnorm_out.npy")).1) < 2e-5);
+    let (shape, got) = read_f32(&weights);
+    assert_eq!(shape, [2, 3, 6, 6]);
+    assert!(max_diff(&got, &read_f32(&fixture("postnorm_weights_per_head.npy")).1) < 2e-5);
+
+    // Cross-attention with separate key and value files and an explicit bool mask.
+    run_ok(&[
+        "mha",
+        "--weights",
+        &s(&fixture("cross.safetensors")),
+        "--num-heads",
+        "2",
+        "--query",
+        &s(&fixture("cross_query.npy")),
+        "--key",
+        &s(&fixture("cross_key.npy")),
+        "--value",
+        &s(&fixture("cross_value.npy")),
+        "--mask",
+        &s(&fixture("cross_mask.npy")),
+        "--out",
+        &s(&out),
+    ]);
+    assert!(max_diff(&read_f32(&out).1, &read_f32(&fixture("cross_out.npy")).1) < 2e-5);
+}
+
+#[test]
+fn mha_bad_input_exits_2_and_writes_nothing() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("mha-bad");
+    let out = dir.join("out.npy");
+    let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    let (weights, query) = (s(&fixture("self.safetensors")), s(&fixture("self_query.npy")));
+    let base = ["mha", "--weights", &weights, "--query", &query, "--out"];
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--num-heads".into(), "3".into()], "multiple of num_heads"),
+        (
+            vec!["--num-heads".into(), "4".into(), "--post-norm".into()],
+            "norm.weight",
+        ),
+        (
+            vec!["--num-heads".into(), "4".into(), "--prefix".into(), "enc.".into()],
+            "enc.in_proj_weight",
+        ),
+        (
+            vec![
+                "--num-heads".into(),
+                "4".into(),
+                "--tokens".into(),
+                s(&fixture("gqa_key_lengths.npy")),
+                "--pad-id".into(),
+                "0".into(),
+            ],
+            "token ids must have shape [2, 5]",
+        ),
+        (
+            vec!["--num-heads".into(), "4".into(), "--key".into(), query.clone()],
+            "--value",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let output = bin().args(base).arg(&out).args(&extra).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{extra:?}: stderr should mention '{needle}': {stderr}"
+        );
+        assert!(!out.exists(), "{extra:?}: wrote an output file");
+    }
+    // A query of the wrong width.
+    let output = bin()
+        .args(["mha", "--weights", &weights, "--num-heads", "4", "--query"])
+        .arg(fixture("cross_key.npy"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("[B, S, 16]"));
+    assert!(!out.exists());
+}
