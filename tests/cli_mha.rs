@@ -168,3 +168,37 @@ fn mha_bad_input_exits_2_and_writes_nothing() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("[B, S, 16]"));
     assert!(!out.exists());
 }
+
+#[test]
+fn demo_runs_seed_003_through_the_layer_and_draws_its_heads() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("demo");
+    let output = bin().args(["demo", "--heatmaps"]).arg(&dir).output().expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for needle in [
+        "output [2, 5, 512]",
+        "weights [2, 8, 5, 5]",
+        "largest weight on a pad key, over every head and query: 0\n",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "demo output should contain '{needle}':\n{stdout}"
+        );
+    }
+    // One image per (sentence, head) and a grid per sentence.
+    let pngs = std::fs::read_dir(&dir)
+        .expect("heatmap dir")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
+        })
+        .count();
+    assert_eq!(pngs, 2 * (8 + 1));
+}

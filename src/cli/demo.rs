@@ -1,16 +1,29 @@
 //! `demo`: a small attention problem on the chosen adapter, checked against the CPU
-//! reference, with timings; then seed 003's padded sentences, showing that pad keys
-//! get zero weight.
+//! reference, with timings; then seed 003's padded sentences through a multi-head
+//! attention layer with post-norm, showing that pad keys get zero weight and drawing
+//! the per-head weights.
 
-use super::{AdapterArgs, CliError};
+use super::{viz, AdapterArgs, CliError};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
-use wgpu_attention::check::{run_case, CheckCase};
+use wgpu_attention::check::{run_case, CheckCase, Rng};
+use wgpu_attention::heatmap::Labels;
+use wgpu_attention::mha::reference::multi_head_attention;
+use wgpu_attention::mha::PostNorm;
+use wgpu_attention::options::key_mask_from_tokens;
 use wgpu_attention::{
-    key_lengths_from_tokens, reference, sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType,
-    KernelChoice, Layout, Tensor,
+    AttentionOptions, AttentionShape, CausalAlignment, Context, DType, HeadWeights, Inputs, KernelChoice, Layout,
+    MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, Tensor,
 };
 
-pub fn run(adapter: &AdapterArgs) -> Result<(), CliError> {
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Where the seed 003 attention heatmaps go.
+    #[arg(long, default_value = "wgpu-attention-demo")]
+    heatmaps: PathBuf,
+}
+
+pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
     let start = Instant::now();
     let ctx = adapter.context()?;
     let info = ctx.adapter_info();
@@ -74,46 +87,107 @@ pub fn run(adapter: &AdapterArgs) -> Result<(), CliError> {
             return Err(CliError::Failed(outcome.summary()));
         }
     }
-    padded_sentences(&ctx)
+    seed_003(&ctx, &args.heatmaps)
 }
 
-/// Seed 003's example: token ids with pad id 0; keys at pad positions must get weight 0.
-fn padded_sentences(ctx: &Context) -> Result<(), CliError> {
+/// Seed 003's example: two sentences of token ids (pad id 0) through a multi-head
+/// attention layer with post-norm, on the GPU and on the CPU reference.
+fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
     let tokens: [i64; 10] = [5, 2, 1, 0, 0, 1, 3, 1, 4, 0];
-    let (batch, seq, heads, dim) = (2, 5, 2, 8);
-    let lengths = key_lengths_from_tokens(&tokens, batch, 0)?;
-    println!("tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0 -> key lengths {lengths:?}");
-    let mut rng = wgpu_attention::check::Rng::new(3);
-    let x = rng.vec(batch * heads * seq * dim, -1.0, 1.0);
-    let shape4 = [batch, heads, seq, dim];
-    let t = Tensor::from_f32(ctx, shape4, Layout::Bhsd, &x)?;
-    let options = AttentionOptions {
-        key_lengths: Some(lengths),
-        need_weights: true,
-        ..Default::default()
+    let (batch, seq, d_model, heads, vocab) = (2, 5, 512, 8, 10);
+    println!(
+        "\nseed 003: tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0, vocab {vocab}, d_model {d_model}, {heads} heads of {}",
+        d_model / heads
+    );
+    // Word embeddings (a seeded table with unit variance, as nn.Embedding's N(0, 1))
+    // plus sinusoidal positional encodings.
+    let mut rng = Rng::new(3);
+    let table = rng.vec(vocab * d_model, -3f32.sqrt(), 3f32.sqrt());
+    let x: Vec<f32> = tokens
+        .iter()
+        .enumerate()
+        .flat_map(|(n, &token)| {
+            let row = &table[token as usize * d_model..][..d_model];
+            (0..d_model).map(move |i| row[i] + positional_encoding(n % seq, i, d_model))
+        })
+        .collect();
+    let config = MhaConfig {
+        post_norm: Some(PostNorm::default()),
+        ..MhaConfig::new(d_model, heads)
     };
-    let result = sdpa(ctx, &t, &t, &t, &options)?;
-    let weights = result
+    let weights = MhaWeights::xavier_uniform(&config, 2026)?;
+    let layer = MultiHeadAttention::new(ctx, config.clone(), &weights, DType::F32)?;
+    let mask = key_mask_from_tokens(&tokens, batch, 0)?;
+    let options = MhaOptions {
+        attention: AttentionOptions {
+            mask: Some(mask),
+            ..Default::default()
+        },
+        weights: HeadWeights::PerHead,
+    };
+    let input = Tensor::sequence(ctx, [batch, seq, d_model], DType::F32, &x)?;
+    let result = layer.forward(ctx, Inputs::SelfAttention(&input), &options)?;
+    let out = result.out.to_f32_vec(ctx)?;
+    let per_head = result
         .weights
         .as_ref()
-        .map(|w| w.to_f32_vec(ctx))
-        .transpose()?
-        .unwrap_or_default();
-    let shape = AttentionShape::from_qkv(shape4, shape4, shape4)?;
-    let want = reference::attention(&x, &x, &x, &shape, &options)?;
-    let max_err = weights
-        .iter()
-        .zip(&want.weights)
-        .map(|(&g, &w)| (f64::from(g) - w).abs())
-        .fold(0.0, f64::max);
-    println!("weights [{batch}, {heads}, {seq}, {seq}], max |gpu - cpu| = {max_err:.2e}; batch 0, head 0:");
+        .ok_or_else(|| CliError::Failed("the layer returned no weights".into()))?;
+    let w = per_head.to_f32_vec(ctx)?;
+    let want = multi_head_attention(&config, &weights, [&x, &x, &x], [batch, seq, seq], &options.attention)?;
+    let max_err = |got: &[f32], want: &[f64]| {
+        got.iter()
+            .zip(want)
+            .map(|(&g, &w)| (f64::from(g) - w).abs())
+            .fold(0.0, f64::max)
+    };
+    let (out_err, w_err) = (max_err(&out, &want.out), max_err(&w, &want.weights));
+    println!(
+        "  output [{batch}, {seq}, {d_model}]: max |gpu - cpu| = {out_err:.2e}; weights {:?}: max |gpu - cpu| = {w_err:.2e}",
+        per_head.shape()
+    );
+    // Pad keys (sentence 0: keys 3 and 4; sentence 1: key 4) get weight exactly 0.
+    let pad_weight = (0..batch * heads * seq * seq)
+        .filter(|&i| tokens[(i / (heads * seq * seq)) * seq + i % seq] == 0)
+        .map(|i| w[i].abs())
+        .fold(0.0f32, f32::max);
+    println!("  largest weight on a pad key, over every head and query: {pad_weight}");
+    println!("  sentence 0, head 0:");
     for i in 0..seq {
-        let row: Vec<String> = weights[i * seq..(i + 1) * seq]
-            .iter()
-            .map(|w| format!("{w:.3}"))
-            .collect();
-        println!("  query {i}: [{}]", row.join(", "));
+        let row: Vec<String> = w[i * seq..(i + 1) * seq].iter().map(|w| format!("{w:.3}")).collect();
+        println!("    query {i}: [{}]", row.join(", "));
     }
-    println!("pad keys 3 and 4 of sentence 0 get weight 0 in every row.");
-    Ok(())
+    if out_err > 1e-4 || w_err > 1e-5 || pad_weight != 0.0 {
+        return Err(CliError::Failed(format!(
+            "seed 003 layer: output error {out_err:.2e}, weights error {w_err:.2e}, pad weight {pad_weight}"
+        )));
+    }
+    // Heatmaps per sentence, labelled with its tokens.
+    let mut files = Vec::new();
+    let plane = heads * seq * seq;
+    for (b, sentence) in tokens.chunks(seq).enumerate() {
+        let words: Vec<String> = sentence
+            .iter()
+            .map(|&t| if t == 0 { "<pad>".into() } else { format!("tok{t}") })
+            .collect();
+        let labels = Labels {
+            queries: Some(words.clone()),
+            keys: Some(words),
+        };
+        let data = &w[b * plane..(b + 1) * plane];
+        let prefix = format!("seed003_sentence{b}");
+        files.extend(viz::render_files(
+            [1, heads, seq, seq],
+            data,
+            &labels,
+            heatmaps,
+            &prefix,
+        )?);
+    }
+    viz::write_images(heatmaps, &files)
+}
+
+/// The sinusoidal positional encoding of "Attention Is All You Need".
+fn positional_encoding(pos: usize, i: usize, d_model: usize) -> f32 {
+    let angle = pos as f64 / 10000f64.powf((i - i % 2) as f64 / d_model as f64);
+    (if i % 2 == 0 { angle.sin() } else { angle.cos() }) as f32
 }

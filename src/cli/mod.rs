@@ -82,7 +82,7 @@ enum Command {
     /// A multi-head attention layer (projections, heads, post-norm) on .npy inputs.
     Mha(Box<mha::MhaArgs>),
     /// A small attention problem on the default adapter, checked against the CPU.
-    Demo,
+    Demo(demo::DemoArgs),
     /// Time attention kernels against a GEMM and copy roofline probe.
     Bench(bench::BenchArgs),
     /// Attention-weight heatmaps as PNG, from q/k or from a weights .npy.
@@ -103,7 +103,7 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(&cli.adapter, &args),
         Command::Run(args) => run::run(&cli.adapter, &args),
         Command::Mha(args) => mha::run(&cli.adapter, &args),
-        Command::Demo => demo::run(&cli.adapter),
+        Command::Demo(args) => demo::run(&cli.adapter, &args),
         Command::Bench(args) => bench::run(&cli.adapter, &args),
         Command::Viz(args) => viz::run(&cli.adapter, &args),
     };

@@ -116,6 +116,20 @@ pub fn run(adapter: &AdapterArgs, args: &VizArgs) -> Result<(), CliError> {
         queries: split_labels(&args.query_labels, "query", len_q)?,
         keys: split_labels(&args.key_labels, "key", len_k)?,
     };
+    let files = render_files(weights.shape, &weights.data, &labels, &args.out_dir, &args.prefix)?;
+    write_images(&args.out_dir, &files)?;
+    Ok(())
+}
+
+/// PNG heatmaps of weights `[B, H, Lq, Lk]`: one per (batch, head) and a grid of all
+/// heads per batch element, named `{prefix}_b{b}_h{h}.png` and `{prefix}_b{b}_heads.png`.
+pub fn render_files(
+    [batch, heads, len_q, len_k]: [usize; 4],
+    data: &[f32],
+    labels: &Labels,
+    out_dir: &Path,
+    prefix: &str,
+) -> Result<Vec<(PathBuf, Vec<u8>)>, CliError> {
     let panel_len = len_q * len_k;
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     for b in 0..batch {
@@ -124,28 +138,26 @@ pub fn run(adapter: &AdapterArgs, args: &VizArgs) -> Result<(), CliError> {
                 let start = (b * heads + h) * panel_len;
                 Panel {
                     title: format!("batch {b}, head {h}"),
-                    weights: &weights.data[start..start + panel_len],
+                    weights: &data[start..start + panel_len],
                     len_q,
                     len_k,
                 }
             })
             .collect();
         for (h, panel) in panels.iter().enumerate() {
-            let (canvas, _) = render_panel(panel, &labels)?;
-            files.push((
-                args.out_dir.join(format!("{}_b{b}_h{h}.png", args.prefix)),
-                canvas.to_png()?,
-            ));
+            let (canvas, _) = render_panel(panel, labels)?;
+            files.push((out_dir.join(format!("{prefix}_b{b}_h{h}.png")), canvas.to_png()?));
         }
-        let (grid, _) = render_grid(&panels, &labels)?;
-        files.push((
-            args.out_dir.join(format!("{}_b{b}_heads.png", args.prefix)),
-            grid.to_png()?,
-        ));
+        let (grid, _) = render_grid(&panels, labels)?;
+        files.push((out_dir.join(format!("{prefix}_b{b}_heads.png")), grid.to_png()?));
     }
-    std::fs::create_dir_all(&args.out_dir)
-        .map_err(|e| CliError::bad(format!("cannot create {}: {e}", args.out_dir.display())))?;
-    npy::write_all(&files)?;
-    println!("wrote {} images to {}", files.len(), args.out_dir.display());
+    Ok(files)
+}
+
+/// Creates `out_dir` and writes the images (all or none, as every CLI output).
+pub fn write_images(out_dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<(), CliError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", out_dir.display())))?;
+    npy::write_all(files)?;
+    println!("wrote {} images to {}", files.len(), out_dir.display());
     Ok(())
 }
