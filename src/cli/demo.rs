@@ -189,5 +189,5 @@ fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
 /// The sinusoidal positional encoding of "Attention Is All You Need".
 fn positional_encoding(pos: usize, i: usize, d_model: usize) -> f32 {
     let angle = pos as f64 / 10000f64.powf((i - i % 2) as f64 / d_model as f64);
-    (if i % 2 == 0 { angle.sin() } else { angle.cos() }) as f32
+    (if i.is_multiple_of(2) { angle.sin() } else { angle.cos() }) as f32
 }
