@@ -3,6 +3,7 @@
 //! compilation included) reported separately. Used by the `bench` command and the
 //! criterion benches.
 
+pub mod mha;
 pub mod probe;
 pub mod suite;
 

@@ -11,7 +11,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use wgpu_attention::bench::probe::Probe;
 use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
-use wgpu_attention::bench::Clock;
+use wgpu_attention::bench::{gflops, Clock};
 use wgpu_attention::{AttentionShape, Context, DType, FusedTiling};
 
 /// Version tag of the JSON this command writes.
@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// Compare two JSON files row by row (B's speedup over A) instead of measuring.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Vec<PathBuf>,
+    /// Instead of the attention suite: time the phases of a self-attention layer with
+    /// post-norm on [B, S, E] inputs with H heads (f32 unless --dtype f16).
+    #[arg(long, value_name = "B,S,E,H")]
+    mha: Option<String>,
 }
 
 fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
@@ -145,6 +149,9 @@ impl Plan {
 pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
     if !args.compare.is_empty() {
         return super::bench_compare::run(&args.compare[0], &args.compare[1]);
+    }
+    if let Some(sizes) = &args.mha {
+        return mha_phases(adapter, args, sizes);
     }
     let plan = Plan::from_args(args)?;
     let contexts = if args.all_adapters {
@@ -405,4 +412,71 @@ fn print_side_by_side(runs: &[Value]) {
             .collect();
         println!("{key:<60} {}", cells.join(" | "));
     }
+}
+
+/// `bench --mha B,S,E,H`: the layer's phases side by side with the GEMM probe.
+fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<(), CliError> {
+    let v: Vec<usize> = sizes
+        .split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| CliError::bad(format!("--mha '{sizes}': {e}")))?;
+    let &[batch, seq, embed, heads] = v.as_slice() else {
+        return Err(CliError::bad(format!("--mha '{sizes}': expected B,S,E,H")));
+    };
+    if v.contains(&0) {
+        return Err(CliError::bad(format!("--mha '{sizes}': sizes must be at least 1")));
+    }
+    let dtype = if args.dtype == "f16" { DType::F16 } else { DType::F32 };
+    let ctx = adapter.context()?;
+    let info = ctx.adapter_info();
+    println!(
+        "adapter: {} ({:?}, {:?}), driver {} {}; GEMM tiling {}",
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        info.driver_info,
+        ctx.linear_tiling().name()
+    );
+    let probe = Probe::measure(&ctx, args.probe, args.copy_mib, args.reps)?;
+    let probe_gflops = probe.gemm_gflops;
+    println!(
+        "probe: GEMM {0}x{0}x{0} f32 {1:.2} GFLOP/s (same process, before the layer)",
+        args.probe, probe_gflops
+    );
+    let phases = wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.reps)?;
+    println!(
+        "multi-head self-attention with post-norm, B={batch} S={seq} E={embed} H={heads}, {}, {}: median of {} runs",
+        dtype.name(),
+        phases[0].timing.clock.name(),
+        phases[0].timing.reps
+    );
+    println!(
+        "{:<36} {:>10} {:>10} {:>8} {:>9}",
+        "phase", "median ms", "GFLOP/s", "%gemm", "%layer"
+    );
+    let whole = phases.last().map_or(1.0, |p| p.timing.median.as_secs_f64());
+    for p in &phases {
+        let secs = p.timing.median.as_secs_f64();
+        let rate = if p.flops > 0.0 {
+            gflops(p.flops, p.timing.median)
+        } else {
+            0.0
+        };
+        let (rate_text, pct) = if p.flops > 0.0 {
+            (format!("{rate:.2}"), format!("{:.0}%", 100.0 * rate / probe_gflops))
+        } else {
+            ("-".into(), "-".into())
+        };
+        println!(
+            "{:<36} {:>10.2} {:>10} {:>8} {:>8.0}%",
+            p.name,
+            1e3 * secs,
+            rate_text,
+            pct,
+            100.0 * secs / whole
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,135 @@
+//! Where a multi-head attention layer's time goes: each phase's dispatches timed on
+//! their own (GPU timestamps where available), the packed Q/K/V GEMM against three
+//! separate ones, and the whole layer.
+
+use super::{time_gpu, Timing};
+use crate::check::Rng;
+use crate::context::Context;
+use crate::error::Result;
+use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
+use crate::mha::{Inputs, MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, PostNorm, ProjectionPlan};
+use crate::tensor::{DType, Tensor};
+use crate::{encode_sdpa, AttentionOptions, Layout};
+
+/// One timed phase.
+#[derive(Clone, Debug)]
+pub struct MhaPhase {
+    pub name: &'static str,
+    pub timing: Timing,
+    /// Floating-point operations (multiply-adds count 2), 0 where not meaningful.
+    pub flops: f64,
+}
+
+/// Times the phases of a self-attention layer with post-norm on `[batch, seq, embed]`
+/// inputs with `heads` heads, in `dtype`.
+pub fn measure_mha(
+    ctx: &Context,
+    [batch, seq, embed, heads]: [usize; 4],
+    dtype: DType,
+    reps: usize,
+) -> Result<Vec<MhaPhase>> {
+    let config = MhaConfig {
+        post_norm: Some(PostNorm::default()),
+        ..MhaConfig::new(embed, heads)
+    };
+    let weights = MhaWeights::xavier_uniform(&config, 7)?;
+    let layer = MultiHeadAttention::new(ctx, config.clone(), &weights, dtype)?;
+    let x = Tensor::sequence(
+        ctx,
+        [batch, seq, embed],
+        dtype,
+        &Rng::new(8).vec(batch * seq * embed, -1.0, 1.0),
+    )?;
+    let inputs = Inputs::SelfAttention(&x);
+    let (b, s, e, h) = (batch as f64, seq as f64, embed as f64, heads as f64);
+    let projection_flops = 2.0 * b * s * e * 3.0 * e;
+    let attention_flops = 4.0 * b * h * s * s * (e / h);
+    let output_flops = 2.0 * b * s * e * e;
+
+    // Inputs of the later phases, computed once.
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let [q, k, v] = layer.encode_projections(ctx, &mut encoder, inputs, ProjectionPlan::Fused)?;
+    let attention = AttentionOptions {
+        output_layout: Some(Layout::Bshd),
+        ..Default::default()
+    };
+    let attended = encode_sdpa(ctx, &mut encoder, &q, &k, &v, &attention)?;
+    ctx.queue().submit([encoder.finish()]);
+    let projected = Tensor::empty(ctx, [batch, 1, seq, embed], Layout::Bhsd, dtype)?;
+    let normed = Tensor::empty(ctx, [batch, 1, seq, embed], Layout::Bhsd, dtype)?;
+    let ones = Tensor::sequence(ctx, [1, 1, embed], dtype, &vec![1.0; embed])?;
+    let plain = MultiHeadAttention::new(
+        ctx,
+        MhaConfig {
+            post_norm: None,
+            ..config
+        },
+        &MhaWeights { norm: None, ..weights },
+        dtype,
+    )?;
+
+    let mut phases = Vec::new();
+    let mut phase = |name, flops, timing: Result<Timing>| -> Result<()> {
+        phases.push(MhaPhase {
+            name,
+            timing: timing?,
+            flops,
+        });
+        Ok(())
+    };
+    phase(
+        "Q/K/V projection, one packed GEMM",
+        projection_flops,
+        time_gpu(ctx, reps, |enc| {
+            layer
+                .encode_projections(ctx, enc, inputs, ProjectionPlan::Fused)
+                .map(drop)
+        }),
+    )?;
+    phase(
+        "Q, K, V projections, three GEMMs",
+        projection_flops,
+        time_gpu(ctx, reps, |enc| {
+            layer
+                .encode_projections(ctx, enc, inputs, ProjectionPlan::Separate)
+                .map(drop)
+        }),
+    )?;
+    phase(
+        "attention (fused kernel)",
+        attention_flops,
+        time_gpu(ctx, reps, |enc| encode_sdpa(ctx, enc, &q, &k, &v, &attention).map(drop)),
+    )?;
+    phase(
+        "output projection",
+        output_flops,
+        time_gpu(ctx, reps, |enc| {
+            plain.encode_output(ctx, enc, &attended.out, &x).map(drop)
+        }),
+    )?;
+    phase(
+        "residual + LayerNorm",
+        0.0,
+        time_gpu(ctx, reps, |enc| {
+            let norm = LayerNorm {
+                x: projected.buffer(),
+                residual: Some(x.buffer()),
+                gamma: ones.buffer(),
+                beta: ones.buffer(),
+                out: normed.buffer(),
+                rows: batch * seq,
+                width: embed,
+                eps: 1e-5,
+            };
+            encode_layer_norm(ctx, enc, dtype, &norm)
+        }),
+    )?;
+    phase(
+        "whole layer",
+        projection_flops + attention_flops + output_flops,
+        time_gpu(ctx, reps, |enc| {
+            layer.encode_forward(ctx, enc, inputs, &MhaOptions::default()).map(drop)
+        }),
+    )?;
+    Ok(phases)
+}
