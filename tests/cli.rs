@@ -2,17 +2,11 @@
 //! stderr and writes no output file.
 
 mod common;
-use common::cli::{bin, scratch, write_npy};
+use common::cli::{bin, read_f32, scratch, write_npy};
 use std::path::Path;
 use wgpu_attention::check::Rng;
 use wgpu_attention::reference::attention;
 use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment};
-
-fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
-    let npy = npyz::NpyFile::new(std::fs::File::open(path).expect("output exists")).expect("valid npy");
-    let shape = npy.shape().to_vec();
-    (shape, npy.into_vec::<f32>().expect("f32 data"))
-}
 
 #[test]
 fn run_matches_the_reference_with_masks_and_gqa() {

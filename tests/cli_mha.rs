@@ -2,20 +2,9 @@
 
 mod common;
 
-use common::cli::{bin, scratch};
-use std::path::{Path, PathBuf};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/torch_mha")
-        .join(name)
-}
-
-fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let npy = npyz::NpyFile::new(&bytes[..]).expect("npy");
-    (npy.shape().to_vec(), npy.into_vec().expect("f32 data"))
-}
+use common::cli::{bin, read_f32, scratch};
+use common::torch_fixture as fixture;
+use std::path::Path;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

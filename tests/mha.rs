@@ -126,12 +126,16 @@ fn run(ctx: &Context, case: &Case, dtype: DType) {
     let sizes = [case.batch, case.len_q, case.len_k];
     let attention = &case.options.attention;
     let want = multi_head_attention(c, &held, [&query, &key, &value], sizes, attention).expect("reference");
-    let f16_error = if dtype == DType::F16 {
+    // Errors of a plain f16 layer (output, weights), the yardstick of the f16 bounds.
+    let (f16_error, f16_weights_error) = if dtype == DType::F16 {
         let naive = f16_stored(c, &held, [&query, &key, &value], sizes, attention).expect("reference");
-        let as_f32: Vec<f32> = naive.out.iter().map(|&x| x as f32).collect();
-        ErrorStats::of(&as_f32, &want.out).max_abs
+        let error = |got: &[f64], want: &[f64]| {
+            let as_f32: Vec<f32> = got.iter().map(|&x| x as f32).collect();
+            ErrorStats::of(&as_f32, want).max_abs
+        };
+        (error(&naive.out, &want.out), error(&naive.weights, &want.weights))
     } else {
-        0.0
+        (0.0, 0.0)
     };
     let out = ErrorStats::of(&got, &want.out);
     let limit = bound(case, dtype, want.error_scale, f16_error);
@@ -163,8 +167,14 @@ fn run(ctx: &Context, case: &Case, dtype: DType) {
             let got = w.to_f32_vec(ctx).expect("readback");
             assert_eq!(got.len(), expected.len(), "weights shape {:?}", w.shape());
             let stats = ErrorStats::of(&got, &expected);
-            // Weights are probabilities computed in f32 from f16 or f32 Q and K.
-            let limit = if dtype == DType::F16 { 2e-2 } else { 1e-5 };
+            // f32: probabilities from f32 GEMM outputs, well inside 1e-5. f16: Q and K
+            // are stored in f16, so the flash-attn rule again: twice a plain f16 layer's
+            // weight error (per-head weights; averaging can only shrink it) plus 1e-5.
+            let limit = if dtype == DType::F16 {
+                2.0 * f16_weights_error + 1e-5
+            } else {
+                1e-5
+            };
             assert!(
                 stats.max_abs <= limit && stats.non_finite == 0,
                 "seed {seed} {dtype:?}: weights max abs err {:.3e} (bound {limit:.1e})",

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::torch_fixture as fixture;
 use wgpu_attention::check::ErrorStats;
 use wgpu_attention::mha::reference::multi_head_attention;
 use wgpu_attention::mha::{load_safetensors, LoadedMha, PostNorm};
@@ -18,12 +18,6 @@ use wgpu_attention::{
 /// GPU (f32) vs PyTorch (f32): both within ~1e-5 of the exact result at these sizes
 /// (E <= 32, values O(1)); the f64 reference must match PyTorch to 1e-5 as well.
 const TOLERANCE: f64 = 2e-5;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/torch_mha")
-        .join(name)
-}
 
 fn npy<T: npyz::Deserialize>(name: &str) -> (Vec<T>, Vec<usize>) {
     let bytes = std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));

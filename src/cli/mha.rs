@@ -6,9 +6,7 @@ use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::options::key_mask_from_tokens;
-use wgpu_attention::{
-    Context, DType, FusedTiling, HeadWeights, Inputs, KernelChoice, MhaOptions, MultiHeadAttention, Tensor,
-};
+use wgpu_attention::{Context, DType, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Tensor};
 
 #[derive(clap::Args)]
 pub struct MhaArgs {
@@ -89,10 +87,7 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         loaded.config.post_norm = Some(PostNorm { eps: args.norm_eps });
     }
     let config = loaded.config.clone();
-    let dtype = match args.dtype {
-        DTypeArg::F32 => DType::F32,
-        DTypeArg::F16 => DType::F16,
-    };
+    let dtype = args.dtype.into();
     let ctx = adapter.context()?;
     let layer = MultiHeadAttention::new(&ctx, config.clone(), &loaded.weights, dtype)?;
     let query = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype)?;
@@ -125,17 +120,8 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         }
         attention.mask = Some(key_mask_from_tokens(&t.data, batch, pad_id)?);
     }
-    attention.kernel = match args.kernel {
-        KernelArg::Auto => KernelChoice::Auto,
-        KernelArg::Fused => KernelChoice::Fused,
-        KernelArg::Materialized => KernelChoice::Materialized,
-    };
-    attention.tiling = match args.tiling {
-        TilingArg::Auto => FusedTiling::Auto,
-        TilingArg::Registers => FusedTiling::Registers,
-        TilingArg::Shared => FusedTiling::Shared,
-        TilingArg::Subgroup => FusedTiling::Subgroup,
-    };
+    attention.kernel = args.kernel.into();
+    attention.tiling = args.tiling.into();
     let weights = match (&args.weights_out, args.per_head) {
         (None, _) => HeadWeights::None,
         (Some(_), false) => HeadWeights::Averaged,

@@ -157,19 +157,40 @@ impl MaskArgs {
     }
 }
 
-fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
-    Ok(AttentionOptions {
-        kernel: match args.kernel {
+impl From<KernelArg> for KernelChoice {
+    fn from(arg: KernelArg) -> Self {
+        match arg {
             KernelArg::Auto => KernelChoice::Auto,
             KernelArg::Fused => KernelChoice::Fused,
             KernelArg::Materialized => KernelChoice::Materialized,
-        },
-        tiling: match args.tiling {
+        }
+    }
+}
+
+impl From<TilingArg> for FusedTiling {
+    fn from(arg: TilingArg) -> Self {
+        match arg {
             TilingArg::Auto => FusedTiling::Auto,
             TilingArg::Registers => FusedTiling::Registers,
             TilingArg::Shared => FusedTiling::Shared,
             TilingArg::Subgroup => FusedTiling::Subgroup,
-        },
+        }
+    }
+}
+
+impl From<DTypeArg> for DType {
+    fn from(arg: DTypeArg) -> Self {
+        match arg {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::F16 => DType::F16,
+        }
+    }
+}
+
+fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
+    Ok(AttentionOptions {
+        kernel: args.kernel.into(),
+        tiling: args.tiling.into(),
         need_weights: args.weights_out.is_some(),
         need_lse: args.lse_out.is_some(),
         ..args.masks.options(batch)?
@@ -178,10 +199,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
 
 pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     let ctx = adapter.context()?;
-    let dtype = match args.dtype {
-        DTypeArg::F32 => DType::F32,
-        DTypeArg::F16 => DType::F16,
-    };
+    let dtype = args.dtype.into();
     let layout = match args.layout {
         LayoutArg::Bhsd => Layout::Bhsd,
         LayoutArg::Bshd => Layout::Bshd,

@@ -22,8 +22,7 @@ use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
 use crate::kernels::matmul::{encode_linear, Linear};
 use crate::kernels::mean_heads::encode_mean_heads;
 use crate::options::AttentionOptions;
-use crate::tensor::{tensor_usage, DType, Layout, Tensor};
-use half::f16;
+use crate::tensor::{DType, Layout, Tensor};
 
 /// Which attention weights a forward pass returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,11 +77,11 @@ impl<'a> Inputs<'a> {
     }
 }
 
-/// A weight matrix and its optional bias on the GPU.
+/// A weight matrix and its optional bias on the GPU (flat tensors in the layer's dtype).
 #[derive(Debug)]
 struct GpuProjection {
-    weight: wgpu::Buffer,
-    bias: Option<wgpu::Buffer>,
+    weight: Tensor,
+    bias: Option<Tensor>,
 }
 
 /// The input projections as stored on the GPU.
@@ -91,11 +90,8 @@ enum InProjections {
     /// One `[E + 2·kv_width, E]` matrix (rows Q, then K, then V) when all inputs are
     /// `E` wide: self-attention runs it as one GEMM, cross-attention as row ranges.
     Packed(GpuProjection),
-    Separate {
-        q: GpuProjection,
-        k: GpuProjection,
-        v: GpuProjection,
-    },
+    /// Q, K and V matrices of their own (other kdim/vdim).
+    Separate(Box<[GpuProjection; 3]>),
 }
 
 /// A multi-head attention layer whose weights live on the GPU.
@@ -105,7 +101,7 @@ pub struct MultiHeadAttention {
     dtype: DType,
     input: InProjections,
     output: GpuProjection,
-    norm: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    norm: Option<(Tensor, Tensor)>,
 }
 
 impl MultiHeadAttention {
@@ -115,7 +111,7 @@ impl MultiHeadAttention {
         if dtype == DType::F16 {
             ctx.require_f16("f16 multi-head attention")?;
         }
-        let upload = |label: &str, values: &[f32]| upload(ctx, label, dtype, values);
+        let upload = |values: &[f32]| upload(ctx, dtype, values);
         let input = if config.packs_projections() {
             let parts = [&weights.q, &weights.k, &weights.v];
             let weight: Vec<f32> = parts.iter().flat_map(|p| p.weight.iter().copied()).collect();
@@ -127,22 +123,22 @@ impl MultiHeadAttention {
                     .collect::<Vec<f32>>()
             });
             InProjections::Packed(GpuProjection {
-                weight: upload("mha packed in-projection weight", &weight)?,
-                bias: bias.map(|b| upload("mha packed in-projection bias", &b)).transpose()?,
+                weight: upload(&weight)?,
+                bias: bias.map(|b| upload(&b)).transpose()?,
             })
         } else {
-            InProjections::Separate {
-                q: projection(ctx, dtype, "mha q", &weights.q)?,
-                k: projection(ctx, dtype, "mha k", &weights.k)?,
-                v: projection(ctx, dtype, "mha v", &weights.v)?,
-            }
+            InProjections::Separate(Box::new([
+                projection(ctx, dtype, &weights.q)?,
+                projection(ctx, dtype, &weights.k)?,
+                projection(ctx, dtype, &weights.v)?,
+            ]))
         };
         let norm = match (&weights.norm, config.post_norm) {
-            (Some(n), Some(_)) => Some((upload("mha norm weight", &n.weight)?, upload("mha norm bias", &n.bias)?)),
+            (Some(n), Some(_)) => Some((upload(&n.weight)?, upload(&n.bias)?)),
             _ => None,
         };
         Ok(MultiHeadAttention {
-            output: projection(ctx, dtype, "mha out", &weights.o)?,
+            output: projection(ctx, dtype, &weights.o)?,
             config,
             dtype,
             input,
@@ -230,8 +226,8 @@ impl MultiHeadAttention {
             let linear = Linear {
                 x: x.buffer(),
                 x_stride: k,
-                w: &p.weight,
-                bias: p.bias.as_ref(),
+                w: p.weight.buffer(),
+                bias: p.bias.as_ref().map(Tensor::buffer),
                 w_row0,
                 outputs,
                 m,
@@ -259,7 +255,8 @@ impl MultiHeadAttention {
                 gemm(key, p, c.embed_dim, &[(k.buffer(), kv)])?;
                 gemm(value, p, c.embed_dim + kv, &[(v.buffer(), kv)])?;
             }
-            InProjections::Separate { q: pq, k: pk, v: pv } => {
+            InProjections::Separate(separate) => {
+                let [pq, pk, pv] = separate.as_ref();
                 gemm(query, pq, 0, &[(q.buffer(), c.embed_dim)])?;
                 gemm(key, pk, 0, &[(k.buffer(), kv)])?;
                 gemm(value, pv, 0, &[(v.buffer(), kv)])?;
@@ -295,8 +292,8 @@ impl MultiHeadAttention {
         let linear = Linear {
             x: attended.buffer(),
             x_stride: e,
-            w: &self.output.weight,
-            bias: self.output.bias.as_ref(),
+            w: self.output.weight.buffer(),
+            bias: self.output.bias.as_ref().map(Tensor::buffer),
             w_row0: 0,
             outputs: &[(projected.buffer(), e)],
             m: rows,
@@ -310,8 +307,8 @@ impl MultiHeadAttention {
         let norm = LayerNorm {
             x: projected.buffer(),
             residual: Some(query.buffer()),
-            gamma,
-            beta,
+            gamma: gamma.buffer(),
+            beta: beta.buffer(),
             out: normed.buffer(),
             rows,
             width: e,
@@ -351,24 +348,14 @@ pub enum ProjectionPlan {
     Separate,
 }
 
-fn upload(ctx: &Context, label: &str, dtype: DType, values: &[f32]) -> Result<wgpu::Buffer> {
-    let bytes: Vec<u8> = match dtype {
-        DType::F32 => bytemuck::cast_slice(values).to_vec(),
-        DType::F16 => {
-            let halves: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).collect();
-            bytemuck::cast_slice(&halves).to_vec()
-        }
-    };
-    ctx.create_buffer_init(label, &crate::tensor::pad_to_4(&bytes), tensor_usage())
+/// Host values as a flat tensor of `dtype`.
+fn upload(ctx: &Context, dtype: DType, values: &[f32]) -> Result<Tensor> {
+    Tensor::from_f32_as(ctx, [1, 1, 1, values.len()], Layout::Bhsd, dtype, values)
 }
 
-fn projection(ctx: &Context, dtype: DType, label: &str, p: &Projection) -> Result<GpuProjection> {
+fn projection(ctx: &Context, dtype: DType, p: &Projection) -> Result<GpuProjection> {
     Ok(GpuProjection {
-        weight: upload(ctx, &format!("{label} weight"), dtype, &p.weight)?,
-        bias: p
-            .bias
-            .as_ref()
-            .map(|b| upload(ctx, &format!("{label} bias"), dtype, b))
-            .transpose()?,
+        weight: upload(ctx, dtype, &p.weight)?,
+        bias: p.bias.as_ref().map(|b| upload(ctx, dtype, b)).transpose()?,
     })
 }

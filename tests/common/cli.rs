@@ -29,3 +29,11 @@ pub fn write_npy<T: npyz::AutoSerialize + Copy>(path: &Path, shape: &[u64], data
     w.extend(data.iter().copied()).expect("npy data");
     w.finish().expect("npy finish");
 }
+
+/// Reads a float32 `.npy`: its shape and data.
+pub fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let npy = npyz::NpyFile::new(std::io::BufReader::new(file)).expect("valid npy");
+    let shape = npy.shape().to_vec();
+    (shape, npy.into_vec::<f32>().expect("f32 data"))
+}

@@ -4,6 +4,7 @@
 
 pub mod cli;
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::Context;
@@ -49,4 +50,11 @@ pub fn assert_case(ctx: &Context, case: &CheckCase) {
         case.options.mask.is_some(),
         case.options.need_weights,
     );
+}
+
+/// A file of the PyTorch multi-head attention fixture (`tests/fixtures/torch_mha/`).
+pub fn torch_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch_mha")
+        .join(name)
 }
