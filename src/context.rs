@@ -76,6 +76,10 @@ pub struct Capabilities {
     pub max_workgroups_per_dim: u32,
     /// Largest number of invocations in one workgroup.
     pub max_invocations: u32,
+    /// Largest width and height of a 2D texture, in texels.
+    pub max_texture_dim: u32,
+    /// Largest number of layers of a 2D-array texture.
+    pub max_texture_layers: u32,
 }
 
 impl Capabilities {
@@ -93,6 +97,8 @@ impl Capabilities {
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
             max_invocations: limits.max_compute_invocations_per_workgroup,
+            max_texture_dim: limits.max_texture_dimension_2d,
+            max_texture_layers: limits.max_texture_array_layers,
         }
     }
 }
@@ -310,6 +316,14 @@ impl Context {
         })
     }
 
+    /// Creates a texture; its bytes count in [`Context::allocated_bytes`].
+    pub(crate) fn create_texture(&self, descriptor: &wgpu::TextureDescriptor, bytes: u64) -> Result<wgpu::Texture> {
+        let label = descriptor.label.unwrap_or("texture");
+        let texture = self.scoped(label, || Ok(self.device.create_texture(descriptor)))?;
+        self.allocated.fetch_add(bytes, Ordering::Relaxed);
+        Ok(texture)
+    }
+
     /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`].
     fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {
         let size = bytes.max(4).div_ceil(4) * 4;
@@ -326,7 +340,7 @@ impl Context {
         Ok(size)
     }
 
-    /// Bytes of GPU buffers this context has created so far (cumulative: freed buffers
+    /// Bytes of GPU buffers and textures this context has created so far (cumulative: freed buffers
     /// are not subtracted). The difference around a call is what that call allocated.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed)

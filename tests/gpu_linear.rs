@@ -1,11 +1,15 @@
 //! The linear-layer GEMM (`shaders/matmul.wgsl`) against an f64 reference: awkward sizes
-//! (not multiples of any tile), bias, split outputs, row strides, both tilings, f32/f16.
+//! (not multiples of any tile), bias, split outputs, row strides, both tilings, f32/f16;
+//! for the texture tiling also both ways of packing (copy and kernel), pre-packed
+//! weights, and matrices taller than one texture layer.
 
 mod common;
 
 use half::f16;
 use wgpu_attention::check::Rng;
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
+use wgpu_attention::kernels::pack_rows::{PackedRows, RowSource};
+use wgpu_attention::Error;
 use wgpu_attention::{Context, DType, Layout, Tensor};
 
 struct Case {
@@ -18,6 +22,8 @@ struct Case {
     bias: bool,
     dtype: DType,
     tiling: LinearTiling,
+    /// Pass W pre-packed (all its rows) instead of letting the texture tiling pack it.
+    prepacked: bool,
     seed: u64,
 }
 
@@ -32,7 +38,8 @@ fn matrix(ctx: &Context, dtype: DType, rows: usize, cols: usize, data: &[f32]) -
     Tensor::from_f32_as(ctx, [1, 1, rows, cols], Layout::Bhsd, dtype, data).expect("upload")
 }
 
-fn run(ctx: &Context, case: &Case) {
+/// Runs the case; an error from `encode_linear` is returned, a wrong value panics.
+fn run(ctx: &Context, case: &Case) -> Result<(), Error> {
     let mut rng = Rng::new(case.seed);
     let n: usize = case.widths.iter().sum();
     let (m, k) = (case.m, case.k);
@@ -53,10 +60,21 @@ fn run(ctx: &Context, case: &Case) {
         .zip(&case.widths)
         .map(|(t, &width)| (t.buffer(), width))
         .collect();
+    let source = RowSource {
+        buffer: w_gpu.buffer(),
+        row0: 0,
+        rows,
+        cols: k,
+        stride: k,
+    };
+    let w_packed = case
+        .prepacked
+        .then(|| PackedRows::upload(ctx, case.dtype, &source).expect("pack W"));
     let linear = Linear {
         x: x_gpu.buffer(),
         x_stride: case.x_stride,
         w: w_gpu.buffer(),
+        w_packed: w_packed.as_ref(),
         bias: case.bias.then(|| b_gpu.buffer()),
         w_row0: case.w_row0,
         outputs: &outputs,
@@ -64,7 +82,7 @@ fn run(ctx: &Context, case: &Case) {
         k,
     };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    encode_linear(ctx, &mut encoder, case.dtype, case.tiling, &linear).expect("encode");
+    encode_linear(ctx, &mut encoder, case.dtype, case.tiling, &linear)?;
     ctx.queue().submit([encoder.finish()]);
     let got: Vec<Vec<f32>> = outs.iter().map(|t| t.to_f32_vec(ctx).expect("readback")).collect();
 
@@ -99,6 +117,7 @@ fn run(ctx: &Context, case: &Case) {
         }
         first_col += width;
     }
+    Ok(())
 }
 
 /// (m, k, x_stride, output widths, w_row0, bias)
@@ -107,7 +126,7 @@ type Shape = (usize, usize, usize, &'static [usize], usize, bool);
 fn tilings(ctx: &Context) -> Vec<LinearTiling> {
     let mut out = vec![LinearTiling::Tiled];
     if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
-        out.push(LinearTiling::Subgroup);
+        out.push(LinearTiling::Texture);
     }
     out
 }
@@ -115,13 +134,16 @@ fn tilings(ctx: &Context) -> Vec<LinearTiling> {
 #[test]
 fn linear_matches_the_f64_reference_on_awkward_sizes() {
     let Some(ctx) = common::ctx() else { return };
-    let shapes: [Shape; 6] = [
+    let shapes: [Shape; 7] = [
         (1, 1, 1, &[1], 0, false),
         (13, 29, 29, &[37], 5, true),
         (70, 100, 131, &[9, 17, 5], 0, true),
         (9, 64, 64, &[64, 16, 16], 0, false),
         (65, 7, 7, &[130], 0, true),
         (3, 300, 300, &[2, 70], 71, false),
+        // f32 rows the texture tiling copies straight into its texture (row stride a
+        // multiple of 256 bytes, whole texels) with a stride wider than K.
+        (5, 128, 192, &[40], 3, true),
     ];
     let mut seed = 100;
     for tiling in tilings(ctx) {
@@ -140,9 +162,10 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
                     bias,
                     dtype,
                     tiling,
+                    prepacked: false,
                     seed,
                 };
-                run(ctx, &case);
+                run(ctx, &case).expect("encode");
             }
         }
     }
@@ -160,6 +183,7 @@ fn linear_rejects_bad_requests_with_errors() {
             x: small.buffer(),
             x_stride: k,
             w: small.buffer(),
+            w_packed: None,
             bias: None,
             w_row0: 0,
             outputs: &outputs,
@@ -174,4 +198,76 @@ fn linear_rejects_bad_requests_with_errors() {
     assert!(attempt(&mut encoder, 2, 4, &[1]).is_err(), "X too small for 2 rows");
     assert!(attempt(&mut encoder, 1, 4, &[2]).is_err(), "W too small for 2 columns");
     assert!(attempt(&mut encoder, 1, 4, &[0]).is_err(), "zero-width output");
+}
+
+#[test]
+fn texture_gemm_takes_prepacked_weights_and_matrices_taller_than_a_layer() {
+    let Some(ctx) = common::ctx() else { return };
+    if ctx.linear_tiling() != LinearTiling::Texture {
+        eprintln!("skipped: this adapter does not use the texture GEMM");
+        return;
+    }
+    let tall = ctx.capabilities().max_texture_dim as usize + 5;
+    let dtypes: &[DType] = if ctx.capabilities().f16 {
+        &[DType::F32, DType::F16]
+    } else {
+        &[DType::F32]
+    };
+    let mut seed = 300;
+    for &dtype in dtypes {
+        // (m, k, output widths, w_row0, pre-packed W): X over two layers; W over two
+        // layers, pre-packed, its rows picked by w_row0; both with K not a texel multiple.
+        let shapes: [(usize, usize, &[usize], usize, bool); 3] = [
+            (tall, 6, &[3], 0, false),
+            (3, 6, &[1, 9], tall - 4, true),
+            (37, 64, &[20, 12, 12], 7, true),
+        ];
+        for (m, k, widths, w_row0, prepacked) in shapes {
+            seed += 1;
+            let case = Case {
+                m,
+                k,
+                x_stride: k,
+                widths: widths.to_vec(),
+                w_row0,
+                bias: true,
+                dtype,
+                tiling: LinearTiling::Texture,
+                prepacked,
+                seed,
+            };
+            run(ctx, &case).expect("encode");
+        }
+    }
+}
+
+#[test]
+fn linear_layers_wider_than_texture_limits_fall_back_or_are_refused() {
+    let Some(ctx) = common::ctx() else { return };
+    // K past what a texture row holds: the texture tiling hands over to the tiled
+    // kernel, which on llvmpipe needs more loop iterations than the driver runs.
+    let k = 4 * ctx.capabilities().max_texture_dim as usize + 1;
+    let case = Case {
+        m: 2,
+        k,
+        x_stride: k,
+        widths: vec![3],
+        w_row0: 0,
+        bias: false,
+        dtype: DType::F32,
+        tiling: LinearTiling::Texture,
+        prepacked: false,
+        seed: 400,
+    };
+    match run(ctx, &case) {
+        Ok(()) => assert!(
+            !ctx.has_llvmpipe_loop_cap(),
+            "k = {k} ran on llvmpipe past the loop cap"
+        ),
+        Err(Error::LimitExceeded { limit, .. }) => {
+            assert!(ctx.has_llvmpipe_loop_cap(), "refused off llvmpipe: {limit}");
+            assert!(limit.contains("llvmpipe"), "{limit}");
+        }
+        Err(other) => panic!("k = {k}: unexpected error {other}"),
+    }
 }

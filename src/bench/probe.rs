@@ -6,7 +6,8 @@ use super::{gflops, time_gpu, Timing};
 use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
-use crate::kernels::matmul::{encode_linear, Linear};
+use crate::kernels::matmul::{encode_linear, Linear, LinearTiling};
+use crate::kernels::pack_rows::{PackedRows, RowSource};
 use crate::tensor::{tensor_usage, DType};
 
 /// Both halves of the probe.
@@ -42,7 +43,7 @@ impl Probe {
 }
 
 /// Times the linear-layer GEMM on `n x n x n` (f32, the adapter's tiling); returns the
-/// timing and its FLOP count.
+/// timing and its FLOP count. With the texture tiling the timing includes packing X.
 pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)> {
     let mut rng = Rng::new(2);
     let mut make =
@@ -50,17 +51,33 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
     let x = make("probe X")?;
     let w = make("probe W")?;
     let y = ctx.create_buffer("probe Y", (4 * n * n) as u64, tensor_usage())?;
+    let tiling = ctx.linear_tiling();
+    // W is packed once, like a layer's weights; X is packed inside every timed call.
+    let w_packed = match tiling {
+        LinearTiling::Texture => Some(PackedRows::upload(
+            ctx,
+            DType::F32,
+            &RowSource {
+                buffer: &w,
+                row0: 0,
+                rows: n,
+                cols: n,
+                stride: n,
+            },
+        )?),
+        LinearTiling::Tiled => None,
+    };
     let linear = Linear {
         x: &x,
         x_stride: n,
         w: &w,
+        w_packed: w_packed.as_ref(),
         bias: None,
         w_row0: 0,
         outputs: &[(&y, n)],
         m: n,
         k: n,
     };
-    let tiling = ctx.linear_tiling();
     let timing = time_gpu(ctx, reps, |encoder| {
         encode_linear(ctx, encoder, DType::F32, tiling, &linear)
     })?;

@@ -1,7 +1,7 @@
 //! `shaders/layer_norm.wgsl`: `LayerNorm(x + residual)` over the last dimension (the
 //! post-norm of multi-head attention).
 
-use super::{dispatch, groups_for, pipeline, Kernel};
+use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
 use crate::context::Context;
 use crate::error::Result;
 use crate::tensor::DType;
@@ -47,6 +47,11 @@ pub fn encode_layer_norm(
     dtype: DType,
     norm: &LayerNorm,
 ) -> Result<()> {
+    loop_budget::check(
+        ctx,
+        || format!("a layer norm over rows of {}", norm.width),
+        loop_budget::layer_norm_iterations(norm.width),
+    )?;
     let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
     let params = NormParams {
         rows: norm.rows as u32,

@@ -2,12 +2,16 @@
 //! of a shader invocation after 65535 iterations in total, counted across all its loops
 //! (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then goes on with wrong
 //! results; loops with a constant trip count are unrolled and do not count. This module
-//! bounds the iterations each attention kernel needs, from the structure of its WGSL
-//! loops. The fused kernels split a long key range across dispatches that each stay
-//! within the cap ([`keys_per_dispatch`]), resuming from the previous dispatch's output
-//! and log-sum-exp; the materialized path refuses what does not fit.
+//! bounds the iterations each kernel with data-dependent loops needs, from the structure
+//! of its WGSL loops. The fused kernels split a long key range across dispatches that
+//! each stay within the cap ([`keys_per_dispatch`]), resuming from the previous
+//! dispatch's output and log-sum-exp; the other kernels refuse what does not fit
+//! ([`check`]).
 
 use super::flash::FlashConfig;
+use super::matmul::LinearTiling;
+use crate::context::Context;
+use crate::error::{Error, Result};
 use crate::problem::AttentionShape;
 
 /// Loop iterations llvmpipe allows one invocation.
@@ -63,4 +67,35 @@ pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape) -> Option<usi
 /// pass walks a row of scores three times; the other passes less).
 pub fn materialized_iterations(s: &AttentionShape) -> u64 {
     3 * s.len_k as u64 + s.head_dim.max(s.head_dim_v) as u64
+}
+
+/// Loop iterations of one invocation of the linear layer over `k` inputs. Tiled: per
+/// step of 16 along K, the 4-trip staging loop and the 16-trip inner loop; texture: one
+/// trip per texel of 4. Plus the store loops.
+pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
+    let k = k as u64;
+    match tiling {
+        LinearTiling::Tiled => k.div_ceil(16) * (1 + 4 + 16) + 16,
+        LinearTiling::Texture => k.div_ceil(4) + 16,
+    }
+}
+
+/// Loop iterations of one invocation of the layer norm: three passes over the row.
+pub fn layer_norm_iterations(width: usize) -> u64 {
+    3 * width as u64
+}
+
+/// Refuses, on llvmpipe, work that needs more loop iterations per invocation than its
+/// cap (it would silently stop early); `what` names the work.
+pub fn check(ctx: &Context, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
+    if ctx.has_llvmpipe_loop_cap() && needed > LLVMPIPE_LOOP_CAP {
+        return Err(Error::LimitExceeded {
+            what: format!("{} on llvmpipe", what()),
+            limit: "llvmpipe's cap on loop iterations per invocation",
+            unit: "loop iterations",
+            requested: needed,
+            max: LLVMPIPE_LOOP_CAP,
+        });
+    }
+    Ok(())
 }

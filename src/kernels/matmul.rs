@@ -1,8 +1,9 @@
-//! `shaders/matmul.wgsl` (+ `matmul_subgroup.wgsl`): the linear layer `Y = X · Wᵀ + b`
-//! as a GEMM, with a split epilogue that writes column ranges to separate buffers (the
-//! fused Q/K/V projection). Also the benchmark's roofline probe.
+//! `shaders/matmul.wgsl` (+ `matmul_tiled.wgsl` or `matmul_texture.wgsl`): the linear
+//! layer `Y = X · Wᵀ + b` as a GEMM, with a split epilogue that writes column ranges to
+//! separate buffers (the fused Q/K/V projection). Also the benchmark's roofline probe.
 
-use super::{dispatch, groups_for, pipeline, Kernel};
+use super::pack_rows::{PackedRows, RowSource, TextureShape};
+use super::{dispatch_entries, groups_for, loop_budget, pipeline, Kernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::tensor::{tensor_usage, DType};
@@ -10,22 +11,23 @@ use bytemuck::{Pod, Zeroable};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 
-/// Portable tiling: 64 x 64 blocks staged in workgroup memory (GPUs; CPU adapters
-/// without subgroups).
+/// Portable tiling: 64 x 64 blocks staged in workgroup memory, operands in storage
+/// buffers (GPUs; CPU adapters without subgroups).
 pub const TILED: Kernel = Kernel {
-    file: "matmul.wgsl",
-    source: SOURCE,
+    file: "matmul_tiled.wgsl",
+    source: include_str!("../../shaders/matmul_tiled.wgsl"),
     entry: "linear_tiled",
     slots: &[],
-    preludes: &[],
+    preludes: &[SOURCE],
     variant: "",
 };
 
-/// CPU adapters with >= 8-lane subgroups: X elements loaded once and broadcast.
-pub const SUBGROUP: Kernel = Kernel {
-    file: "matmul_subgroup.wgsl",
-    source: include_str!("../../shaders/matmul_subgroup.wgsl"),
-    entry: "linear_subgroup",
+/// CPU adapters with >= 8-lane subgroups: operands packed into textures (texel fetches
+/// are gathers there; storage loads go one lane at a time), X shared by broadcast.
+pub const TEXTURE: Kernel = Kernel {
+    file: "matmul_texture.wgsl",
+    source: include_str!("../../shaders/matmul_texture.wgsl"),
+    entry: "linear_texture",
     slots: &[],
     preludes: &[SOURCE],
     variant: "",
@@ -35,21 +37,21 @@ pub const SUBGROUP: Kernel = Kernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LinearTiling {
     Tiled,
-    Subgroup,
+    Texture,
 }
 
 impl LinearTiling {
     pub fn name(self) -> &'static str {
         match self {
             LinearTiling::Tiled => "tiled",
-            LinearTiling::Subgroup => "subgroup",
+            LinearTiling::Texture => "texture",
         }
     }
 
     fn kernel(self) -> Kernel {
         match self {
             LinearTiling::Tiled => TILED,
-            LinearTiling::Subgroup => SUBGROUP,
+            LinearTiling::Texture => TEXTURE,
         }
     }
 
@@ -57,7 +59,7 @@ impl LinearTiling {
     fn block(self) -> (usize, usize) {
         match self {
             LinearTiling::Tiled => (64, 64),
-            LinearTiling::Subgroup => (8, 16),
+            LinearTiling::Texture => (8, 32),
         }
     }
 }
@@ -69,11 +71,15 @@ pub struct LinearParams {
     pub m: u32,
     pub n: u32,
     pub k: u32,
-    pub x_stride: u32,
     pub has_bias: u32,
     pub seg1: u32,
     pub seg2: u32,
     pub w_row0: u32,
+    pub x_stride: u32,
+    pub x_layer_rows: u32,
+    pub w_layer_rows: u32,
+    pub w_texture_row0: u32,
+    pub pad0: u32,
 }
 
 /// One linear layer application: `out = x · wᵀ + bias`, all buffers row-major of `dtype`.
@@ -83,6 +89,10 @@ pub struct Linear<'a> {
     pub x_stride: usize,
     /// `[n, k]`, as PyTorch stores `nn.Linear.weight`, from row `w_row0` on.
     pub w: &'a wgpu::Buffer,
+    /// `w` already packed for the texture tiling (all of its rows, from row 0), as a
+    /// layer packs its weights once; without it the texture tiling packs the rows it
+    /// uses on every call.
+    pub w_packed: Option<&'a PackedRows>,
     /// `[n]`, from element `w_row0` on.
     pub bias: Option<&'a wgpu::Buffer>,
     /// First row of `w` (and element of `bias`) used: lets one packed `[3E, E]`
@@ -96,12 +106,12 @@ pub struct Linear<'a> {
 }
 
 impl Context {
-    /// The GEMM tiling used for this adapter: `subgroup` on CPU adapters with >= 8-lane
-    /// subgroups (shared loads are what costs there), else `tiled`.
+    /// The GEMM tiling used for this adapter: `texture` on CPU adapters with >= 8-lane
+    /// subgroups (lavapipe), else `tiled`.
     pub fn linear_tiling(&self) -> LinearTiling {
         let lanes = self.capabilities().subgroups.is_some_and(|(min, _)| min >= 8);
         if self.is_cpu_adapter() && lanes {
-            LinearTiling::Subgroup
+            LinearTiling::Texture
         } else {
             LinearTiling::Tiled
         }
@@ -153,11 +163,33 @@ impl Linear<'_> {
         for (i, &(buffer, width)) in self.outputs.iter().enumerate() {
             too_small(&format!("output {i}"), buffer, m * width)?;
         }
+        if let Some(packed) = self.w_packed {
+            if packed.cols() != k || packed.rows() < self.w_row0 + n {
+                return Err(Error::invalid(
+                    "linear layer",
+                    format!(
+                        "the packed W is {} x {}, needs {k} columns and {} rows",
+                        packed.rows(),
+                        packed.cols(),
+                        self.w_row0 + n
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether both operands fit the device's texture limits.
+    fn fits_textures(&self, ctx: &Context) -> bool {
+        let w_rows = self.w_packed.map_or(self.n(), PackedRows::rows);
+        TextureShape::for_matrix(ctx, self.m, self.k).is_some()
+            && TextureShape::for_matrix(ctx, w_rows, self.k).is_some()
     }
 }
 
-/// Records one linear layer application.
+/// Records one linear layer application. The texture tiling packs X (and W, unless
+/// `w_packed` is given) into textures first, in the same encoder; a layer whose
+/// operands exceed the texture limits runs the tiled kernel instead.
 pub fn encode_linear(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -166,7 +198,22 @@ pub fn encode_linear(
     linear: &Linear,
 ) -> Result<()> {
     linear.validate(dtype)?;
+    let tiling = match tiling {
+        LinearTiling::Texture if !linear.fits_textures(ctx) => LinearTiling::Tiled,
+        other => other,
+    };
     let (m, n) = (linear.m, linear.n());
+    loop_budget::check(
+        ctx,
+        || {
+            format!(
+                "a {m} x {n} linear layer over {} inputs ({} tiling)",
+                linear.k,
+                tiling.name()
+            )
+        },
+        loop_budget::linear_iterations(tiling, linear.k),
+    )?;
     let (block_m, block_n) = tiling.block();
     let groups = [groups_for(n, block_n), groups_for(m, block_m), 1];
     let max = ctx.capabilities().max_workgroups_per_dim;
@@ -183,15 +230,52 @@ pub fn encode_linear(
     let widths: Vec<usize> = linear.outputs.iter().map(|&(_, width)| width).collect();
     let seg1 = widths[0];
     let seg2 = seg1 + widths.get(1).copied().unwrap_or(0);
-    let params = LinearParams {
+    let mut params = LinearParams {
         m: m as u32,
         n: n as u32,
         k: linear.k as u32,
-        x_stride: linear.x_stride as u32,
         has_bias: linear.bias.is_some().into(),
         seg1: seg1 as u32,
         seg2: if widths.len() == 1 { n as u32 } else { seg2 as u32 },
         w_row0: linear.w_row0 as u32,
+        x_stride: linear.x_stride as u32,
+        ..Default::default()
+    };
+    // Operands: buffers for the tiled kernel, textures for the texture kernel.
+    let (x_packed, w_packed_here);
+    let (x, w) = match tiling {
+        LinearTiling::Tiled => (linear.x.as_entire_binding(), linear.w.as_entire_binding()),
+        LinearTiling::Texture => {
+            let x = RowSource {
+                buffer: linear.x,
+                row0: 0,
+                rows: m,
+                cols: linear.k,
+                stride: linear.x_stride,
+            };
+            x_packed = PackedRows::encode(ctx, encoder, dtype, &x)?;
+            let (w, w_texture_row0) = match linear.w_packed {
+                Some(w) => (w, linear.w_row0),
+                None => {
+                    let w = RowSource {
+                        buffer: linear.w,
+                        row0: linear.w_row0,
+                        rows: n,
+                        cols: linear.k,
+                        stride: linear.k,
+                    };
+                    w_packed_here = PackedRows::encode(ctx, encoder, dtype, &w)?;
+                    (&w_packed_here, 0)
+                }
+            };
+            params.x_layer_rows = x_packed.shape().layer_rows as u32;
+            params.w_layer_rows = w.shape().layer_rows as u32;
+            params.w_texture_row0 = w_texture_row0 as u32;
+            (
+                wgpu::BindingResource::TextureView(x_packed.view()),
+                wgpu::BindingResource::TextureView(w.view()),
+            )
+        }
     };
     let params = ctx.create_buffer_init(
         "linear params",
@@ -203,17 +287,32 @@ pub fn encode_linear(
         .map(|_| ctx.create_buffer("linear placeholder", 16, tensor_usage()))
         .collect::<Result<Vec<_>>>()?;
     let output = |i: usize| linear.outputs.get(i).map_or(&placeholders[i], |&(buffer, _)| buffer);
-    let bindings = [
-        (0, &params),
-        (1, linear.x),
-        (2, linear.w),
+    let buffers = [
         (3, linear.bias.unwrap_or(&placeholders[0])),
         (4, output(0)),
         (5, output(1)),
         (6, output(2)),
     ];
+    let mut entries = vec![
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: params.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: x,
+        },
+        wgpu::BindGroupEntry {
+            binding: 2,
+            resource: w,
+        },
+    ];
+    entries.extend(buffers.iter().map(|&(binding, buffer)| wgpu::BindGroupEntry {
+        binding,
+        resource: buffer.as_entire_binding(),
+    }));
     ctx.scoped("recording a linear layer", || {
-        dispatch(ctx, encoder, &pipeline, &bindings, groups);
+        dispatch_entries(ctx, encoder, &pipeline, &entries, groups);
         Ok(())
     })
 }

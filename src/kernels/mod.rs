@@ -11,6 +11,7 @@ pub mod layer_norm;
 pub mod loop_budget;
 pub mod matmul;
 pub mod mean_heads;
+pub mod pack_rows;
 pub mod params;
 pub(crate) mod qk_scores;
 pub(crate) mod softmax_rows;
@@ -47,11 +48,12 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 12] = [
+pub const ALL_KERNELS: [Kernel; 13] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
-    matmul::SUBGROUP,
+    matmul::TEXTURE,
+    pack_rows::KERNEL,
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,
@@ -121,10 +123,21 @@ pub(crate) fn dispatch(
             resource: buffer.as_entire_binding(),
         })
         .collect();
+    dispatch_entries(ctx, encoder, pipeline, &entries, groups);
+}
+
+/// Like [`dispatch`], for bindings that are not all whole buffers (textures).
+pub(crate) fn dispatch_entries(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    pipeline: &wgpu::ComputePipeline,
+    entries: &[wgpu::BindGroupEntry],
+    groups: [u32; 3],
+) {
     let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
+        entries,
     });
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
     pass.set_pipeline(pipeline);

@@ -19,8 +19,9 @@ use crate::attention::encode_sdpa;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
-use crate::kernels::matmul::{encode_linear, Linear};
+use crate::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use crate::kernels::mean_heads::encode_mean_heads;
+use crate::kernels::pack_rows::{PackedRows, RowSource, TextureShape};
 use crate::options::AttentionOptions;
 use crate::tensor::{DType, Layout, Tensor};
 
@@ -77,11 +78,37 @@ impl<'a> Inputs<'a> {
     }
 }
 
-/// A weight matrix and its optional bias on the GPU (flat tensors in the layer's dtype).
+/// A weight matrix and its optional bias on the GPU (flat tensors in the layer's dtype),
+/// and on adapters that run the texture GEMM the weight packed for it, once.
 #[derive(Debug)]
 struct GpuProjection {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// Boxed: a texture view is large, and most layers on GPUs have none.
+    packed: Option<Box<PackedRows>>,
+}
+
+impl GpuProjection {
+    /// Uploads a `[rows, cols]` weight (`cols` = in_features) and its bias.
+    fn new(ctx: &Context, dtype: DType, weight: &[f32], cols: usize, bias: Option<&[f32]>) -> Result<Self> {
+        let weight = upload(ctx, dtype, weight)?;
+        let source = RowSource {
+            buffer: weight.buffer(),
+            row0: 0,
+            rows: weight.len() / cols,
+            cols,
+            stride: cols,
+        };
+        let packs =
+            ctx.linear_tiling() == LinearTiling::Texture && TextureShape::for_matrix(ctx, source.rows, cols).is_some();
+        Ok(GpuProjection {
+            packed: packs
+                .then(|| PackedRows::upload(ctx, dtype, &source).map(Box::new))
+                .transpose()?,
+            bias: bias.map(|b| upload(ctx, dtype, b)).transpose()?,
+            weight,
+        })
+    }
 }
 
 /// The input projections as stored on the GPU.
@@ -122,10 +149,13 @@ impl MultiHeadAttention {
                     .flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.out_features]))
                     .collect::<Vec<f32>>()
             });
-            InProjections::Packed(GpuProjection {
-                weight: upload(&weight)?,
-                bias: bias.map(|b| upload(&b)).transpose()?,
-            })
+            InProjections::Packed(GpuProjection::new(
+                ctx,
+                dtype,
+                &weight,
+                config.embed_dim,
+                bias.as_deref(),
+            )?)
         } else {
             InProjections::Separate(Box::new([
                 projection(ctx, dtype, &weights.q)?,
@@ -227,6 +257,7 @@ impl MultiHeadAttention {
                 x: x.buffer(),
                 x_stride: k,
                 w: p.weight.buffer(),
+                w_packed: p.packed.as_deref(),
                 bias: p.bias.as_ref().map(Tensor::buffer),
                 w_row0,
                 outputs,
@@ -293,6 +324,7 @@ impl MultiHeadAttention {
             x: attended.buffer(),
             x_stride: e,
             w: self.output.weight.buffer(),
+            w_packed: self.output.packed.as_deref(),
             bias: self.output.bias.as_ref().map(Tensor::buffer),
             w_row0: 0,
             outputs: &[(projected.buffer(), e)],
@@ -354,8 +386,5 @@ fn upload(ctx: &Context, dtype: DType, values: &[f32]) -> Result<Tensor> {
 }
 
 fn projection(ctx: &Context, dtype: DType, p: &Projection) -> Result<GpuProjection> {
-    Ok(GpuProjection {
-        weight: upload(ctx, dtype, &p.weight)?,
-        bias: p.bias.as_ref().map(|b| upload(ctx, dtype, b)).transpose()?,
-    })
+    GpuProjection::new(ctx, dtype, &p.weight, p.in_features, p.bias.as_deref())
 }

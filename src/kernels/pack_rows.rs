@@ -1,0 +1,277 @@
+//! `shaders/pack_rows.wgsl`: rows of a matrix in a buffer, copied into an rgba32float
+//! 2D-array texture four columns per texel: the operand format of the texture GEMM
+//! (`shaders/matmul_texture.wgsl`).
+
+use super::{dispatch_entries, groups_for, pipeline, Kernel};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use bytemuck::{Pod, Zeroable};
+
+pub const KERNEL: Kernel = Kernel {
+    file: "pack_rows.wgsl",
+    source: include_str!("../../shaders/pack_rows.wgsl"),
+    entry: "pack_rows",
+    slots: &[],
+    preludes: &[],
+    variant: "",
+};
+
+/// Bytes of one texel (four f32).
+const TEXEL_BYTES: u64 = 16;
+
+/// Mirror of WGSL `PackParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct PackParams {
+    rows: u32,
+    cols: u32,
+    stride: u32,
+    row0: u32,
+    layer_rows: u32,
+    pad: [u32; 3],
+}
+
+/// Rows `row0 .. row0 + rows` of a row-major matrix of `dtype` elements in `buffer`,
+/// `stride` elements apart, `cols` columns of each.
+#[derive(Clone, Copy, Debug)]
+pub struct RowSource<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub row0: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+}
+
+/// How a `rows x cols` matrix lies in a texture: `texels` per row, `layer_rows` rows
+/// per layer, `layers` layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TextureShape {
+    pub texels: usize,
+    pub layer_rows: usize,
+    pub layers: usize,
+}
+
+impl TextureShape {
+    /// The shape on this device, or `None` when the matrix is too wide or too tall for
+    /// its texture limits.
+    pub fn for_matrix(ctx: &Context, rows: usize, cols: usize) -> Option<TextureShape> {
+        let caps = ctx.capabilities();
+        let max_dim = caps.max_texture_dim as usize;
+        let texels = cols.div_ceil(4);
+        let layer_rows = rows.min(max_dim);
+        let layers = rows.div_ceil(layer_rows.max(1));
+        let fits = rows >= 1 && texels >= 1 && texels <= max_dim && layers <= caps.max_texture_layers as usize;
+        fits.then_some(TextureShape {
+            texels,
+            layer_rows,
+            layers,
+        })
+    }
+}
+
+/// Whether `source` can be copied into its texture as it is: f32 rows whose texels are
+/// whole (`cols % 4 == 0`) and whose stride meets the copy alignment.
+fn copies_directly(dtype: DType, source: &RowSource) -> bool {
+    let row_bytes = (source.stride * dtype.size()) as u32;
+    dtype == DType::F32 && source.cols.is_multiple_of(4) && row_bytes.is_multiple_of(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT)
+}
+
+/// Records the buffer-to-texture copies of `source`: whole layers, then the last,
+/// partial one.
+fn copy_rows(encoder: &mut wgpu::CommandEncoder, source: &RowSource, texture: &wgpu::Texture, shape: TextureShape) {
+    let row_bytes = (source.stride * DType::F32.size()) as u64;
+    let full_layers = source.rows / shape.layer_rows;
+    let last_rows = source.rows % shape.layer_rows;
+    let pieces = [(0, full_layers, shape.layer_rows), (full_layers, 1, last_rows)];
+    for (first_layer, layers, rows) in pieces {
+        if layers == 0 || rows == 0 {
+            continue;
+        }
+        let first_row = source.row0 + first_layer * shape.layer_rows;
+        encoder.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo {
+                buffer: source.buffer,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: first_row as u64 * row_bytes,
+                    bytes_per_row: Some(row_bytes as u32),
+                    rows_per_image: Some(shape.layer_rows as u32),
+                },
+            },
+            wgpu::TexelCopyTextureInfo {
+                texture,
+                mip_level: 0,
+                origin: wgpu::Origin3d {
+                    x: 0,
+                    y: 0,
+                    z: first_layer as u32,
+                },
+                aspect: wgpu::TextureAspect::All,
+            },
+            wgpu::Extent3d {
+                width: shape.texels as u32,
+                height: rows as u32,
+                depth_or_array_layers: layers as u32,
+            },
+        );
+    }
+}
+
+/// A matrix packed four columns per texel (zero past the last column), f32 texels.
+#[derive(Debug)]
+pub struct PackedRows {
+    view: wgpu::TextureView,
+    rows: usize,
+    cols: usize,
+    shape: TextureShape,
+}
+
+impl PackedRows {
+    /// Records the packing of `source` (elements of `dtype`) into a new texture.
+    pub fn encode(
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        dtype: DType,
+        source: &RowSource,
+    ) -> Result<PackedRows> {
+        let RowSource {
+            rows,
+            cols,
+            stride,
+            row0,
+            ..
+        } = *source;
+        let what = || format!("packing a {rows} x {cols} matrix into a texture");
+        let needed = if rows == 0 {
+            0
+        } else {
+            (row0 + rows - 1) * stride + cols
+        };
+        let elements = source.buffer.size() as usize / dtype.size();
+        if cols == 0 || stride < cols || elements < needed {
+            return Err(Error::invalid(
+                "texture packing",
+                format!(
+                    "{}: stride {stride}, buffer of {elements} elements, {needed} needed",
+                    what()
+                ),
+            ));
+        }
+        let Some(shape) = TextureShape::for_matrix(ctx, rows, cols) else {
+            return Err(Error::unsupported(
+                "texture packing",
+                what(),
+                format!(
+                    "at most {} texels per row and {} layers of as many rows",
+                    ctx.capabilities().max_texture_dim,
+                    ctx.capabilities().max_texture_layers
+                ),
+            ));
+        };
+        let groups = [groups_for(shape.texels, 8), groups_for(rows, 8), 1];
+        let max = ctx.capabilities().max_workgroups_per_dim;
+        if groups[1] > max {
+            return Err(Error::LimitExceeded {
+                what: what(),
+                limit: "max_compute_workgroups_per_dimension",
+                unit: "workgroups",
+                requested: groups[1].into(),
+                max: max.into(),
+            });
+        }
+        let size = wgpu::Extent3d {
+            width: shape.texels as u32,
+            height: shape.layer_rows as u32,
+            depth_or_array_layers: shape.layers as u32,
+        };
+        let texture = ctx.create_texture(
+            &wgpu::TextureDescriptor {
+                label: Some("packed rows"),
+                size,
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format: wgpu::TextureFormat::Rgba32Float,
+                usage: wgpu::TextureUsages::STORAGE_BINDING
+                    | wgpu::TextureUsages::TEXTURE_BINDING
+                    | wgpu::TextureUsages::COPY_DST,
+                view_formats: &[],
+            },
+            (shape.texels * shape.layer_rows * shape.layers) as u64 * TEXEL_BYTES,
+        )?;
+        let view = texture.create_view(&wgpu::TextureViewDescriptor {
+            dimension: Some(wgpu::TextureViewDimension::D2Array),
+            ..Default::default()
+        });
+        if copies_directly(dtype, source) {
+            copy_rows(encoder, source, &texture, shape);
+            return Ok(PackedRows {
+                view,
+                rows,
+                cols,
+                shape,
+            });
+        }
+        let params = PackParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            stride: stride as u32,
+            row0: row0 as u32,
+            layer_rows: shape.layer_rows as u32,
+            pad: [0; 3],
+        };
+        let params = ctx.create_buffer_init("pack params", bytemuck::bytes_of(&params), wgpu::BufferUsages::UNIFORM)?;
+        let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
+        ctx.scoped("recording a texture packing", || {
+            let entries = [
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: params.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: source.buffer.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 2,
+                    resource: wgpu::BindingResource::TextureView(&view),
+                },
+            ];
+            dispatch_entries(ctx, encoder, &pipeline, &entries, groups);
+            Ok(())
+        })?;
+        Ok(PackedRows {
+            view,
+            rows,
+            cols,
+            shape,
+        })
+    }
+
+    /// Packs `source` and submits the work (for weights packed once, ahead of use).
+    pub fn upload(ctx: &Context, dtype: DType, source: &RowSource) -> Result<PackedRows> {
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        let packed = Self::encode(ctx, &mut encoder, dtype, source)?;
+        ctx.scoped("submitting a texture packing", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        Ok(packed)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn shape(&self) -> TextureShape {
+        self.shape
+    }
+
+    pub(crate) fn view(&self) -> &wgpu::TextureView {
+        &self.view
+    }
+}
