@@ -28,9 +28,14 @@ var<private> acc_c_hi: vec4<f32>;
 var<private> acc_d_lo: vec4<f32>;
 var<private> acc_d_hi: vec4<f32>;
 
-// Texel `q` of row `row` of a packed matrix with `layer_rows` rows per layer.
-fn fetch(t: texture_2d_array<f32>, layer_rows: u32, row: u32, q: u32) -> vec4<f32> {
-    return textureLoad(t, vec2<u32>(q, row % layer_rows), row / layer_rows, 0);
+// Where row `row` of a packed matrix with `layer_rows` rows per layer lies: (texel row, layer).
+fn texture_row(layer_rows: u32, row: u32) -> vec2<u32> {
+    return vec2<u32>(row % layer_rows, row / layer_rows);
+}
+
+// Texel `q` of the row at `at`.
+fn fetch(t: texture_2d_array<f32>, at: vec2<u32>, q: u32) -> vec4<f32> {
+    return textureLoad(t, vec2<u32>(q, at.x), at.y, 0);
 }
 
 // X[m0 + 0..4][k] (lo) or X[m0 + 4..8][k] (hi), gathered from the lanes that fetched them.
@@ -68,9 +73,13 @@ fn linear_texture(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoc
     let lane = sg_lane % LANES;
     let m0 = wid.y * 8u;
     let n0 = wid.x * 32u + lane;
-    let x_row = min(m0 + lane, lp.m - 1u);
+    let x_at = texture_row(lp.x_layer_rows, min(m0 + lane, lp.m - 1u));
     // Texture rows of this lane's four W rows (clamped columns are computed, not stored).
     let w_rows = vec4<u32>(lp.w_texture_row0) + min(vec4<u32>(n0) + vec4<u32>(0u, 8u, 16u, 24u), vec4<u32>(lp.n - 1u));
+    let wa_at = texture_row(lp.w_layer_rows, w_rows.x);
+    let wb_at = texture_row(lp.w_layer_rows, w_rows.y);
+    let wc_at = texture_row(lp.w_layer_rows, w_rows.z);
+    let wd_at = texture_row(lp.w_layer_rows, w_rows.w);
     acc_a_lo = vec4<f32>(0.0);
     acc_a_hi = vec4<f32>(0.0);
     acc_b_lo = vec4<f32>(0.0);
@@ -81,11 +90,11 @@ fn linear_texture(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoc
     acc_d_hi = vec4<f32>(0.0);
     let texels = (lp.k + 3u) / 4u;
     for (var q = 0u; q < texels; q++) {
-        let xs = fetch(x, lp.x_layer_rows, x_row, q);
-        let wa = fetch(w, lp.w_layer_rows, w_rows.x, q);
-        let wb = fetch(w, lp.w_layer_rows, w_rows.y, q);
-        let wc = fetch(w, lp.w_layer_rows, w_rows.z, q);
-        let wd = fetch(w, lp.w_layer_rows, w_rows.w, q);
+        let xs = fetch(x, x_at, q);
+        let wa = fetch(w, wa_at, q);
+        let wb = fetch(w, wb_at, q);
+        let wc = fetch(w, wc_at, q);
+        let wd = fetch(w, wd_at, q);
         accumulate(xs.x, wa.x, wb.x, wc.x, wd.x);
         accumulate(xs.y, wa.y, wb.y, wc.y, wd.y);
         accumulate(xs.z, wa.z, wb.z, wc.z, wd.z);

@@ -7,6 +7,8 @@ use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
 use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
+use crate::kernels::matmul::LinearTiling;
+use crate::kernels::pack_rows::{PackedRows, RowSource};
 use crate::mha::{Inputs, MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, PostNorm, ProjectionPlan};
 use crate::tensor::{DType, Tensor};
 use crate::{encode_sdpa, AttentionOptions, Layout};
@@ -95,6 +97,20 @@ pub fn measure_mha(
                 .map(drop)
         }),
     )?;
+    if ctx.linear_tiling() == LinearTiling::Texture {
+        let source = RowSource {
+            buffer: x.buffer(),
+            row0: 0,
+            rows: batch * seq,
+            cols: embed,
+            stride: embed,
+        };
+        phase(
+            "  of which X into a texture, per GEMM",
+            0.0,
+            time_gpu(ctx, reps, |enc| PackedRows::encode(ctx, enc, dtype, &source).map(drop)),
+        )?;
+    }
     phase(
         "attention (fused kernel)",
         attention_flops,
