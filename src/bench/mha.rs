@@ -2,7 +2,7 @@
 //! their own (GPU timestamps where available), the packed Q/K/V GEMM against three
 //! separate ones, and the whole layer.
 
-use super::{time_gpu, Timing};
+use super::{summarise, time_gpu, Clock, GpuTimer, Timing};
 use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
@@ -22,14 +22,24 @@ pub struct MhaPhase {
     pub flops: f64,
 }
 
+/// What [`measure_mha`] measured.
+#[derive(Clone, Debug)]
+pub struct MhaBench {
+    pub phases: Vec<MhaPhase>,
+    /// Time of the three separate Q/K/V GEMMs over the packed one, per pair of runs
+    /// made back to back, sorted.
+    pub separate_over_packed: Vec<f64>,
+}
+
 /// Times the phases of a self-attention layer with post-norm on `[batch, seq, embed]`
-/// inputs with `heads` heads, in `dtype`.
+/// inputs with `heads` heads, in `dtype`. The packed and separate Q/K/V projections are
+/// timed in alternation; each other phase on its own.
 pub fn measure_mha(
     ctx: &Context,
     [batch, seq, embed, heads]: [usize; 4],
     dtype: DType,
     reps: usize,
-) -> Result<Vec<MhaPhase>> {
+) -> Result<MhaBench> {
     let config = MhaConfig {
         post_norm: Some(PostNorm::default()),
         ..MhaConfig::new(embed, heads)
@@ -79,24 +89,22 @@ pub fn measure_mha(
         });
         Ok(())
     };
-    phase(
-        "Q/K/V projection, one packed GEMM",
-        projection_flops,
-        time_gpu(ctx, reps, |enc| {
+    let (packed, separate, ratios) = time_in_alternation(
+        ctx,
+        reps,
+        |enc| {
             layer
                 .encode_projections(ctx, enc, inputs, ProjectionPlan::Fused)
                 .map(drop)
-        }),
-    )?;
-    phase(
-        "Q, K, V projections, three GEMMs",
-        projection_flops,
-        time_gpu(ctx, reps, |enc| {
+        },
+        |enc| {
             layer
                 .encode_projections(ctx, enc, inputs, ProjectionPlan::Separate)
                 .map(drop)
-        }),
+        },
     )?;
+    phase("Q/K/V projection, one packed GEMM", projection_flops, Ok(packed))?;
+    phase("Q, K, V projections, three GEMMs", projection_flops, Ok(separate))?;
     if ctx.linear_tiling() == LinearTiling::Texture {
         let source = RowSource {
             buffer: x.buffer(),
@@ -147,5 +155,37 @@ pub fn measure_mha(
             layer.encode_forward(ctx, enc, inputs, &MhaOptions::default()).map(drop)
         }),
     )?;
-    Ok(phases)
+    Ok(MhaBench {
+        phases,
+        separate_over_packed: ratios,
+    })
+}
+
+/// Times `a` and `b` in alternation, after a first call and a warm-up of each, so both
+/// see the same machine load; also returns each pair's ratio `b / a`, sorted.
+fn time_in_alternation(
+    ctx: &Context,
+    reps: usize,
+    mut a: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+    mut b: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<(Timing, Timing, Vec<f64>)> {
+    let timer = GpuTimer::new(ctx);
+    let first = [timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?];
+    timer.time(ctx, &mut a)?;
+    timer.time(ctx, &mut b)?;
+    let mut pairs = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        pairs.push((timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?));
+    }
+    let mut ratios: Vec<f64> = pairs
+        .iter()
+        .map(|(ta, tb)| tb.as_secs_f64() / ta.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let clock = Clock::for_context(ctx);
+    Ok((
+        summarise(first[0], pairs.iter().map(|p| p.0).collect(), clock),
+        summarise(first[1], pairs.iter().map(|p| p.1).collect(), clock),
+        ratios,
+    ))
 }

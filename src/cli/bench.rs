@@ -445,7 +445,8 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         "probe: GEMM {0}x{0}x{0} f32 {1:.2} GFLOP/s (same process, before the layer)",
         args.probe, probe_gflops
     );
-    let phases = wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.reps)?;
+    let measured = wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.reps)?;
+    let phases = &measured.phases;
     println!(
         "multi-head self-attention with post-norm, B={batch} S={seq} E={embed} H={heads}, {}, {}: median of {} runs",
         dtype.name(),
@@ -457,7 +458,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         "phase", "median ms", "GFLOP/s", "%gemm", "%layer"
     );
     let whole = phases.last().map_or(1.0, |p| p.timing.median.as_secs_f64());
-    for p in &phases {
+    for p in phases {
         let secs = p.timing.median.as_secs_f64();
         let rate = if p.flops > 0.0 {
             gflops(p.flops, p.timing.median)
@@ -476,6 +477,16 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
             rate_text,
             pct,
             100.0 * secs / whole
+        );
+    }
+    let ratios = &measured.separate_over_packed;
+    if let (Some(low), Some(high)) = (ratios.first(), ratios.last()) {
+        let packed_faster = ratios.iter().filter(|&&r| r > 1.0).count();
+        println!(
+            "three GEMMs / packed GEMM, {} pairs run back to back: median {:.3}, range {low:.3} to {high:.3}; packed faster in {packed_faster} of {}",
+            ratios.len(),
+            ratios[ratios.len() / 2],
+            ratios.len()
         );
     }
     Ok(())
