@@ -240,3 +240,54 @@ fn bench_json_has_every_field_and_compares() {
         assert_eq!(output.status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn bench_mha_prints_every_phase_and_the_paired_projection_ratio() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let output = bin()
+        .args([
+            "bench",
+            "--mha",
+            "1,16,32,4",
+            "--reps",
+            "2",
+            "--probe",
+            "32",
+            "--copy-mib",
+            "1",
+        ])
+        .output()
+        .expect("run bench --mha");
+    ok(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for phase in [
+        "one packed GEMM",
+        "three GEMMs",
+        "attention",
+        "output projection",
+        "LayerNorm",
+        "whole layer",
+    ] {
+        assert!(stdout.contains(phase), "no '{phase}' row in:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("2 pairs run back to back"),
+        "no paired ratio line in:\n{stdout}"
+    );
+
+    // Heads that do not divide the width: refused before any measuring, exit 2.
+    let bad = bin()
+        .args(["bench", "--mha", "1,16,30,4", "--reps", "1"])
+        .output()
+        .expect("run bench --mha");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("multiple of num_heads"), "{stderr}");
+    assert!(
+        bad.stdout.is_empty(),
+        "measured before refusing: {}",
+        String::from_utf8_lossy(&bad.stdout)
+    );
+}

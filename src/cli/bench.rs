@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use wgpu_attention::bench::probe::Probe;
 use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
 use wgpu_attention::bench::{gflops, Clock};
+use wgpu_attention::mha::MhaConfig;
 use wgpu_attention::{AttentionShape, Context, DType, FusedTiling};
 
 /// Version tag of the JSON this command writes.
@@ -427,6 +428,10 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
     if v.contains(&0) {
         return Err(CliError::bad(format!("--mha '{sizes}': sizes must be at least 1")));
     }
+    // Before the adapter and the probe, so a bad shape costs nothing.
+    MhaConfig::new(embed, heads)
+        .validate()
+        .map_err(|e| CliError::bad(format!("--mha '{sizes}': {e}")))?;
     let dtype = if args.dtype == "f16" { DType::F16 } else { DType::F32 };
     let ctx = adapter.context()?;
     let info = ctx.adapter_info();
