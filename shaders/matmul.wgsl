@@ -11,9 +11,9 @@
 //
 // The tilings, chosen by the host (src/kernels/matmul.rs), are appended to this file:
 // matmul_tiled.wgsl reads X and W from storage buffers (GPUs, and CPU adapters without
-// subgroups); matmul_texture.wgsl reads them from textures that pack_rows.wgsl filled
-// (CPU adapters with subgroups, where texel fetches are gathers and storage loads are
-// one lane at a time).
+// subgroups); matmul_texture.wgsl reads them from textures, filled by a buffer-to-
+// texture copy or by pack_rows.wgsl (CPU adapters with subgroups, where texel fetches
+// are gathers and storage loads go one lane at a time).
 
 struct LinearParams {
     m: u32,

@@ -9,7 +9,7 @@
 // One 8-lane workgroup owns an 8 x 32 block of Y: lane l owns columns n0 + l, + 8, + 16,
 // + 24 for all 8 rows, the rows being the components of a lo and a hi vec4. Per texel
 // step along K, lane l fetches four K values of X row m0 + l (shared with the other
-// lanes by subgroupBroadcast) and of its four W rows: 512 multiply-adds per lane per
+// lanes by subgroupBroadcast) and of its four W rows: 128 multiply-adds per lane per
 // five fetches, eight vec4 accumulators, no workgroup memory, no barriers.
 
 @group(0) @binding(1) var x: texture_2d_array<f32>;

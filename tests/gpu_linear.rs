@@ -198,6 +198,47 @@ fn linear_rejects_bad_requests_with_errors() {
     assert!(attempt(&mut encoder, 2, 4, &[1]).is_err(), "X too small for 2 rows");
     assert!(attempt(&mut encoder, 1, 4, &[2]).is_err(), "W too small for 2 columns");
     assert!(attempt(&mut encoder, 1, 4, &[0]).is_err(), "zero-width output");
+
+    // A pre-packed W must be rows 0.. of the very W passed: a packing of other rows, or
+    // of another buffer, is refused rather than read.
+    let two_rows = matrix(ctx, DType::F32, 2, 4, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    let pack = |row0: usize, buffer| {
+        let source = RowSource {
+            buffer,
+            row0,
+            rows: 2 - row0,
+            cols: 4,
+            stride: 4,
+        };
+        PackedRows::upload(ctx, DType::F32, &source).expect("pack")
+    };
+    let with_packed = |encoder: &mut wgpu_attention::wgpu::CommandEncoder, packed: &PackedRows| {
+        let linear = Linear {
+            x: small.buffer(),
+            x_stride: 4,
+            w: two_rows.buffer(),
+            w_packed: Some(packed),
+            bias: None,
+            w_row0: 0,
+            outputs: &[(out.buffer(), 1)],
+            m: 1,
+            k: 4,
+        };
+        encode_linear(ctx, encoder, DType::F32, LinearTiling::Texture, &linear)
+    };
+    assert!(
+        with_packed(&mut encoder, &pack(0, two_rows.buffer())).is_ok(),
+        "rows 0.. of W"
+    );
+    assert!(
+        with_packed(&mut encoder, &pack(1, two_rows.buffer())).is_err(),
+        "rows 1.. of W"
+    );
+    let other = matrix(ctx, DType::F32, 2, 4, &[0.5; 8]);
+    assert!(
+        with_packed(&mut encoder, &pack(0, other.buffer())).is_err(),
+        "another buffer"
+    );
 }
 
 #[test]

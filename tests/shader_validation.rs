@@ -123,3 +123,62 @@ fn kernel_slots_are_exactly_the_bindings_each_entry_point_uses() {
         assert_eq!(used, declared, "{}:{} bindings", kernel.file, kernel.entry);
     }
 }
+
+/// (name, offset) of each member of WGSL struct `name` in a kernel's source, and its size.
+fn wgsl_struct(kernel: &wgpu_attention::kernels::Kernel, name: &str) -> (Vec<(String, usize)>, usize) {
+    let module = validate(&shader_source(kernel, DType::F32)).expect("valid shader");
+    let (_, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("struct {name} in {}", kernel.file));
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("{name} is not a struct");
+    };
+    let members = members
+        .iter()
+        .map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize))
+        .collect();
+    (members, *span as usize)
+}
+
+#[test]
+fn linear_and_packing_uniforms_match_rust() {
+    use std::mem::{offset_of, size_of};
+    use wgpu_attention::kernels::matmul::{LinearParams, TEXTURE, TILED};
+    use wgpu_attention::kernels::pack_rows::{PackParams, KERNEL as PACK};
+    let linear = [
+        ("m", offset_of!(LinearParams, m)),
+        ("n", offset_of!(LinearParams, n)),
+        ("k", offset_of!(LinearParams, k)),
+        ("has_bias", offset_of!(LinearParams, has_bias)),
+        ("seg1", offset_of!(LinearParams, seg1)),
+        ("seg2", offset_of!(LinearParams, seg2)),
+        ("w_row0", offset_of!(LinearParams, w_row0)),
+        ("x_stride", offset_of!(LinearParams, x_stride)),
+        ("x_layer_rows", offset_of!(LinearParams, x_layer_rows)),
+        ("w_layer_rows", offset_of!(LinearParams, w_layer_rows)),
+        ("w_texture_row0", offset_of!(LinearParams, w_texture_row0)),
+        ("pad0", offset_of!(LinearParams, pad0)),
+    ];
+    let linear: Vec<(String, usize)> = linear.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    for kernel in [TILED, TEXTURE] {
+        assert_eq!(
+            wgsl_struct(&kernel, "LinearParams"),
+            (linear.clone(), size_of::<LinearParams>()),
+            "{}",
+            kernel.file
+        );
+    }
+    let pack = [
+        ("rows", offset_of!(PackParams, rows)),
+        ("cols", offset_of!(PackParams, cols)),
+        ("stride", offset_of!(PackParams, stride)),
+        ("row0", offset_of!(PackParams, row0)),
+        ("layer_rows", offset_of!(PackParams, layer_rows)),
+    ];
+    let (wgsl, size) = wgsl_struct(&PACK, "PackParams");
+    assert_eq!(size, size_of::<PackParams>(), "PackParams size");
+    let named: Vec<(String, usize)> = pack.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    assert_eq!(wgsl[..named.len()], named[..], "PackParams members before the padding");
+}

@@ -12,6 +12,7 @@ use crate::kernels::pack_rows::{PackedRows, RowSource};
 use crate::mha::{Inputs, MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, PostNorm, ProjectionPlan};
 use crate::tensor::{DType, Tensor};
 use crate::{encode_sdpa, AttentionOptions, Layout};
+use std::time::Duration;
 
 /// One timed phase.
 #[derive(Clone, Debug)]
@@ -162,7 +163,8 @@ pub fn measure_mha(
 }
 
 /// Times `a` and `b` in alternation, after a first call and a warm-up of each, so both
-/// see the same machine load; also returns each pair's ratio `b / a`, sorted.
+/// see the same machine load (which one runs first alternates too); also returns each
+/// pair's ratio `b / a`, sorted.
 fn time_in_alternation(
     ctx: &Context,
     reps: usize,
@@ -174,13 +176,19 @@ fn time_in_alternation(
     timer.time(ctx, &mut a)?;
     timer.time(ctx, &mut b)?;
     let mut pairs = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        pairs.push((timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?));
+    for i in 0..reps.max(1) {
+        // Which of the two goes first alternates, so running order favours neither.
+        let pair = if i % 2 == 0 {
+            (timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?)
+        } else {
+            let tb = timer.time(ctx, &mut b)?;
+            (timer.time(ctx, &mut a)?, tb)
+        };
+        pairs.push(pair);
     }
-    let mut ratios: Vec<f64> = pairs
-        .iter()
-        .map(|(ta, tb)| tb.as_secs_f64() / ta.as_secs_f64())
-        .collect();
+    // A zero reading (a clock coarser than the work) counts as one nanosecond.
+    let secs = |t: &Duration| t.as_secs_f64().max(1e-9);
+    let mut ratios: Vec<f64> = pairs.iter().map(|(ta, tb)| secs(tb) / secs(ta)).collect();
     ratios.sort_by(f64::total_cmp);
     let clock = Clock::for_context(ctx);
     Ok((

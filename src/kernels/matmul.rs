@@ -109,13 +109,17 @@ impl Context {
     /// The GEMM tiling used for this adapter: `texture` on CPU adapters with >= 8-lane
     /// subgroups (lavapipe), else `tiled`.
     pub fn linear_tiling(&self) -> LinearTiling {
-        let lanes = self.capabilities().subgroups.is_some_and(|(min, _)| min >= 8);
-        if self.is_cpu_adapter() && lanes {
+        if self.is_cpu_adapter() && has_8_lane_subgroups(self) {
             LinearTiling::Texture
         } else {
             LinearTiling::Tiled
         }
     }
+}
+
+/// The texture kernel shares X across 8 lanes of one subgroup.
+fn has_8_lane_subgroups(ctx: &Context) -> bool {
+    ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8)
 }
 
 fn elements(buffer: &wgpu::Buffer, dtype: DType) -> usize {
@@ -164,11 +168,11 @@ impl Linear<'_> {
             too_small(&format!("output {i}"), buffer, m * width)?;
         }
         if let Some(packed) = self.w_packed {
-            if packed.cols() != k || packed.rows() < self.w_row0 + n {
+            if !packed.is_whole(self.w) || packed.cols() != k || packed.rows() < self.w_row0 + n {
                 return Err(Error::invalid(
                     "linear layer",
                     format!(
-                        "the packed W is {} x {}, needs {k} columns and {} rows",
+                        "the packed W must hold rows 0.. of W; it is {} x {}, needs {k} columns and {} rows",
                         packed.rows(),
                         packed.cols(),
                         self.w_row0 + n
@@ -188,8 +192,9 @@ impl Linear<'_> {
 }
 
 /// Records one linear layer application. The texture tiling packs X (and W, unless
-/// `w_packed` is given) into textures first, in the same encoder; a layer whose
-/// operands exceed the texture limits runs the tiled kernel instead.
+/// `w_packed` is given) into textures first, in the same encoder; on an adapter without
+/// 8-lane subgroups, or for operands past the texture or dispatch limits, the tiled
+/// kernel runs instead.
 pub fn encode_linear(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -199,7 +204,7 @@ pub fn encode_linear(
 ) -> Result<()> {
     linear.validate(dtype)?;
     let tiling = match tiling {
-        LinearTiling::Texture if !linear.fits_textures(ctx) => LinearTiling::Tiled,
+        LinearTiling::Texture if !has_8_lane_subgroups(ctx) || !linear.fits_textures(ctx) => LinearTiling::Tiled,
         other => other,
     };
     let (m, n) = (linear.m, linear.n());

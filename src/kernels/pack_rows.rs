@@ -23,13 +23,13 @@ const TEXEL_BYTES: u64 = 16;
 /// Mirror of WGSL `PackParams`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct PackParams {
-    rows: u32,
-    cols: u32,
-    stride: u32,
-    row0: u32,
-    layer_rows: u32,
-    pad: [u32; 3],
+pub struct PackParams {
+    pub rows: u32,
+    pub cols: u32,
+    pub stride: u32,
+    pub row0: u32,
+    pub layer_rows: u32,
+    pub pad: [u32; 3],
 }
 
 /// Rows `row0 .. row0 + rows` of a row-major matrix of `dtype` elements in `buffer`,
@@ -121,6 +121,9 @@ fn copy_rows(encoder: &mut wgpu::CommandEncoder, source: &RowSource, texture: &w
 #[derive(Debug)]
 pub struct PackedRows {
     view: wgpu::TextureView,
+    /// The buffer and first row it was packed from (so a user can be checked).
+    source: wgpu::Buffer,
+    row0: usize,
     rows: usize,
     cols: usize,
     shape: TextureShape,
@@ -168,17 +171,6 @@ impl PackedRows {
                 ),
             ));
         };
-        let groups = [groups_for(shape.texels, 8), groups_for(rows, 8), 1];
-        let max = ctx.capabilities().max_workgroups_per_dim;
-        if groups[1] > max {
-            return Err(Error::LimitExceeded {
-                what: what(),
-                limit: "max_compute_workgroups_per_dimension",
-                unit: "workgroups",
-                requested: groups[1].into(),
-                max: max.into(),
-            });
-        }
         let size = wgpu::Extent3d {
             width: shape.texels as u32,
             height: shape.layer_rows as u32,
@@ -203,13 +195,27 @@ impl PackedRows {
             dimension: Some(wgpu::TextureViewDimension::D2Array),
             ..Default::default()
         });
+        let packed = PackedRows {
+            view,
+            source: source.buffer.clone(),
+            row0,
+            rows,
+            cols,
+            shape,
+        };
         if copies_directly(dtype, source) {
             copy_rows(encoder, source, &texture, shape);
-            return Ok(PackedRows {
-                view,
-                rows,
-                cols,
-                shape,
+            return Ok(packed);
+        }
+        let groups = [groups_for(shape.texels, 8), groups_for(rows, 8), 1];
+        let max = ctx.capabilities().max_workgroups_per_dim;
+        if groups[0] > max || groups[1] > max {
+            return Err(Error::LimitExceeded {
+                what: what(),
+                limit: "max_compute_workgroups_per_dimension",
+                unit: "workgroups",
+                requested: groups[0].max(groups[1]).into(),
+                max: max.into(),
             });
         }
         let params = PackParams {
@@ -234,18 +240,13 @@ impl PackedRows {
                 },
                 wgpu::BindGroupEntry {
                     binding: 2,
-                    resource: wgpu::BindingResource::TextureView(&view),
+                    resource: wgpu::BindingResource::TextureView(&packed.view),
                 },
             ];
             dispatch_entries(ctx, encoder, &pipeline, &entries, groups);
             Ok(())
         })?;
-        Ok(PackedRows {
-            view,
-            rows,
-            cols,
-            shape,
-        })
+        Ok(packed)
     }
 
     /// Packs `source` and submits the work (for weights packed once, ahead of use).
@@ -261,6 +262,11 @@ impl PackedRows {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Whether this holds rows `0..` of `buffer`, i.e. a whole weight matrix.
+    pub fn is_whole(&self, buffer: &wgpu::Buffer) -> bool {
+        self.row0 == 0 && self.source == *buffer
     }
 
     pub fn cols(&self) -> usize {
