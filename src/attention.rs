@@ -426,18 +426,15 @@ fn key_range_per_dispatch(ctx: &Context, kernel: &ResolvedKernel, shape: &Attent
     if !ctx.has_llvmpipe_loop_cap() {
         return Ok(all);
     }
-    let refuse = |needed: u64| Error::LimitExceeded {
-        what: format!(
-            "{} attention over {} keys (D {}, Dv {}) on llvmpipe",
+    let refuse = |needed: u64| {
+        let what = format!(
+            "{} attention over {} keys (D {}, Dv {})",
             kernel.name(),
             shape.len_k,
             shape.head_dim,
             shape.head_dim_v
-        ),
-        limit: "llvmpipe's cap on loop iterations per invocation",
-        unit: "loop iterations",
-        requested: needed,
-        max: loop_budget::LLVMPIPE_LOOP_CAP,
+        );
+        loop_budget::over_cap(what, needed)
     };
     match kernel {
         ResolvedKernel::Fused(config) => {

@@ -311,4 +311,21 @@ fn linear_layers_wider_than_texture_limits_fall_back_or_are_refused() {
         }
         Err(other) => panic!("k = {k}: unexpected error {other}"),
     }
+
+    // More rows than dispatches of 8 rows per workgroup reach: the tiled kernel (64 rows
+    // per workgroup) takes them, correctly.
+    let m = 8 * ctx.capabilities().max_workgroups_per_dim as usize + 3;
+    let case = Case {
+        m,
+        k: 5,
+        x_stride: 5,
+        widths: vec![2],
+        w_row0: 0,
+        bias: true,
+        dtype: DType::F32,
+        tiling: LinearTiling::Texture,
+        prepacked: false,
+        seed: 401,
+    };
+    run(ctx, &case).expect("m past the texture tiling's dispatch limit runs tiled");
 }

@@ -89,13 +89,19 @@ pub fn layer_norm_iterations(width: usize) -> u64 {
 /// cap (it would silently stop early); `what` names the work.
 pub fn check(ctx: &Context, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
     if ctx.has_llvmpipe_loop_cap() && needed > LLVMPIPE_LOOP_CAP {
-        return Err(Error::LimitExceeded {
-            what: format!("{} on llvmpipe", what()),
-            limit: "llvmpipe's cap on loop iterations per invocation",
-            unit: "loop iterations",
-            requested: needed,
-            max: LLVMPIPE_LOOP_CAP,
-        });
+        return Err(over_cap(what(), needed));
     }
     Ok(())
+}
+
+/// The error for work (`what`, without "on llvmpipe") that would need `needed` loop
+/// iterations per invocation on llvmpipe.
+pub fn over_cap(what: String, needed: u64) -> Error {
+    Error::LimitExceeded {
+        what: format!("{what} on llvmpipe"),
+        limit: "llvmpipe's cap on loop iterations per invocation",
+        unit: "loop iterations",
+        requested: needed,
+        max: LLVMPIPE_LOOP_CAP,
+    }
 }

@@ -2,7 +2,7 @@
 //! layer `Y = X · Wᵀ + b` as a GEMM, with a split epilogue that writes column ranges to
 //! separate buffers (the fused Q/K/V projection). Also the benchmark's roofline probe.
 
-use super::pack_rows::{PackedRows, RowSource, TextureShape};
+use super::pack_rows::{PackedRows, RowSource, TextureShape, ROWS_PER_GROUP};
 use super::{dispatch_entries, groups_for, loop_budget, pipeline, Kernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -59,7 +59,7 @@ impl LinearTiling {
     fn block(self) -> (usize, usize) {
         match self {
             LinearTiling::Tiled => (64, 64),
-            LinearTiling::Texture => (8, 32),
+            LinearTiling::Texture => (ROWS_PER_GROUP, 32),
         }
     }
 }
@@ -183,7 +183,8 @@ impl Linear<'_> {
         Ok(())
     }
 
-    /// Whether both operands fit the device's texture limits.
+    /// Whether both operands can be packed into textures (and so run through the texture
+    /// GEMM, which covers as many rows per workgroup as the packing).
     fn fits_textures(&self, ctx: &Context) -> bool {
         let w_rows = self.w_packed.map_or(self.n(), PackedRows::rows);
         TextureShape::for_matrix(ctx, self.m, self.k).is_some()

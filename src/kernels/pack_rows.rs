@@ -17,6 +17,10 @@ pub const KERNEL: Kernel = Kernel {
     variant: "",
 };
 
+/// Rows one workgroup covers, in the packing kernel (8 x 8 texels) and in the texture
+/// GEMM (8 x 32 outputs).
+pub const ROWS_PER_GROUP: usize = 8;
+
 /// Bytes of one texel (four f32).
 const TEXEL_BYTES: u64 = 16;
 
@@ -54,14 +58,18 @@ pub struct TextureShape {
 
 impl TextureShape {
     /// The shape on this device, or `None` when the matrix is too wide or too tall for
-    /// its texture limits.
+    /// its texture limits, or for the packing kernel's dispatch (8 texels of
+    /// [`ROWS_PER_GROUP`] rows per workgroup; the texture GEMM covers as many rows).
     pub fn for_matrix(ctx: &Context, rows: usize, cols: usize) -> Option<TextureShape> {
         let caps = ctx.capabilities();
         let max_dim = caps.max_texture_dim as usize;
         let texels = cols.div_ceil(4);
         let layer_rows = rows.min(max_dim);
         let layers = rows.div_ceil(layer_rows.max(1));
-        let fits = rows >= 1 && texels >= 1 && texels <= max_dim && layers <= caps.max_texture_layers as usize;
+        let max_groups = caps.max_workgroups_per_dim;
+        let dispatchable = groups_for(rows, ROWS_PER_GROUP) <= max_groups && groups_for(texels, 8) <= max_groups;
+        let fits =
+            rows >= 1 && texels >= 1 && texels <= max_dim && layers <= caps.max_texture_layers as usize && dispatchable;
         fits.then_some(TextureShape {
             texels,
             layer_rows,
@@ -165,9 +173,11 @@ impl PackedRows {
                 "texture packing",
                 what(),
                 format!(
-                    "at most {} texels per row and {} layers of as many rows",
+                    "at most {} texels per row, {} layers of as many rows, and {} workgroups of {} rows",
                     ctx.capabilities().max_texture_dim,
-                    ctx.capabilities().max_texture_layers
+                    ctx.capabilities().max_texture_layers,
+                    ctx.capabilities().max_workgroups_per_dim,
+                    ROWS_PER_GROUP
                 ),
             ));
         };
@@ -207,17 +217,8 @@ impl PackedRows {
             copy_rows(encoder, source, &texture, shape);
             return Ok(packed);
         }
-        let groups = [groups_for(shape.texels, 8), groups_for(rows, 8), 1];
-        let max = ctx.capabilities().max_workgroups_per_dim;
-        if groups[0] > max || groups[1] > max {
-            return Err(Error::LimitExceeded {
-                what: what(),
-                limit: "max_compute_workgroups_per_dimension",
-                unit: "workgroups",
-                requested: groups[0].max(groups[1]).into(),
-                max: max.into(),
-            });
-        }
+        // Within the dispatch limit: `TextureShape::for_matrix` checked it.
+        let groups = [groups_for(shape.texels, 8), groups_for(rows, ROWS_PER_GROUP), 1];
         let params = PackParams {
             rows: rows as u32,
             cols: cols as u32,
