@@ -60,13 +60,7 @@ fn run(ctx: &Context, case: &Case) -> Result<(), Error> {
         .zip(&case.widths)
         .map(|(t, &width)| (t.buffer(), width))
         .collect();
-    let source = RowSource {
-        buffer: w_gpu.buffer(),
-        row0: 0,
-        rows,
-        cols: k,
-        stride: k,
-    };
+    let source = RowSource::dense(w_gpu.buffer(), rows, k);
     let w_packed = case
         .prepacked
         .then(|| PackedRows::upload(ctx, case.dtype, &source).expect("pack W"));

@@ -107,13 +107,7 @@ pub fn measure_mha(
     phase("Q/K/V projection, one packed GEMM", projection_flops, Ok(packed))?;
     phase("Q, K, V projections, three GEMMs", projection_flops, Ok(separate))?;
     if ctx.linear_tiling() == LinearTiling::Texture {
-        let source = RowSource {
-            buffer: x.buffer(),
-            row0: 0,
-            rows: batch * seq,
-            cols: embed,
-            stride: embed,
-        };
+        let source = RowSource::dense(x.buffer(), batch * seq, embed);
         phase(
             "  of which X into a texture, per GEMM",
             0.0,

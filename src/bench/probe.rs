@@ -54,17 +54,7 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
     let tiling = ctx.linear_tiling();
     // W is packed once, like a layer's weights; X is packed inside every timed call.
     let w_packed = match tiling {
-        LinearTiling::Texture => Some(PackedRows::upload(
-            ctx,
-            DType::F32,
-            &RowSource {
-                buffer: &w,
-                row0: 0,
-                rows: n,
-                cols: n,
-                stride: n,
-            },
-        )?),
+        LinearTiling::Texture => Some(PackedRows::upload(ctx, DType::F32, &RowSource::dense(&w, n, n))?),
         LinearTiling::Tiled => None,
     };
     let linear = Linear {

@@ -47,6 +47,19 @@ pub struct RowSource<'a> {
     pub stride: usize,
 }
 
+impl<'a> RowSource<'a> {
+    /// All of a dense row-major `[rows, cols]` matrix.
+    pub fn dense(buffer: &'a wgpu::Buffer, rows: usize, cols: usize) -> Self {
+        RowSource {
+            buffer,
+            row0: 0,
+            rows,
+            cols,
+            stride: cols,
+        }
+    }
+}
+
 /// How a `rows x cols` matrix lies in a texture: `texels` per row, `layer_rows` rows
 /// per layer, `layers` layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

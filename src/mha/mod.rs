@@ -92,13 +92,7 @@ impl GpuProjection {
     /// Uploads a `[rows, cols]` weight (`cols` = in_features) and its bias.
     fn new(ctx: &Context, dtype: DType, weight: &[f32], cols: usize, bias: Option<&[f32]>) -> Result<Self> {
         let weight = upload(ctx, dtype, weight)?;
-        let source = RowSource {
-            buffer: weight.buffer(),
-            row0: 0,
-            rows: weight.len() / cols,
-            cols,
-            stride: cols,
-        };
+        let source = RowSource::dense(weight.buffer(), weight.len() / cols, cols);
         let packs =
             ctx.linear_tiling() == LinearTiling::Texture && TextureShape::for_matrix(ctx, source.rows, cols).is_some();
         Ok(GpuProjection {
