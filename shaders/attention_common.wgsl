@@ -110,28 +110,93 @@ fn mask_word(b: u32, h: u32, i: u32, j: u32) -> u32 {
     return mask_words[b * p.m_stride_b + h * p.m_stride_h + i * p.m_stride_q + j * p.m_stride_k];
 }
 
-fn word_allows(w: u32) -> bool {
-    if p.mask_kind == MASK_BOOL {
-        return w != 0u;
+// The mask words of keys j0..j0+3 for query i (keys past the end are clamped: their
+// words are read but never used, as key_end masks them).
+fn mask_words_of_keys(b: u32, h: u32, i: u32, j0: u32) -> vec4<u32> {
+    if p.mask_kind == MASK_NONE {
+        return vec4<u32>(1u);
     }
-    return p.mask_kind == MASK_NONE || w != NEG_INF_BITS;
+    let last = p.len_k - 1u;
+    return vec4<u32>(
+        mask_word(b, h, i, min(j0, last)),
+        mask_word(b, h, i, min(j0 + 1u, last)),
+        mask_word(b, h, i, min(j0 + 2u, last)),
+        mask_word(b, h, i, min(j0 + 3u, last)),
+    );
 }
 
-fn word_bias(w: u32) -> f32 {
-    if p.mask_kind == MASK_ADDITIVE {
-        return bitcast<f32>(w);
+// The mask words of key j for query rows `rows` (clamped as above).
+fn mask_words_of_rows(b: u32, h: u32, rows: vec4<u32>, j: u32) -> vec4<u32> {
+    if p.mask_kind == MASK_NONE {
+        return vec4<u32>(1u);
     }
-    return 0.0;
+    let jc = min(j, p.len_k - 1u);
+    return vec4<u32>(
+        mask_word(b, h, rows.x, jc),
+        mask_word(b, h, rows.y, jc),
+        mask_word(b, h, rows.z, jc),
+        mask_word(b, h, rows.w, jc),
+    );
 }
 
-// The scaled, biased score of a visible position, or -inf if (b, h, i, j) is masked.
-// `end` is key_end(b, i), hoisted by the caller.
-fn masked_score(raw: f32, end: u32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    if j >= end {
+// Keys j0..j0+3.
+fn keys4(j0: u32) -> vec4<u32> {
+    return vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
+// THE masking rule, the one place every attention kernel applies it (docs/design.md,
+// "Masks"): four scaled scores, whether each position lies before key_end (causal,
+// key lengths) and its explicit-mask word give the score the softmax sees: -inf where
+// any rule masks, else the score plus the additive bias. A masked position's own
+// score never reaches the result, so NaN or inf there is harmless.
+fn apply_masks(scaled: vec4<f32>, in_range: vec4<bool>, w: vec4<u32>) -> vec4<f32> {
+    let allows = select(w != vec4<u32>(NEG_INF_BITS), w != vec4<u32>(0u), p.mask_kind == MASK_BOOL);
+    let bias = select(vec4<f32>(0.0), bitcast<vec4<f32>>(w), p.mask_kind == MASK_ADDITIVE);
+    return select(vec4<f32>(neg_inf()), scaled + bias, in_range & allows);
+}
+
+// Online-softmax rules, shared by every kernel that normalises scores (docs/design.md,
+// "Softmax"). Scores are -inf exactly where masked.
+//
+// The factor that rescales an accumulator and sum kept against `old_max` to `new_max`:
+// 0 where nothing was seen yet (old_max = -inf; the accumulator and sum are 0 then,
+// and exp(-inf - -inf) would be NaN).
+fn softmax_rescale(old_max: vec4<f32>, new_max: vec4<f32>) -> vec4<f32> {
+    let unseen = bitcast<vec4<u32>>(old_max) == vec4<u32>(NEG_INF_BITS);
+    return select(exp(old_max - new_max), vec4<f32>(0.0), unseen);
+}
+
+// Unnormalised probabilities exp(s - max): exactly 0 at masked scores, whatever max is.
+fn softmax_probs(s: vec4<f32>, max: vec4<f32>) -> vec4<f32> {
+    let masked = bitcast<vec4<u32>>(s) == vec4<u32>(NEG_INF_BITS);
+    return select(exp(s - max), vec4<f32>(0.0), masked);
+}
+
+// The running maximum a dispatch starts from for query row i of (b, h): -inf for the
+// first key range; otherwise the log-sum-exp the previous range stored, which with a
+// sum of 1 and the stored normalised output row as accumulator is an equivalent
+// online-softmax state, so the softmax continues as if it had never stopped.
+fn resumed_max(hd: Head, i: u32) -> f32 {
+    if p.key_begin == 0u {
         return neg_inf();
     }
-    let w = mask_word(b, h, i, j);
-    return select(neg_inf(), raw * p.scale + word_bias(w), word_allows(w));
+    return lse[(hd.b * p.heads_q + hd.h) * p.len_q + i];
+}
+
+// The running sum that goes with resumed_max.
+fn resumed_sum(max: f32) -> f32 {
+    return select(1.0, 0.0, is_neg_inf(max));
+}
+
+// A row's log-sum-exp from its final maximum and sum: -inf for a row that saw no key.
+fn row_lse(max: f32, sum: f32) -> f32 {
+    return select(max + log(sum), neg_inf(), sum == 0.0);
+}
+
+// What multiplies the accumulator to normalise it: 0 for a row that saw no key, whose
+// output is then zeros, never NaN.
+fn row_inv_sum(sum: f32) -> f32 {
+    return select(1.0 / sum, 0.0, sum == 0.0);
 }
 
 // Offsets of the rows of keys j0..j0+3 in K or V (clamped to the last key: rows past

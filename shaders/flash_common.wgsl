@@ -1,6 +1,7 @@
-// Shared by the fused kernels of flash_attention.wgsl (flash_subgroup.wgsl keeps its
-// own 4-row state), appended after attention_common.wgsl: per-invocation state for one query row and the
-// online-softmax steps.
+// Shared by the fused kernels of flash_attention.wgsl (flash_subgroup.wgsl and
+// flash_blocked.wgsl keep their own state), appended after attention_common.wgsl:
+// per-invocation state for one query row, driven by attention_common.wgsl's masking
+// and softmax rules.
 //
 // Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
 // output accumulator live in private vec4 arrays; keys are consumed in blocks of 4:
@@ -71,30 +72,19 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     );
 }
 
-// The running state before key p.key_begin: empty for the first key range; otherwise
-// what the previous range stored. Its normalised output row o and log-sum-exp lse are
-// an equivalent state (max lse, sum 1, accumulator o), so the online softmax continues
-// as if it had never stopped.
+// The running state before key p.key_begin (attention_common.wgsl's resumed_max).
 fn resume_row(hd: Head, i: u32) {
     let dv4 = (p.head_dim_v + 3u) / 4u;
-    row_max = neg_inf();
-    if p.key_begin > 0u {
-        row_max = lse[(hd.b * p.heads_q + hd.h) * p.len_q + i];
-    }
-    if is_neg_inf(row_max) {
-        row_sum = 0.0;
-        for (var t = 0u; t < dv4; t++) {
-            acc[t] = vec4<f32>(0.0);
-        }
-        return;
-    }
-    row_sum = 1.0;
+    row_max = resumed_max(hd, i);
+    row_sum = resumed_sum(row_max);
     let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
     for (var t = 0u; t < dv4; t++) {
         var o = vec4<f32>(0.0);
-        for (var c = 0u; c < 4u; c++) {
-            if t * 4u + c < p.head_dim_v {
-                o[c] = f32(output[o_base + t * 4u + c]);
+        if row_sum != 0.0 {
+            for (var c = 0u; c < 4u; c++) {
+                if t * 4u + c < p.head_dim_v {
+                    o[c] = f32(output[o_base + t * 4u + c]);
+                }
             }
         }
         acc[t] = o;
@@ -114,18 +104,7 @@ fn qload4(base: u32, t4: u32) -> vec4<f32> {
 
 // Masks four raw scores (already scaled through q_row) of keys j0..j0+3.
 fn mask4(raw: vec4<f32>, s: RowSetup, j0: u32) -> vec4<f32> {
-    var out4: vec4<f32>;
-    for (var c = 0u; c < 4u; c++) {
-        // masked_score multiplies by the scale; q_row already carries it.
-        let j = j0 + c;
-        if j >= s.end {
-            out4[c] = neg_inf();
-        } else {
-            let w = mask_word(s.hd.b, s.hd.h, s.i, j);
-            out4[c] = select(neg_inf(), raw[c] + word_bias(w), word_allows(w));
-        }
-    }
-    return out4;
+    return apply_masks(raw, keys4(j0) < vec4<u32>(s.end), mask_words_of_keys(s.hd.b, s.hd.h, s.i, j0));
 }
 
 // Online-softmax step for four masked scores: raises the running max, rescales the
@@ -138,8 +117,7 @@ fn online_step(s4: vec4<f32>) -> vec4<f32> {
         return vec4<f32>(0.0); // nothing visible yet
     }
     if new_max > row_max {
-        // exp(-inf) is 0, and acc and row_sum are still 0 then, so the first block is exact.
-        let alpha = select(exp(row_max - new_max), 0.0, is_neg_inf(row_max));
+        let alpha = softmax_rescale(vec4<f32>(row_max), vec4<f32>(new_max)).x;
         row_sum *= alpha;
         let dv4 = (p.head_dim_v + 3u) / 4u;
         for (var t = 0u; t < dv4; t++) {
@@ -147,10 +125,7 @@ fn online_step(s4: vec4<f32>) -> vec4<f32> {
         }
         row_max = new_max;
     }
-    var pr: vec4<f32>;
-    for (var c = 0u; c < 4u; c++) {
-        pr[c] = select(exp(s4[c] - new_max), 0.0, is_neg_inf(s4[c]));
-    }
+    let pr = softmax_probs(s4, vec4<f32>(new_max));
     row_sum += pr.x + pr.y + pr.z + pr.w;
     return pr;
 }
@@ -160,8 +135,7 @@ fn finish_row(s: RowSetup, row: u32) {
     if row >= p.len_q {
         return;
     }
-    let empty = row_sum == 0.0;
-    let inv = select(1.0 / row_sum, 0.0, empty);
+    let inv = row_inv_sum(row_sum);
     let o_base = s.hd.b * p.o_stride_b + s.hd.h * p.o_stride_h + row * p.o_stride_s;
     let dv4 = (p.head_dim_v + 3u) / 4u;
     for (var t = 0u; t < dv4; t++) {
@@ -172,7 +146,6 @@ fn finish_row(s: RowSetup, row: u32) {
             }
         }
     }
-    lse[(s.hd.b * p.heads_q + s.hd.h) * p.len_q + row] =
-        select(row_max + log(row_sum), neg_inf(), empty);
+    lse[(s.hd.b * p.heads_q + s.hd.h) * p.len_q + row] = row_lse(row_max, row_sum);
 }
 

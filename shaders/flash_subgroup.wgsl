@@ -59,23 +59,8 @@ fn v_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
 }
 
 // The scores of key j for the 4 rows, masked: -inf where a rule masks (row r, j).
-// Written with vector operations only: per-component loops with dynamic indices made
-// this kernel take a minute to compile on llvmpipe.
 fn mask_column(hd: Head, rows: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>) -> vec4<f32> {
-    let visible = vec4<u32>(j) < ends;
-    if p.mask_kind == MASK_NONE {
-        return select(vec4<f32>(neg_inf()), s, visible);
-    }
-    let jc = min(j, p.len_k - 1u); // past the end the word is read but not used
-    let w = vec4<u32>(
-        mask_word(hd.b, hd.h, rows.x, jc),
-        mask_word(hd.b, hd.h, rows.y, jc),
-        mask_word(hd.b, hd.h, rows.z, jc),
-        mask_word(hd.b, hd.h, rows.w, jc),
-    );
-    let allows = select(w != vec4<u32>(NEG_INF_BITS), w != vec4<u32>(0u), p.mask_kind == MASK_BOOL);
-    let bias = select(vec4<f32>(0.0), bitcast<vec4<f32>>(w), p.mask_kind == MASK_ADDITIVE);
-    return select(vec4<f32>(neg_inf()), s + bias, visible & allows);
+    return apply_masks(s, vec4<u32>(j) < ends, mask_words_of_rows(hd.b, hd.h, rows, j));
 }
 
 // Online-softmax step over the 4 keys of the block, for all 4 rows at once: raises the
@@ -84,10 +69,8 @@ fn mask_column(hd: Head, rows: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>)
 fn online_step4() {
     let block_max = max(max(score[0], score[1]), max(score[2], score[3]));
     let new_max = max(row_max, block_max);
-    let row_unseen = (bitcast<vec4<u32>>(row_max) == vec4<u32>(NEG_INF_BITS));
     if any(new_max > row_max) {
-        // alpha is 0 where nothing was seen yet (acc and sum are still 0 there).
-        let alpha = select(exp(row_max - new_max), vec4<f32>(0.0), row_unseen);
+        let alpha = softmax_rescale(row_max, new_max);
         row_sum *= alpha;
         // By octets: llvmpipe caps the loop iterations an invocation may run (65535 in
         // all), and this loop can run at every block (see kernels::loop_budget).
@@ -106,23 +89,17 @@ fn online_step4() {
         row_max = new_max;
     }
     for (var c = 0u; c < 4u; c++) {
-        let masked = bitcast<vec4<u32>>(score[c]) == vec4<u32>(NEG_INF_BITS);
-        prob[c] = select(exp(score[c] - new_max), vec4<f32>(0.0), masked);
+        prob[c] = softmax_probs(score[c], new_max);
     }
     row_sum += prob[0] + prob[1] + prob[2] + prob[3];
 }
 
-// The running state of the 4 rows before key p.key_begin: empty for the first key
-// range, else what the previous dispatch stored (flash_common.wgsl's resume_row
-// explains why a normalised row and its log-sum-exp are an equivalent state).
+// The running state of the 4 rows before key p.key_begin (attention_common.wgsl's
+// resumed_max).
 fn resume_rows(hd: Head, rows: vec4<u32>, dims: u32) {
-    row_max = vec4<f32>(neg_inf());
-    if p.key_begin > 0u {
-        let base = (hd.b * p.heads_q + hd.h) * p.len_q;
-        row_max = vec4<f32>(lse[base + rows.x], lse[base + rows.y], lse[base + rows.z], lse[base + rows.w]);
-    }
-    let unseen = bitcast<vec4<u32>>(row_max) == vec4<u32>(NEG_INF_BITS);
-    row_sum = select(vec4<f32>(1.0), vec4<f32>(0.0), unseen);
+    row_max = vec4<f32>(resumed_max(hd, rows.x), resumed_max(hd, rows.y), resumed_max(hd, rows.z), resumed_max(hd, rows.w));
+    row_sum = vec4<f32>(resumed_sum(row_max.x), resumed_sum(row_max.y), resumed_sum(row_max.z), resumed_sum(row_max.w));
+    let seen = row_sum != vec4<f32>(0.0);
     let o_base = vec4<u32>(hd.b * p.o_stride_b + hd.h * p.o_stride_h) + rows * p.o_stride_s;
     for (var d = 0u; d < dims; d++) {
         var o = vec4<f32>(0.0);
@@ -134,7 +111,7 @@ fn resume_rows(hd: Head, rows: vec4<u32>, dims: u32) {
                 f32(output[o_base.w + d]),
             );
         }
-        acc_t[d] = select(o, vec4<f32>(0.0), unseen);
+        acc_t[d] = select(vec4<f32>(0.0), o, seen);
     }
 }
 
@@ -209,9 +186,8 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     }
 
     // Normalise and store; rows that saw no key get zeros and lse = -inf.
-    let empty = row_sum == vec4<f32>(0.0);
-    let inv = select(vec4<f32>(1.0) / row_sum, vec4<f32>(0.0), empty);
-    let row_lse = select(row_max + log(row_sum), vec4<f32>(neg_inf()), empty);
+    let inv = vec4<f32>(row_inv_sum(row_sum.x), row_inv_sum(row_sum.y), row_inv_sum(row_sum.z), row_inv_sum(row_sum.w));
+    let lses = vec4<f32>(row_lse(row_max.x, row_sum.x), row_lse(row_max.y, row_sum.y), row_lse(row_max.z, row_sum.z), row_lse(row_max.w, row_sum.w));
     for (var r = 0u; r < 4u; r++) {
         let row = rows[r];
         if row >= p.len_q {
@@ -221,6 +197,6 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         for (var d = 0u; d < p.head_dim_v; d++) {
             output[o_base + d] = elem(acc_t[d][r] * inv[r]);
         }
-        lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = row_lse[r];
+        lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = lses[r];
     }
 }

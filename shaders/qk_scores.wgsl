@@ -8,31 +8,21 @@
 // reused K and Q rows come from cache. Rows and keys past the end are clamped for
 // loading and not stored.
 //
-// The same kernel, with EPILOGUE = 1, writes normalised attention weights
-// exp(S - lse) instead of scores: the fused path uses it to produce weights from its
-// log-sum-exp without ever keeping the whole score matrix.
-
-override EPILOGUE: u32 = 0u;
+// The fused path runs this kernel and softmax_rows.wgsl too when the caller asks for
+// the attention weights: normalising scores against a maximum taken over the very
+// same f32 scores is what keeps weights exact at any logit scale (exp(s - lse) with a
+// recomputed s and an f32 lse of magnitude 1e3 is off by 1e-3; docs/design.md).
 
 fn store_scores(acc: vec4<f32>, hd: Head, bh_local: u32, i: u32, j0: u32) {
     if i >= p.len_q {
         return;
     }
-    let end = key_end(hd.b, i);
+    let in_range = keys4(j0) < vec4<u32>(key_end(hd.b, i));
+    let s = apply_masks(acc * p.scale, in_range, mask_words_of_keys(hd.b, hd.h, i, j0));
     let row = bh_local * p.len_q + i;
-    var row_lse = 0.0;
-    if EPILOGUE == 1u {
-        row_lse = lse[(p.bh_start + bh_local) * p.len_q + i];
-    }
     for (var c = 0u; c < 4u; c++) {
-        let j = j0 + c;
-        if j < p.len_k {
-            let s = masked_score(acc[c], end, hd.b, hd.h, i, j);
-            if EPILOGUE == 1u {
-                scores[row * p.len_k + j] = select(exp(s - row_lse), 0.0, is_neg_inf(s));
-            } else {
-                scores[row * p.len_k + j] = s;
-            }
+        if j0 + c < p.len_k {
+            scores[row * p.len_k + j0 + c] = s[c];
         }
     }
 }

@@ -28,22 +28,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
             m = max(m, s);
         }
     }
+    // The shared softmax rules (attention_common.wgsl): 0 at masked scores, and a row
+    // with no visible key has sum 0, inverse 0 and lse -inf.
     var sum = 0.0;
     if !is_neg_inf(m) {
         for (var j = 0u; j < end; j++) {
-            let s = scores[base + j];
-            sum += select(exp(s - m), 0.0, is_neg_inf(s));
+            sum += softmax_probs(vec4<f32>(scores[base + j]), vec4<f32>(m)).x;
         }
     }
-    let fully_masked = is_neg_inf(m);
-    let inv = select(1.0 / sum, 0.0, fully_masked);
+    let inv = row_inv_sum(sum);
     for (var j = 0u; j < p.len_k; j++) {
         var prob = 0.0;
         if j < end {
-            let s = scores[base + j];
-            prob = select(exp(s - m) * inv, 0.0, is_neg_inf(s) || fully_masked);
+            prob = softmax_probs(vec4<f32>(scores[base + j]), vec4<f32>(m)).x * inv;
         }
         scores[base + j] = prob;
     }
-    lse[(p.bh_start + bh_local) * p.len_q + i] = select(m + log(sum), neg_inf(), fully_masked);
+    lse[(p.bh_start + bh_local) * p.len_q + i] = row_lse(m, sum);
 }

@@ -5,7 +5,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
-use crate::kernels::qk_scores::{self, Epilogue};
+use crate::kernels::qk_scores;
 use crate::kernels::{loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
 use crate::problem::AttentionShape;
@@ -183,7 +183,7 @@ impl Plan {
         }
         shape.check_options(options)?;
         let kernel = resolve_kernel(ctx, options)?;
-        let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape)?;
+        let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options.need_weights)?;
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;
         for (what, bytes) in [
@@ -369,7 +369,7 @@ impl Plan {
             };
             match self.kernel {
                 ResolvedKernel::Materialized => {
-                    qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params, Epilogue::Scores)?;
+                    qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                     softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                     weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                 }
@@ -398,7 +398,12 @@ impl Plan {
                         flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
                     }
                     if weights.is_some() {
-                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params, Epilogue::Weights)?;
+                        // Weights as the materialized path makes them: normalised against
+                        // the maximum of the same f32 scores, exact at any logit scale
+                        // (docs/design.md, "Attention weights"). The row's lse is then
+                        // rewritten from those scores, consistent with the weights.
+                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                        softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                     }
                 }
             }
@@ -420,8 +425,13 @@ impl Plan {
 /// Keys one fused dispatch may walk: all of them, except on llvmpipe, which ends an
 /// invocation's loops after 65535 iterations (see `kernels::loop_budget`); there the
 /// fused kernels split the keys across dispatches and the materialized path, which
-/// cannot, refuses.
-fn key_range_per_dispatch(ctx: &Context, kernel: &ResolvedKernel, shape: &AttentionShape) -> Result<usize> {
+/// cannot, refuses (as does the fused path's weights pass, the same softmax kernel).
+fn key_range_per_dispatch(
+    ctx: &Context,
+    kernel: &ResolvedKernel,
+    shape: &AttentionShape,
+    weights: bool,
+) -> Result<usize> {
     let all = shape.len_k.max(1);
     if !ctx.has_llvmpipe_loop_cap() {
         return Ok(all);
@@ -438,6 +448,16 @@ fn key_range_per_dispatch(ctx: &Context, kernel: &ResolvedKernel, shape: &Attent
     };
     match kernel {
         ResolvedKernel::Fused(config) => {
+            if weights {
+                // The weights pass is the materialized path's softmax, which cannot split.
+                let needed = loop_budget::materialized_iterations(shape);
+                if needed > loop_budget::LLVMPIPE_LOOP_CAP {
+                    return Err(loop_budget::over_cap(
+                        format!("attention weights over {} keys", shape.len_k),
+                        needed,
+                    ));
+                }
+            }
             let most = loop_budget::keys_per_dispatch(config, shape).ok_or_else(|| {
                 let one_block = AttentionShape { len_k: 4, ..*shape };
                 refuse(loop_budget::fused_iterations(config, &one_block))

@@ -6,7 +6,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::options::{AttentionOptions, CausalAlignment, Mask};
 use crate::problem::AttentionShape;
-use crate::reference;
+use crate::reference::{self, ReferenceOutput};
 use crate::tensor::{relayout, DType, Layout, Tensor};
 use half::f16;
 
@@ -42,18 +42,38 @@ impl Rng {
     }
 }
 
-/// How close a GPU result must be to the f64 reference.
+/// How close a GPU result must be to the f64 reference (docs/design.md, "Precision").
+///
+/// Every bound starts from δ ([`score_error`]), what rounding can move one f32 score:
+/// it scales with the magnitude of the products that make the score, so the bounds
+/// hold at any logit scale, not only for inputs of magnitude ~1.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Tolerance {
-    /// f32 storage and arithmetic: absolute error at most `2ε · (1 + S) · (1 + log2 Lk)`
-    /// with ε the f32 epsilon and S the largest |score|: a score's rounding error grows
-    /// with its magnitude and moves exp() by as much, and sums grow with their length.
-    /// Holds for outputs, weights and log-sum-exp on inputs of magnitude ~1.
+    /// f32 storage and arithmetic: output error at most
+    /// `max|v| · (2δ + 2ε(2 + log2 Lk)) + ε`. Score errors move each weight by at most
+    /// `2δ · w(1 − w)` (to first order), so the weights' total change is below 2δ; the
+    /// second term is the rounding of exp, the row sum and the weighted sum of values.
     F32,
-    /// f16 storage: output error at most twice that of a naive f16 implementation
-    /// (scores, probabilities and output rounded to f16) plus `1e-5` (the flash-attn
-    /// rule). Weights and log-sum-exp are computed in f32 and meet the f32 bound.
+    /// f16 storage (scores and softmax in f32): output error at most twice that of a
+    /// naive f16 implementation (scores, probabilities and output rounded to f16) plus
+    /// `1e-5` (the flash-attn rule), plus the f32 bound, since the f32 arithmetic can
+    /// be off by that much where the naive one happens to be exact (one-hot rows at
+    /// large logits). Weights and log-sum-exp are computed in f32 and meet the f32
+    /// bounds.
     F16,
+}
+
+/// δ = `2ε · (1 + A) · (1 + log2 D)`: a bound on the rounding error of one score
+/// computed in f32, with A the largest `scale · Σ_t |q_t k_t| + |bias|` of the problem
+/// ([`reference::ReferenceOutput::max_abs_product`]) and D terms summed (the log is a
+/// typical, not a worst-case, growth of a sum's rounding error).
+pub fn score_error(s: &AttentionShape, max_abs_product: f64) -> f64 {
+    2.0 * f64::from(f32::EPSILON) * (1.0 + max_abs_product) * (1.0 + (s.head_dim.max(1) as f64).log2())
+}
+
+/// `2ε(2 + log2 Lk)`: the relative rounding of exp, a row sum over Lk keys and a division.
+fn sum_error(s: &AttentionShape) -> f64 {
+    2.0 * f64::from(f32::EPSILON) * (2.0 + (s.len_k.max(1) as f64).log2())
 }
 
 /// Error statistics of one comparison.
@@ -64,11 +84,25 @@ pub struct ErrorStats {
     pub mean_abs: f64,
     /// Non-finite values where the reference is finite (or the other way round).
     pub non_finite: usize,
+    /// Elements the result lacks, or has beyond the reference: a truncated or oversized
+    /// result fails whatever its values.
+    pub missing: usize,
+    /// Elements whose error exceeds their own bound (see [`ErrorStats::within`]).
+    pub over_bound: usize,
 }
 
 impl ErrorStats {
     pub fn of(got: &[f32], want: &[f64]) -> Self {
-        let mut s = ErrorStats::default();
+        Self::within(got, want, |_| f64::INFINITY)
+    }
+
+    /// Like [`ErrorStats::of`], also counting the elements whose error exceeds
+    /// `bound(want)`: for bounds that depend on the exact value.
+    pub fn within(got: &[f32], want: &[f64], bound: impl Fn(f64) -> f64) -> Self {
+        let mut s = ErrorStats {
+            missing: got.len().abs_diff(want.len()),
+            ..Default::default()
+        };
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let g = f64::from(g);
             if g.is_finite() != w.is_finite() || (!w.is_finite() && g != w) {
@@ -81,9 +115,17 @@ impl ErrorStats {
                 s.max_abs = e;
                 s.argmax = i;
             }
+            if e > bound(w) {
+                s.over_bound += 1;
+            }
         }
         s.mean_abs /= got.len().max(1) as f64;
         s
+    }
+
+    /// No bad values, none missing, none past its own bound, and all within `bound`.
+    pub fn passes(&self, bound: f64) -> bool {
+        self.max_abs <= bound && self.non_finite == 0 && self.missing == 0 && self.over_bound == 0
     }
 }
 
@@ -114,7 +156,7 @@ pub struct CheckOutcome {
 impl CheckOutcome {
     pub fn summary(&self) -> String {
         format!(
-            "{}: max abs err {:.3e} at {} (bound {:.3e}), mean {:.3e}, lse max {:.3e}, weights max {}, non-finite {}",
+            "{}: max abs err {:.3e} at {} (bound {:.3e}), mean {:.3e}, lse max {:.3e}, weights max {}, non-finite {}, missing {}",
             self.kernel,
             self.out.max_abs,
             self.out.argmax,
@@ -125,6 +167,7 @@ impl CheckOutcome {
                 .as_ref()
                 .map_or("-".into(), |w| format!("{:.3e}", w.max_abs)),
             self.out.non_finite + self.lse.non_finite + self.weights.as_ref().map_or(0, |w| w.non_finite),
+            self.out.missing + self.lse.missing + self.weights.as_ref().map_or(0, |w| w.missing),
         )
     }
 }
@@ -171,6 +214,7 @@ pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &
     let result = sdpa(ctx, &qt, &kt, &vt, &options)?;
     let out_layout = result.out.layout();
     let out = relayout(&result.out.to_f32_vec(ctx)?, s.out_shape(), out_layout, Layout::Bhsd);
+    // Asked for above; a path that returned none fails as `missing`.
     let lse = result
         .lse
         .as_ref()
@@ -182,19 +226,20 @@ pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &
     let want = reference::attention(q, k, v, s, &options)?;
     let out_stats = ErrorStats::of(&out, &want.out);
     let lse_stats = ErrorStats::of(&lse, &want.lse);
-    let weight_stats = weights.as_ref().map(|w| ErrorStats::of(w, &want.weights));
-    let f32_bound = Tolerance::F32.bound(s, want.max_abs_score, 0.0);
-    let bound = match case.dtype {
-        DType::F32 => f32_bound,
-        DType::F16 => Tolerance::F16.bound(s, want.max_abs_score, naive_f16_error(q, k, v, s, &options, &want.out)?),
+    let weights_bound = Tolerance::weights_bound(s, &want);
+    let weight_stats = match (&weights, options.need_weights) {
+        (Some(w), _) => Some(ErrorStats::within(w, &want.weights, weights_bound)),
+        // Asked for and not returned: every element missing.
+        (None, true) => Some(ErrorStats::within(&[], &want.weights, weights_bound)),
+        (None, false) => None,
     };
-    let passed = out_stats.max_abs <= bound
-        && lse_stats.max_abs <= f32_bound
-        && weight_stats
-            .as_ref()
-            .is_none_or(|w| w.max_abs <= f32_bound && w.non_finite == 0)
-        && out_stats.non_finite == 0
-        && lse_stats.non_finite == 0;
+    let bound = match case.dtype {
+        DType::F32 => Tolerance::F32.bound(s, &want, 0.0),
+        DType::F16 => Tolerance::F16.bound(s, &want, naive_f16_error(q, k, v, s, &options, &want.out)?),
+    };
+    let passed = out_stats.passes(bound)
+        && lse_stats.passes(Tolerance::lse_bound(s, &want))
+        && weight_stats.as_ref().is_none_or(|w| w.passes(f64::INFINITY));
     Ok(CheckOutcome {
         kernel,
         out: out_stats,
@@ -206,13 +251,39 @@ pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &
 }
 
 impl Tolerance {
-    /// The absolute error bound for a problem whose largest |score| is `max_abs_score`;
+    /// The absolute bound on the output error against the reference `want`;
     /// `naive_f16_error` is used by [`Tolerance::F16`] only.
-    pub fn bound(self, s: &AttentionShape, max_abs_score: f64, naive_f16_error: f64) -> f64 {
+    pub fn bound(self, s: &AttentionShape, want: &ReferenceOutput, naive_f16_error: f64) -> f64 {
+        let eps = f64::from(f32::EPSILON);
+        let f32_bound = want.max_abs_value * (2.0 * score_error(s, want.max_abs_product) + sum_error(s)) + eps;
         match self {
-            Tolerance::F32 => 2.0 * f64::from(f32::EPSILON) * (1.0 + max_abs_score) * (1.0 + (s.len_k as f64).log2()),
-            Tolerance::F16 => 2.0 * naive_f16_error + 1e-5,
+            Tolerance::F32 => f32_bound,
+            Tolerance::F16 => 2.0 * naive_f16_error + 1e-5 + f32_bound,
         }
+    }
+
+    /// The bound on a row's log-sum-exp, `m + log(l)`: one score's error δ, the
+    /// rounding of the sum, and that of an f32 of magnitude up to the largest |score|.
+    pub fn lse_bound(s: &AttentionShape, want: &ReferenceOutput) -> f64 {
+        let eps = f64::from(f32::EPSILON);
+        score_error(s, want.max_abs_product) + sum_error(s) + 2.0 * eps * (1.0 + want.max_abs_score)
+    }
+
+    /// The bound on one attention weight whose exact value is `w`, for every dtype (the
+    /// weights are computed in f32 from the stored inputs):
+    /// `|ŵ − w| ≤ 4δ · w(1 − w) + 2ε(2 + log2 Lk) · w + ε`.
+    ///
+    /// Normalising against the maximum of the same rounded scores moves a weight by at
+    /// most `2δ · w(1 − w)` to first order (twice that here, for the second-order
+    /// terms), so a weight that is (nearly) 1 or 0 is exact at any logit scale; the
+    /// other terms are the rounding of exp, the row sum and the division. A path that
+    /// normalised with a log-sum-exp from a different computation of the scores misses
+    /// this by `w · δ` and fails at logits of 1e3.
+    pub fn weights_bound(s: &AttentionShape, want: &ReferenceOutput) -> impl Fn(f64) -> f64 {
+        let eps = f64::from(f32::EPSILON);
+        let delta = score_error(s, want.max_abs_product);
+        let sum_terms = sum_error(s);
+        move |w| 4.0 * delta * w * (1.0 - w) + sum_terms * w + eps
     }
 }
 

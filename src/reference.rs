@@ -16,6 +16,12 @@ pub struct ReferenceOutput {
     pub lse: Vec<f64>,
     /// Largest |scaled score + bias| over visible positions (rounding errors scale with it).
     pub max_abs_score: f64,
+    /// Largest `scale · Σ_t |q_t k_t| + |bias|` over visible positions: what bounds the
+    /// rounding error of a score computed in f32, which can exceed |score| many times
+    /// when the products cancel.
+    pub max_abs_product: f64,
+    /// Largest |v| over all values (output errors scale with it).
+    pub max_abs_value: f64,
 }
 
 /// Whether query `i` may attend key `j`, and the additive bias if so.
@@ -68,6 +74,7 @@ pub fn attention<T: Copy + Into<f64>>(
     let mut lse = vec![f64::NEG_INFINITY; batch * heads_q * len_q];
     let mut scores = vec![None::<f64>; len_k];
     let mut max_abs_score: f64 = 0.0;
+    let mut max_abs_product: f64 = 0.0;
     for b in 0..batch {
         for h in 0..heads_q {
             let hk = shape.kv_head(h);
@@ -78,9 +85,9 @@ pub fn attention<T: Copy + Into<f64>>(
                 let row = (b * heads_q + h) * len_q + i;
                 for (j, score) in scores.iter_mut().enumerate() {
                     *score = visible(shape, options, b, h, i, j).map(|bias| {
-                        let dot: f64 = (0..d)
-                            .map(|t| q_head[i * d + t].into() * k_head[j * d + t].into())
-                            .sum();
+                        let products = (0..d).map(|t| q_head[i * d + t].into() * k_head[j * d + t].into());
+                        let (dot, abs) = products.fold((0.0, 0.0), |(s, a): (f64, f64), x| (s + x, a + x.abs()));
+                        max_abs_product = max_abs_product.max(abs * scale + bias.abs());
                         dot * scale + bias
                     });
                 }
@@ -108,5 +115,7 @@ pub fn attention<T: Copy + Into<f64>>(
         weights,
         lse,
         max_abs_score,
+        max_abs_product,
+        max_abs_value: v.iter().fold(0.0, |m, &x| m.max(x.into().abs())),
     })
 }

@@ -59,6 +59,44 @@ fn logits_of_magnitude_1e3_stay_exact() {
     on_every_path(c);
 }
 
+/// Weights, outputs and lse at logits of about `magnitude`, on every path and dtype,
+/// against the f64 reference with the weights bound of `Tolerance::weights_bound`
+/// (weights that are nearly 0 or 1, as at such logits, must be exact).
+fn weights_exact_at_logits(magnitude: f32, seed: u64) {
+    let Some(ctx) = common::ctx() else { return };
+    // Uniform q, k in [-r, r), D = 32: a score's standard deviation is r^2 / 3.
+    let range = (3.0 * magnitude).sqrt();
+    let options = AttentionOptions {
+        key_lengths: Some(vec![150, 61]),
+        ..Default::default()
+    };
+    let mut dtypes = vec![DType::F32];
+    if ctx.capabilities().f16 {
+        dtypes.push(DType::F16);
+    }
+    for dtype in dtypes {
+        for (kernel, tiling) in paths(ctx) {
+            let mut c = case(AttentionShape::new(2, 2, 1, 37, 150, 32, 24), options.clone(), seed);
+            c.range = range;
+            c.dtype = dtype;
+            c.options.kernel = kernel;
+            c.options.tiling = tiling;
+            c.options.need_weights = true;
+            common::assert_case(ctx, &c);
+        }
+    }
+}
+
+#[test]
+fn weights_are_exact_at_logits_of_1e3() {
+    weights_exact_at_logits(1e3, 31);
+}
+
+#[test]
+fn weights_are_exact_at_logits_of_1e4() {
+    weights_exact_at_logits(1e4, 32);
+}
+
 #[test]
 fn nan_and_inf_at_masked_keys_never_contribute() {
     let Some(ctx) = common::ctx() else { return };

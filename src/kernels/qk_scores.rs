@@ -1,5 +1,4 @@
-//! `shaders/qk_scores.wgsl`: masked, scaled scores (or, with the weights epilogue,
-//! normalised probabilities from a known log-sum-exp) for a chunk of (batch, head) pairs.
+//! `shaders/qk_scores.wgsl`: masked, scaled scores for a chunk of (batch, head) pairs.
 
 use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::context::Context;
@@ -17,7 +16,6 @@ pub const KERNEL: Kernel = Kernel {
         Slot::Mask,
         Slot::KeyLengths,
         Slot::Scores,
-        Slot::Lse,
     ],
     preludes: super::ATTENTION_PRELUDE,
     variant: "",
@@ -26,24 +24,14 @@ pub const KERNEL: Kernel = Kernel {
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).
 pub const TILE: usize = 32;
 
-/// What the kernel writes per position.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Epilogue {
-    /// Scaled, biased scores; -inf where masked.
-    Scores = 0,
-    /// exp(score - lse): attention weights; 0 where masked.
-    Weights = 1,
-}
-
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,
     params: &AttentionParams,
-    epilogue: Epilogue,
 ) -> Result<()> {
-    let pipeline = pipeline(ctx, &KERNEL, dtype, &[("EPILOGUE", epilogue as u32)])?;
+    let pipeline = pipeline(ctx, &KERNEL, dtype, &[])?;
     let groups = [
         groups_for(params.len_k as usize, TILE),
         groups_for(params.len_q as usize, TILE),
