@@ -205,3 +205,37 @@ fn row_offsets(base: u32, stride: u32, j0: u32) -> vec4<u32> {
     let last = p.len_k - 1u;
     return vec4<u32>(base) + min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * stride;
 }
+
+// Four consecutive elements of a row, zero past `len`.
+fn load4(src_is_k: bool, base: u32, t4: u32, len: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    if d + 3u < len {
+        if src_is_k {
+            return vec4<f32>(f32(k[base + d]), f32(k[base + d + 1u]), f32(k[base + d + 2u]), f32(k[base + d + 3u]));
+        }
+        return vec4<f32>(f32(v[base + d]), f32(v[base + d + 1u]), f32(v[base + d + 2u]), f32(v[base + d + 3u]));
+    }
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if d + c < len {
+            if src_is_k {
+                r[c] = f32(k[base + d + c]);
+            } else {
+                r[c] = f32(v[base + d + c]);
+            }
+        }
+    }
+    return r;
+}
+
+// Four consecutive elements of a Q row, zero past the head dim.
+fn qload4(base: u32, t4: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if d + c < p.head_dim {
+            r[c] = f32(q[base + d + c]);
+        }
+    }
+    return r;
+}

@@ -18,28 +18,6 @@ var<private> acc: array<vec4<f32>, MAX_VEC4>;
 var<private> row_max: f32;
 var<private> row_sum: f32;
 
-// Four consecutive elements of a row, zero past `len`.
-fn load4(src_is_k: bool, base: u32, t4: u32, len: u32) -> vec4<f32> {
-    let d = t4 * 4u;
-    if d + 3u < len {
-        if src_is_k {
-            return vec4<f32>(f32(k[base + d]), f32(k[base + d + 1u]), f32(k[base + d + 2u]), f32(k[base + d + 3u]));
-        }
-        return vec4<f32>(f32(v[base + d]), f32(v[base + d + 1u]), f32(v[base + d + 2u]), f32(v[base + d + 3u]));
-    }
-    var r = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if d + c < len {
-            if src_is_k {
-                r[c] = f32(k[base + d + c]);
-            } else {
-                r[c] = f32(v[base + d + c]);
-            }
-        }
-    }
-    return r;
-}
-
 struct RowSetup {
     hd: Head,
     i: u32,
@@ -89,17 +67,6 @@ fn resume_row(hd: Head, i: u32) {
         }
         acc[t] = o;
     }
-}
-
-fn qload4(base: u32, t4: u32) -> vec4<f32> {
-    let d = t4 * 4u;
-    var r = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if d + c < p.head_dim {
-            r[c] = f32(q[base + d + c]);
-        }
-    }
-    return r;
 }
 
 // Masks four raw scores (already scaled through q_row) of keys j0..j0+3.

@@ -72,85 +72,47 @@ pub fn resolve_kernel(ctx: &Context, options: &AttentionOptions) -> Result<Resol
 }
 
 impl Context {
-    /// The fused tiling used when none is asked for: `WGPU_ATTENTION_TILING`
-    /// (`registers`, `subgroup` or `shared`) if set, else, on CPU adapters, `subgroup`
-    /// where subgroups have at least 8 lanes (CPU drivers load storage lane by lane, and
-    /// loading once per subgroup measured 6x faster on lavapipe) and `registers` without
-    /// (barriers cost coroutine switches there, while K/V rows are cache hits anyway);
-    /// `shared` on GPUs whose workgroup memory holds the 16 KiB tile.
+    /// The fused tiling used when none is asked for: the tiling named by
+    /// `WGPU_ATTENTION_TILING` if set, else the first entry of
+    /// [`flash::FUSED_TILINGS`] meant for this class of adapter whose needs it meets
+    /// (CPU adapters: `subgroup`, then `registers`; GPUs: `blocked`, then `shared`),
+    /// else `registers`, which runs anywhere.
     pub fn default_fused_tiling(&self) -> Result<FusedTiling> {
-        if let Ok(v) = std::env::var("WGPU_ATTENTION_TILING") {
-            return match v.trim().to_lowercase().as_str() {
-                "registers" => Ok(FusedTiling::Registers),
-                "shared" => Ok(FusedTiling::Shared),
-                "subgroup" => Ok(FusedTiling::Subgroup),
-                "" | "auto" => Ok(self.adapter_tiling()),
-                other => Err(Error::invalid(
-                    "WGPU_ATTENTION_TILING",
-                    format!("'{other}' is not one of auto, registers, subgroup, shared"),
-                )),
-            };
+        if let Ok(name) = std::env::var("WGPU_ATTENTION_TILING") {
+            let tiling =
+                flash::parse_tiling(&name).map_err(|e| Error::invalid("WGPU_ATTENTION_TILING", e.to_string()))?;
+            if tiling != FusedTiling::Auto {
+                return Ok(tiling);
+            }
         }
         Ok(self.adapter_tiling())
     }
 
     fn adapter_tiling(&self) -> FusedTiling {
-        if self.is_cpu_adapter() && self.has_subgroup_lanes() {
-            FusedTiling::Subgroup
-        } else if self.is_cpu_adapter() || self.capabilities().max_workgroup_storage < flash::SHARED_TILE_BYTES {
-            FusedTiling::Registers
+        let class = if self.is_cpu_adapter() {
+            flash::AdapterClass::Cpu
         } else {
-            FusedTiling::Shared
-        }
+            flash::AdapterClass::Gpu
+        };
+        flash::FUSED_TILINGS
+            .iter()
+            .find(|spec| {
+                spec.default_on == class && spec.unmet(&self.adapter_info().name, self.capabilities()).is_none()
+            })
+            .map_or(FusedTiling::Registers, |spec| spec.tiling)
     }
 
-    fn has_subgroup_lanes(&self) -> bool {
-        self.capabilities()
-            .subgroups
-            .is_some_and(|(min, _)| min >= flash::SUBGROUP_LANES)
-    }
-
-    /// Resolves a tiling request to a concrete kernel configuration.
+    /// Resolves a tiling request to one this context can run, or says why not.
     pub fn fused_config(&self, tiling: FusedTiling) -> Result<FlashConfig> {
         let tiling = match tiling {
             FusedTiling::Auto => self.default_fused_tiling()?,
             t => t,
         };
-        Ok(match tiling {
-            FusedTiling::Shared => {
-                let have = self.capabilities().max_workgroup_storage;
-                if have < flash::SHARED_TILE_BYTES {
-                    return Err(Error::LimitExceeded {
-                        what: "the shared fused tiling".into(),
-                        limit: "max_compute_workgroup_storage_size",
-                        unit: "bytes",
-                        requested: flash::SHARED_TILE_BYTES.into(),
-                        max: have.into(),
-                    });
-                }
-                FlashConfig {
-                    kernel: flash::SHARED,
-                    rows: 64,
-                }
-            }
-            FusedTiling::Subgroup => {
-                if !self.has_subgroup_lanes() {
-                    return Err(Error::MissingFeature {
-                        adapter: self.adapter_info().name.clone(),
-                        feature: "SUBGROUP (with at least 8 lanes)",
-                        needed_for: "the subgroup fused tiling".into(),
-                    });
-                }
-                FlashConfig {
-                    kernel: flash::SUBGROUP,
-                    rows: 32,
-                }
-            }
-            FusedTiling::Registers | FusedTiling::Auto => FlashConfig {
-                kernel: flash::REGISTERS,
-                rows: 16,
-            },
-        })
+        let spec = flash::spec(tiling).ok_or_else(|| Error::invalid("tiling", "auto resolved to no tiling"))?;
+        if let Some(e) = spec.unmet(&self.adapter_info().name, self.capabilities()) {
+            return Err(e);
+        }
+        Ok(FlashConfig { tiling })
     }
 }
 

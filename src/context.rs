@@ -84,8 +84,12 @@ pub struct Capabilities {
 
 impl Capabilities {
     fn detect(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
-        let features = device.features();
-        let limits = device.limits();
+        Self::of(info, device.features(), &device.limits())
+    }
+
+    /// What a device with these features and limits can do (for an adapter, what a
+    /// device made from it with the same features would).
+    pub fn of(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
         Capabilities {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features
@@ -101,6 +105,15 @@ impl Capabilities {
             max_texture_layers: limits.max_texture_array_layers,
         }
     }
+}
+
+/// True for CPU adapters such as lavapipe and llvmpipe: by device type, or by name for
+/// drivers that report another type.
+pub fn is_cpu_adapter(info: &wgpu::AdapterInfo) -> bool {
+    info.device_type == wgpu::DeviceType::Cpu
+        || ["llvmpipe", "lavapipe", "swiftshader", "warp"]
+            .iter()
+            .any(|n| info.name.to_lowercase().contains(n))
 }
 
 /// Identifies one compiled pipeline: which shader, which element type, which override
@@ -244,10 +257,7 @@ impl Context {
 
     /// True for CPU adapters such as lavapipe and llvmpipe.
     pub fn is_cpu_adapter(&self) -> bool {
-        self.info.device_type == wgpu::DeviceType::Cpu
-            || ["llvmpipe", "lavapipe", "swiftshader", "warp"]
-                .iter()
-                .any(|n| self.info.name.to_lowercase().contains(n))
+        is_cpu_adapter(&self.info)
     }
 
     /// True on Mesa's llvmpipe (lavapipe, GL llvmpipe), which ends an invocation's loops

@@ -126,17 +126,23 @@ pub enum KernelChoice {
     Materialized,
 }
 
-/// Tile configuration of the fused kernel.
+/// Tile configuration of the fused kernel. Each is described once in
+/// [`crate::kernels::flash::FUSED_TILINGS`] (name, needs, when it is picked).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FusedTiling {
     /// Chosen from the adapter (see [`crate::Context::default_fused_tiling`]), or from the
-    /// `WGPU_ATTENTION_TILING` environment variable (`registers`, `subgroup` or `shared`).
+    /// `WGPU_ATTENTION_TILING` environment variable (a tiling's name).
     #[default]
     Auto,
     /// Each invocation streams K/V straight from storage; no barriers. For CPU adapters.
     Registers,
-    /// K/V tiles are staged in workgroup memory between barriers. For GPUs.
+    /// K/V tiles are staged in 16 KiB of workgroup memory between barriers, one
+    /// query row per invocation. For GPUs with little workgroup memory.
     Shared,
+    /// FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory,
+    /// register micro-tiles of scores and outputs. The GPU default; needs 27 KiB of
+    /// workgroup memory.
+    Blocked,
     /// Each K/V element is loaded by one lane and broadcast to the subgroup. For CPU
     /// adapters with subgroups of at least 8 lanes (lavapipe); needs `SUBGROUP`.
     Subgroup,

@@ -3,6 +3,7 @@
 
 mod common;
 use wgpu_attention::check::standard_grid;
+use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{DType, FusedTiling, KernelChoice};
 
 fn run_grid(kernel: KernelChoice, tiling: FusedTiling, dtype: DType) {
@@ -29,36 +30,23 @@ fn materialized_f32() {
 }
 
 #[test]
-fn fused_registers_f32() {
-    run_grid(KernelChoice::Fused, FusedTiling::Registers, DType::F32);
-}
-
-#[test]
-fn fused_shared_f32() {
-    run_grid(KernelChoice::Fused, FusedTiling::Shared, DType::F32);
-}
-
-#[test]
 fn materialized_f16() {
     run_grid(KernelChoice::Materialized, FusedTiling::Auto, DType::F16);
 }
 
+/// Every registered fused tiling the adapter can run (the others skip with a message).
 #[test]
-fn fused_registers_f16() {
-    run_grid(KernelChoice::Fused, FusedTiling::Registers, DType::F16);
+fn every_fused_tiling_f32() {
+    for spec in &FUSED_TILINGS {
+        eprintln!("grid: fused/{} f32", spec.name);
+        run_grid(KernelChoice::Fused, spec.tiling, DType::F32);
+    }
 }
 
 #[test]
-fn fused_shared_f16() {
-    run_grid(KernelChoice::Fused, FusedTiling::Shared, DType::F16);
-}
-
-#[test]
-fn fused_subgroup_f32() {
-    run_grid(KernelChoice::Fused, FusedTiling::Subgroup, DType::F32);
-}
-
-#[test]
-fn fused_subgroup_f16() {
-    run_grid(KernelChoice::Fused, FusedTiling::Subgroup, DType::F16);
+fn every_fused_tiling_f16() {
+    for spec in &FUSED_TILINGS {
+        eprintln!("grid: fused/{} f16", spec.name);
+        run_grid(KernelChoice::Fused, spec.tiling, DType::F16);
+    }
 }

@@ -4,23 +4,19 @@
 
 mod common;
 use wgpu_attention::check::{random_bool_mask, random_qkv, run_case, run_case_with, CheckCase, Rng};
+use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::kernels::loop_budget;
 use wgpu_attention::{
     sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, FusedTiling, KernelChoice, Layout, Mask,
     Tensor,
 };
 
-const ALL_PATHS: [(KernelChoice, FusedTiling); 4] = [
-    (KernelChoice::Materialized, FusedTiling::Auto),
-    (KernelChoice::Fused, FusedTiling::Registers),
-    (KernelChoice::Fused, FusedTiling::Subgroup),
-    (KernelChoice::Fused, FusedTiling::Shared),
-];
-
-/// The paths this adapter can run (the subgroup tiling needs subgroups of >= 8 lanes).
+/// The paths this adapter can run: the materialized one and every registered fused
+/// tiling whose needs it meets (say, subgroups of >= 8 lanes).
 fn paths(ctx: &wgpu_attention::Context) -> Vec<(KernelChoice, FusedTiling)> {
-    ALL_PATHS
-        .into_iter()
+    let fused = FUSED_TILINGS.iter().map(|s| (KernelChoice::Fused, s.tiling));
+    std::iter::once((KernelChoice::Materialized, FusedTiling::Auto))
+        .chain(fused)
         .filter(|&(k, t)| k == KernelChoice::Materialized || ctx.fused_config(t).is_ok())
         .collect()
 }

@@ -3,6 +3,7 @@
 mod common;
 use proptest::prelude::*;
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, CheckCase, Rng};
+use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, DType, FusedTiling, KernelChoice, Layout};
 
 fn arb_case() -> impl Strategy<Value = CheckCase> {
@@ -11,15 +12,23 @@ fn arb_case() -> impl Strategy<Value = CheckCase> {
             1usize..3,
             1usize..4,
             1usize..3,
-            1usize..40,
-            1usize..40,
-            1usize..70,
-            1usize..70,
+            1usize..300,
+            1usize..300,
+            1usize..140,
+            1usize..140,
         ),
-        (0u8..3, 0u8..3, any::<bool>(), 0u8..4, any::<bool>(), any::<u64>()),
+        (
+            0u8..3,
+            0u8..3,
+            any::<bool>(),
+            0..=FUSED_TILINGS.len(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<u64>(),
+        ),
     )
         .prop_map(
-            |((b, group, hkv, lq, lk, d, dv), (causal, mask, lens, path, bshd, seed))| {
+            |((b, group, hkv, lq, lk, d, dv), (causal, mask, lens, path, bshd, f16, seed))| {
                 let shape = AttentionShape {
                     batch: b,
                     heads_q: hkv * group,
@@ -30,11 +39,10 @@ fn arb_case() -> impl Strategy<Value = CheckCase> {
                     head_dim_v: dv,
                 };
                 let mut rng = Rng::new(seed);
+                // Lengths span several tiles of every tiling, with ragged tails.
                 let (kernel, tiling) = match path {
                     0 => (KernelChoice::Materialized, FusedTiling::Auto),
-                    1 => (KernelChoice::Fused, FusedTiling::Registers),
-                    2 => (KernelChoice::Fused, FusedTiling::Subgroup),
-                    _ => (KernelChoice::Fused, FusedTiling::Shared),
+                    n => (KernelChoice::Fused, FUSED_TILINGS[n - 1].tiling),
                 };
                 let options = AttentionOptions {
                     causal: match causal {
@@ -56,7 +64,7 @@ fn arb_case() -> impl Strategy<Value = CheckCase> {
                 CheckCase {
                     shape,
                     options,
-                    dtype: DType::F32,
+                    dtype: if f16 { DType::F16 } else { DType::F32 },
                     layout: if bshd { Layout::Bshd } else { Layout::Bhsd },
                     seed,
                     range: 1.0,
@@ -66,13 +74,14 @@ fn arb_case() -> impl Strategy<Value = CheckCase> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
     fn random_problems_match_the_reference(case in arb_case()) {
         if let Some(ctx) = common::ctx() {
-            // The subgroup tiling needs subgroups of >= 8 lanes; other adapters skip it.
-            if ctx.fused_config(case.options.tiling).is_ok() {
+            // Tilings and dtypes the adapter lacks (subgroups, f16) are skipped.
+            let f16_ok = case.dtype == DType::F32 || ctx.capabilities().f16;
+            if f16_ok && ctx.fused_config(case.options.tiling).is_ok() {
                 common::assert_case(ctx, &case);
             }
         }

@@ -182,3 +182,22 @@ fn linear_and_packing_uniforms_match_rust() {
     let named: Vec<(String, usize)> = pack.iter().map(|&(n, o)| (n.to_string(), o)).collect();
     assert_eq!(wgsl[..named.len()], named[..], "PackParams members before the padding");
 }
+
+#[test]
+fn blocked_variants_declare_the_workgroup_memory_the_host_budgets() {
+    // The host picks a variant by BlockedVariant::workgroup_bytes; it must be what the
+    // WGSL declares, or a variant could exceed the adapter's limit.
+    for variant in wgpu_attention::kernels::flash::BLOCKED_VARIANTS {
+        let source = shader_source(&variant.kernel, DType::F32);
+        let module = validate(&source).expect("valid shader");
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).expect("layout");
+        let declared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert_eq!(declared, variant.workgroup_bytes(), "{}", variant.kernel.variant);
+    }
+}

@@ -2,6 +2,7 @@
 
 use super::{AdapterArgs, CliError};
 use wgpu_attention::check::{run_case, standard_grid, CheckCase};
+use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{DType, FusedTiling, KernelChoice};
 
 #[derive(clap::Args)]
@@ -11,51 +12,26 @@ pub struct CheckArgs {
     seed: u64,
 }
 
-/// Every kernel variant the adapter can run: (label, kernel, tiling, dtype).
-pub fn variants(f16: bool) -> Vec<(&'static str, KernelChoice, FusedTiling, DType)> {
-    let mut v = vec![
-        (
-            "materialized f32",
+/// Every kernel variant: (label, kernel, tiling, dtype): the materialized path and each
+/// registered fused tiling, in f32 and (where the adapter has it) f16.
+pub fn variants(f16: bool) -> Vec<(String, KernelChoice, FusedTiling, DType)> {
+    let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
+    let mut v = Vec::new();
+    for &dtype in dtypes {
+        v.push((
+            format!("materialized {}", dtype.name()),
             KernelChoice::Materialized,
             FusedTiling::Auto,
-            DType::F32,
-        ),
-        (
-            "fused/registers f32",
-            KernelChoice::Fused,
-            FusedTiling::Registers,
-            DType::F32,
-        ),
-        (
-            "fused/subgroup f32",
-            KernelChoice::Fused,
-            FusedTiling::Subgroup,
-            DType::F32,
-        ),
-        ("fused/shared f32", KernelChoice::Fused, FusedTiling::Shared, DType::F32),
-    ];
-    if f16 {
-        v.extend([
-            (
-                "materialized f16",
-                KernelChoice::Materialized,
-                FusedTiling::Auto,
-                DType::F16,
-            ),
-            (
-                "fused/registers f16",
+            dtype,
+        ));
+        for spec in &FUSED_TILINGS {
+            v.push((
+                format!("fused/{} {}", spec.name, dtype.name()),
                 KernelChoice::Fused,
-                FusedTiling::Registers,
-                DType::F16,
-            ),
-            (
-                "fused/subgroup f16",
-                KernelChoice::Fused,
-                FusedTiling::Subgroup,
-                DType::F16,
-            ),
-            ("fused/shared f16", KernelChoice::Fused, FusedTiling::Shared, DType::F16),
-        ]);
+                spec.tiling,
+                dtype,
+            ));
+        }
     }
     v
 }

@@ -54,6 +54,19 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
         for (k, v) in a["limits"].as_object().into_iter().flatten() {
             println!("  {k}: {v}");
         }
+        println!("  fused tilings:");
+        for t in a["fused_tilings"].as_array().into_iter().flatten() {
+            let status = match (t["default"].as_bool(), t["unavailable"].as_str()) {
+                (_, Some(why)) => format!("unavailable: {why}"),
+                (Some(true), _) => "default".into(),
+                _ => "available".into(),
+            };
+            println!(
+                "    {:<10} {status}; {}",
+                t["name"].as_str().unwrap_or("?"),
+                t["about"].as_str().unwrap_or("")
+            );
+        }
     }
     Ok(())
 }
@@ -76,6 +89,7 @@ pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: 
         "subgroup_sizes": subgroups,
         "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
         "timestamp_query_inside_encoders": features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS),
+        "fused_tilings": tilings_json(info, features, limits),
         "limits": {
             "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
             "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
@@ -85,4 +99,23 @@ pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: 
             "max_buffer_size": limits.max_buffer_size,
         },
     })
+}
+
+/// Every registered fused tiling on this adapter: available or why not, and which one
+/// the picker takes (the same registry the library reads).
+fn tilings_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> serde_json::Value {
+    use wgpu_attention::kernels::flash::{default_tiling, AdapterClass, FUSED_TILINGS};
+    let caps = wgpu_attention::Capabilities::of(info, features, limits);
+    let picked = default_tiling(AdapterClass::of(info), &caps);
+    FUSED_TILINGS
+        .iter()
+        .map(|spec| {
+            serde_json::json!({
+                "name": spec.name,
+                "about": spec.about,
+                "default": spec.tiling == picked,
+                "unavailable": spec.unmet(&info.name, &caps).map(|e| e.to_string()),
+            })
+        })
+        .collect()
 }

@@ -1,12 +1,12 @@
 //! `mha`: a multi-head attention layer (weights from `.safetensors`) on `.npy` inputs.
 
 use super::npy;
-use super::run::{DTypeArg, KernelArg, MaskArgs, TilingArg};
+use super::run::{parse_tiling, DTypeArg, KernelArg, MaskArgs};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::options::key_mask_from_tokens;
-use wgpu_attention::{Context, DType, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Tensor};
+use wgpu_attention::{Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Tensor};
 
 #[derive(clap::Args)]
 pub struct MhaArgs {
@@ -51,9 +51,9 @@ pub struct MhaArgs {
     dtype: DTypeArg,
     #[arg(long, value_enum, default_value = "auto")]
     kernel: KernelArg,
-    /// Tile configuration of the fused kernel.
-    #[arg(long, value_enum, default_value = "auto")]
-    tiling: TilingArg,
+    /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
+    #[arg(long, default_value = "auto", value_parser = parse_tiling)]
+    tiling: FusedTiling,
     /// Output file [B, Lq, E] (float32).
     #[arg(long)]
     out: PathBuf,
@@ -121,7 +121,7 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         attention.mask = Some(key_mask_from_tokens(&t.data, batch, pad_id)?);
     }
     attention.kernel = args.kernel.into();
-    attention.tiling = args.tiling.into();
+    attention.tiling = args.tiling;
     let weights = match (&args.weights_out, args.per_head) {
         (None, _) => HeadWeights::None,
         (Some(_), false) => HeadWeights::Averaged,

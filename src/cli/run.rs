@@ -20,12 +20,9 @@ pub enum KernelArg {
     Materialized,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum TilingArg {
-    Auto,
-    Registers,
-    Subgroup,
-    Shared,
+/// Parses `--tiling` against the tiling registry, so a new tiling needs no CLI edit.
+pub fn parse_tiling(name: &str) -> Result<FusedTiling, String> {
+    wgpu_attention::kernels::flash::parse_tiling(name).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -75,9 +72,9 @@ pub struct RunArgs {
     masks: MaskArgs,
     #[arg(long, value_enum, default_value = "auto")]
     kernel: KernelArg,
-    /// Tile configuration of the fused kernel.
-    #[arg(long, value_enum, default_value = "auto")]
-    tiling: TilingArg,
+    /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
+    #[arg(long, default_value = "auto", value_parser = parse_tiling)]
+    tiling: FusedTiling,
     /// Compute precision.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
@@ -167,17 +164,6 @@ impl From<KernelArg> for KernelChoice {
     }
 }
 
-impl From<TilingArg> for FusedTiling {
-    fn from(arg: TilingArg) -> Self {
-        match arg {
-            TilingArg::Auto => FusedTiling::Auto,
-            TilingArg::Registers => FusedTiling::Registers,
-            TilingArg::Shared => FusedTiling::Shared,
-            TilingArg::Subgroup => FusedTiling::Subgroup,
-        }
-    }
-}
-
 impl From<DTypeArg> for DType {
     fn from(arg: DTypeArg) -> Self {
         match arg {
@@ -190,7 +176,7 @@ impl From<DTypeArg> for DType {
 fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliError> {
     Ok(AttentionOptions {
         kernel: args.kernel.into(),
-        tiling: args.tiling.into(),
+        tiling: args.tiling,
         need_weights: args.weights_out.is_some(),
         need_lse: args.lse_out.is_some(),
         ..args.masks.options(batch)?

@@ -1,8 +1,16 @@
-//! `shaders/flash_attention.wgsl`: the fused one-pass kernel, in two tilings.
+//! The fused one-pass kernels and the registry of their tilings.
+//!
+//! Each tiling is declared once, in [`FUSED_TILINGS`]: its name, what it needs from the
+//! adapter, the class of adapter it is picked for, its kernel variants and its
+//! loop-iteration model. The picker ([`crate::Context::default_fused_tiling`]),
+//! `info`, `bench`, `check`, the CLI's `--tiling`, `WGPU_ATTENTION_TILING` and the
+//! tests all read this table (docs/design.md, "Kernel paths and tilings").
 
-use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON};
-use crate::context::Context;
-use crate::error::Result;
+use super::{dispatch, groups_for, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON};
+use crate::context::{Capabilities, Context};
+use crate::error::{Error, Result};
+use crate::options::FusedTiling;
+use crate::problem::AttentionShape;
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_attention.wgsl");
@@ -27,7 +35,7 @@ pub const REGISTERS: Kernel = Kernel {
     variant: "",
 };
 
-/// K/V tiles staged in 16 KiB of workgroup memory (GPUs).
+/// K/V tiles staged in 16 KiB of workgroup memory, one query row per invocation.
 pub const SHARED: Kernel = Kernel {
     file: "flash_attention.wgsl",
     source: SOURCE,
@@ -41,7 +49,6 @@ pub const SHARED: Kernel = Kernel {
 /// subgroups of at least 8 lanes), in three variants by the largest head dim they hold
 /// (`MAX_DIM`, sizing per-invocation arrays): LLVM compiles the 256 variant in about a
 /// minute on lavapipe, the 64 one in seconds, and runs them equally fast.
-pub const SUBGROUP: Kernel = SUBGROUP_256;
 pub const SUBGROUP_64: Kernel = subgroup_variant(&[COMMON, "const MAX_DIM: u32 = 64u;\n"], "[64]");
 pub const SUBGROUP_128: Kernel = subgroup_variant(&[COMMON, "const MAX_DIM: u32 = 128u;\n"], "[128]");
 pub const SUBGROUP_256: Kernel = subgroup_variant(&[COMMON, "const MAX_DIM: u32 = 256u;\n"], "[256]");
@@ -57,36 +64,302 @@ const fn subgroup_variant(preludes: &'static [&'static str], variant: &'static s
     }
 }
 
-/// The subgroup kernel variant with the smallest `MAX_DIM` that holds `D` and `Dv`
-/// (padded to the 8 lanes).
-fn subgroup_for(head_dim: u32, head_dim_v: u32) -> Kernel {
-    match head_dim.max(head_dim_v).next_multiple_of(SUBGROUP_LANES) {
-        0..=64 => SUBGROUP_64,
-        65..=128 => SUBGROUP_128,
-        _ => SUBGROUP_256,
-    }
-}
-
 /// Lanes `flash_subgroup.wgsl` needs in a subgroup.
 pub const SUBGROUP_LANES: u32 = 8;
 
 /// Workgroup memory the shared tiling declares.
 pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
 
-/// A resolved tile configuration: which entry point and how many query rows per workgroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FlashConfig {
+/// One variant of `flash_blocked.wgsl`: head dims up to `dmax`, `br` query rows and
+/// `bc` keys per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockedVariant {
+    pub dmax: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub kernel: Kernel,
+}
+
+impl BlockedVariant {
+    /// Workgroup memory the variant declares, mirroring the WGSL (a test compares
+    /// this with naga's layout of the module): the Q tile, the K/V tile with rows
+    /// padded by one vec4, the probability tile and three f32 per row.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        let d4 = self.dmax / 4;
+        16 * self.br * d4 + 16 * self.bc * (d4 + 1) + 4 * self.br * self.bc + 12 * self.br
+    }
+}
+
+const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockedVariant {
+    BlockedVariant {
+        dmax,
+        br,
+        bc,
+        kernel: Kernel {
+            file: "flash_blocked.wgsl",
+            source: include_str!("../../shaders/flash_blocked.wgsl"),
+            entry: "flash_blocked",
+            slots: SLOTS,
+            preludes: prelude,
+            variant: label,
+        },
+    }
+}
+
+/// The variants of the GPU tiling, by head-dim class; within a class the first that
+/// fits the adapter's workgroup memory is used. 64 invocations each; the register
+/// micro-tiles stay at 16 to 64 floats per invocation (MR x MC scores, MR x 4·OC
+/// outputs). Sized so that one variant per class fits in 32 KiB (lavapipe, and most
+/// GPUs); the wider D ≤ 64 one wants 48 KiB (NVIDIA).
+pub const BLOCKED_VARIANTS: [BlockedVariant; 4] = [
+    blocked(
+        64,
+        64,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[64x64x32]",
+    ),
+    blocked(
+        64,
+        32,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 64u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[64x32x32]",
+    ),
+    blocked(
+        128,
+        32,
+        16,
+        &[
+            COMMON,
+            "const DMAX: u32 = 128u;\nconst BR: u32 = 32u;\nconst BC: u32 = 16u;\n",
+        ],
+        "[128x32x16]",
+    ),
+    blocked(
+        256,
+        16,
+        8,
+        &[
+            COMMON,
+            "const DMAX: u32 = 256u;\nconst BR: u32 = 16u;\nconst BC: u32 = 8u;\n",
+        ],
+        "[256x16x8]",
+    ),
+];
+
+/// Workgroup memory the blocked tiling needs for every head dim: the largest of the
+/// smallest variant of each class.
+pub const BLOCKED_MIN_BYTES: u32 = 27_264;
+
+/// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes` of
+/// workgroup memory, if any fits.
+pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockedVariant> {
+    let need = d.max(dv);
+    let class = BLOCKED_VARIANTS.iter().map(|v| v.dmax).find(|&dmax| need <= dmax)?;
+    BLOCKED_VARIANTS
+        .into_iter()
+        .find(|v| v.dmax == class && v.workgroup_bytes() <= bytes)
+}
+
+/// The class of adapter a tiling is meant for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterClass {
+    /// CPU drivers (lavapipe, llvmpipe, SwiftShader, WARP): SIMD lanes, costly barriers,
+    /// storage loads lane by lane.
+    Cpu,
+    /// Discrete and integrated GPUs.
+    Gpu,
+}
+
+impl AdapterClass {
+    pub fn of(info: &wgpu::AdapterInfo) -> Self {
+        if crate::context::is_cpu_adapter(info) {
+            AdapterClass::Cpu
+        } else {
+            AdapterClass::Gpu
+        }
+    }
+}
+
+/// What a tiling needs from the adapter beyond core WebGPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    Nothing,
+    /// `SUBGROUP` with subgroups of at least this many lanes.
+    SubgroupLanes(u32),
+    /// At least this much workgroup memory.
+    WorkgroupBytes(u32),
+}
+
+/// One kernel launch shape of a tiling for a problem: the kernel variant, query rows
+/// per workgroup, and whether the shader takes them as its `ROWS` override.
+#[derive(Clone, Copy, Debug)]
+pub struct Launch {
     pub kernel: Kernel,
     pub rows: u32,
+    pub rows_override: bool,
+}
+
+/// One fused tiling, declared once.
+pub struct TilingSpec {
+    pub tiling: FusedTiling,
+    /// What users type (`--tiling`, `WGPU_ATTENTION_TILING`) and see (`fused/NAME`).
+    pub name: &'static str,
+    /// One line for `info` and the docs.
+    pub about: &'static str,
+    /// Picked by default on this class of adapter, in registry order, when its needs
+    /// are met; `registers` is the fallback everywhere.
+    pub default_on: AdapterClass,
+    pub needs: Needs,
+    /// The launch for head dims (D, Dv) given the adapter's workgroup memory.
+    launch: fn(u32, u32, u32) -> Launch,
+    /// Worst-case loop iterations of one invocation (see `kernels::loop_budget`).
+    pub iterations: fn(&AttentionShape) -> u64,
+}
+
+/// Every fused tiling, in the picker's order of preference.
+pub const FUSED_TILINGS: [TilingSpec; 4] = [
+    TilingSpec {
+        tiling: FusedTiling::Subgroup,
+        name: "subgroup",
+        about: "K/V loaded once per 8-lane subgroup and broadcast, 4 query rows per invocation (CPU adapters)",
+        default_on: AdapterClass::Cpu,
+        needs: Needs::SubgroupLanes(SUBGROUP_LANES),
+        launch: |d, dv, _| Launch {
+            kernel: match d.max(dv).next_multiple_of(SUBGROUP_LANES) {
+                0..=64 => SUBGROUP_64,
+                65..=128 => SUBGROUP_128,
+                _ => SUBGROUP_256,
+            },
+            rows: 32,
+            rows_override: true,
+        },
+        iterations: loop_budget::subgroup_iterations,
+    },
+    TilingSpec {
+        tiling: FusedTiling::Registers,
+        name: "registers",
+        about: "one query row per invocation, K/V straight from storage, no barriers (CPU adapters)",
+        default_on: AdapterClass::Cpu,
+        needs: Needs::Nothing,
+        launch: |_, _, _| Launch {
+            kernel: REGISTERS,
+            rows: 16,
+            rows_override: true,
+        },
+        iterations: loop_budget::registers_iterations,
+    },
+    TilingSpec {
+        tiling: FusedTiling::Blocked,
+        name: "blocked",
+        about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs)",
+        default_on: AdapterClass::Gpu,
+        needs: Needs::WorkgroupBytes(BLOCKED_MIN_BYTES),
+        launch: |d, dv, bytes| {
+            // The needs check guarantees a fit; the narrowest variant otherwise.
+            let v = blocked_for(d, dv, bytes)
+                .or_else(|| blocked_for(d, dv, u32::MAX))
+                .unwrap_or(BLOCKED_VARIANTS[3]);
+            Launch {
+                kernel: v.kernel,
+                rows: v.br,
+                rows_override: false,
+            }
+        },
+        iterations: loop_budget::blocked_iterations,
+    },
+    TilingSpec {
+        tiling: FusedTiling::Shared,
+        name: "shared",
+        about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory)",
+        default_on: AdapterClass::Gpu,
+        needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
+        launch: |_, _, _| Launch {
+            kernel: SHARED,
+            rows: 64,
+            rows_override: true,
+        },
+        iterations: loop_budget::shared_iterations,
+    },
+];
+
+/// The registry entry of a tiling (`Auto` has none).
+pub fn spec(tiling: FusedTiling) -> Option<&'static TilingSpec> {
+    FUSED_TILINGS.iter().find(|s| s.tiling == tiling)
+}
+
+/// The names users may type, for messages.
+pub fn tiling_names() -> String {
+    FUSED_TILINGS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Parses a tiling name (`auto` or a registry name), case-insensitively.
+pub fn parse_tiling(name: &str) -> Result<FusedTiling> {
+    let name = name.trim().to_lowercase();
+    if name.is_empty() || name == "auto" {
+        return Ok(FusedTiling::Auto);
+    }
+    FUSED_TILINGS
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.tiling)
+        .ok_or_else(|| Error::invalid("tiling", format!("'{name}' is not one of auto, {}", tiling_names())))
+}
+
+/// The tiling picked when none is asked for on an adapter of `class` with `caps`: the
+/// first registry entry meant for that class whose needs are met, else `registers`.
+pub fn default_tiling(class: AdapterClass, caps: &Capabilities) -> FusedTiling {
+    FUSED_TILINGS
+        .iter()
+        .find(|spec| spec.default_on == class && spec.unmet("", caps).is_none())
+        .map_or(FusedTiling::Registers, |spec| spec.tiling)
+}
+
+impl TilingSpec {
+    /// Why this adapter cannot run the tiling, if it cannot.
+    pub fn unmet(&self, adapter: &str, caps: &Capabilities) -> Option<Error> {
+        match self.needs {
+            Needs::Nothing => None,
+            Needs::SubgroupLanes(lanes) => {
+                caps.subgroups
+                    .is_none_or(|(min, _)| min < lanes)
+                    .then(|| Error::MissingFeature {
+                        adapter: adapter.into(),
+                        feature: "SUBGROUP (with at least 8 lanes)",
+                        needed_for: format!("the {} fused tiling", self.name),
+                    })
+            }
+            Needs::WorkgroupBytes(bytes) => (caps.max_workgroup_storage < bytes).then(|| Error::LimitExceeded {
+                what: format!("the {} fused tiling", self.name),
+                limit: "max_compute_workgroup_storage_size",
+                unit: "bytes",
+                requested: bytes.into(),
+                max: caps.max_workgroup_storage.into(),
+            }),
+        }
+    }
+}
+
+/// A resolved fused tiling (one the context can run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashConfig {
+    pub tiling: FusedTiling,
 }
 
 impl FlashConfig {
+    pub fn spec(&self) -> &'static TilingSpec {
+        spec(self.tiling).unwrap_or(&FUSED_TILINGS[1])
+    }
+
     pub fn name(&self) -> &'static str {
-        match self.kernel.entry {
-            "flash_shared" => "shared",
-            "flash_subgroup" => "subgroup",
-            _ => "registers",
-        }
+        self.spec().name
     }
 }
 
@@ -98,17 +371,94 @@ pub(crate) fn encode(
     bindings: &AttentionBindings,
     params: &AttentionParams,
 ) -> Result<()> {
-    let kernel = if config.kernel.entry == SUBGROUP.entry {
-        subgroup_for(params.head_dim, params.head_dim_v)
+    let launch = (config.spec().launch)(
+        params.head_dim,
+        params.head_dim_v,
+        ctx.capabilities().max_workgroup_storage,
+    );
+    let constants: &[(&'static str, u32)] = if launch.rows_override {
+        &[("ROWS", launch.rows)]
     } else {
-        config.kernel
+        &[]
     };
-    let pipeline = pipeline(ctx, &kernel, dtype, &[("ROWS", config.rows)])?;
+    let pipeline = pipeline(ctx, &launch.kernel, dtype, constants)?;
     let groups = [
-        groups_for(params.len_q as usize, config.rows as usize),
+        groups_for(params.len_q as usize, launch.rows as usize),
         params.bh_count,
         1,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(config.kernel.slots), groups);
+    dispatch(ctx, encoder, &pipeline, &bindings.select(SLOTS), groups);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(subgroups: Option<(u32, u32)>, workgroup_bytes: u32) -> Capabilities {
+        Capabilities {
+            f16: true,
+            subgroups,
+            timestamps: true,
+            max_workgroup_storage: workgroup_bytes,
+            max_storage_binding: 1 << 30,
+            max_buffer: 1 << 30,
+            max_workgroups_per_dim: 65535,
+            max_invocations: 256,
+            max_texture_dim: 16384,
+            max_texture_layers: 2048,
+        }
+    }
+
+    #[test]
+    fn picker_chooses_gpu_tilings_for_gpus_and_cpu_tilings_for_cpu_adapters() {
+        // An NVIDIA H100 through Vulkan: 48 KiB, subgroups of 32.
+        let h100 = caps(Some((32, 32)), 48 * 1024);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100), FusedTiling::Blocked);
+        // A GPU at WebGPU's default 16 KiB: the small shared tiling.
+        let webgpu = caps(Some((4, 128)), 16 * 1024);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &webgpu), FusedTiling::Shared);
+        // Less than that: registers, which runs anywhere.
+        assert_eq!(
+            default_tiling(AdapterClass::Gpu, &caps(None, 8192)),
+            FusedTiling::Registers
+        );
+        // lavapipe: 32 KiB, subgroups of 8.
+        let lavapipe = caps(Some((8, 8)), 32 * 1024);
+        assert_eq!(default_tiling(AdapterClass::Cpu, &lavapipe), FusedTiling::Subgroup);
+        // llvmpipe GL: no subgroups.
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024)),
+            FusedTiling::Registers
+        );
+    }
+
+    #[test]
+    fn blocked_needs_exactly_what_its_widest_class_takes() {
+        // BLOCKED_MIN_BYTES is the largest of the smallest variant of each head-dim class.
+        let mut classes: Vec<u32> = BLOCKED_VARIANTS.iter().map(|v| v.dmax).collect();
+        classes.dedup();
+        let need = classes
+            .iter()
+            .map(|&d| {
+                BLOCKED_VARIANTS
+                    .iter()
+                    .filter(|v| v.dmax == d)
+                    .map(|v| v.workgroup_bytes())
+                    .min()
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        assert_eq!(BLOCKED_MIN_BYTES, need);
+        // Every head dim up to 256 finds a variant at that budget; the wide D <= 64 one
+        // only with 48 KiB.
+        for d in [1, 8, 63, 64, 65, 128, 129, 256] {
+            let v = blocked_for(d, d, BLOCKED_MIN_BYTES).map(|v| v.dmax);
+            assert!(v.is_some_and(|dmax| dmax >= d), "D = {d}: {v:?}");
+        }
+        assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.br), Some(64));
+        assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.br), Some(32));
+        assert!(blocked_for(257, 1, u32::MAX).is_none());
+    }
 }

@@ -18,29 +18,66 @@ use crate::problem::AttentionShape;
 pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
 
 /// Worst-case loop iterations of one invocation of the fused kernel (every key block
-/// raising the running maximum, i.e. rescaling the accumulator). The 4-trip loops over
-/// the keys of a block (masking, probabilities) are counted too, in case the driver
-/// keeps them as loops: measured, the subgroup kernel fails one block past the bound
-/// without them.
+/// raising the running maximum, i.e. rescaling the accumulator), from the tiling's
+/// model in the registry. Loops with a constant trip count are counted too, in case
+/// the driver keeps them as loops: measured, the subgroup kernel fails one block past
+/// the bound without its 4-trip key loops.
 pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
+    (config.spec().iterations)(s)
+}
+
+/// `flash_subgroup.wgsl`. Per block of 4 keys: the K octets, the V octets, the rescale
+/// octets, the block itself, two 4-trip key loops. Around it: Q load and accumulator
+/// resume over padded dims, 4 rows stored.
+pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
     let blocks = s.len_k.div_ceil(4) as u64;
-    let (d, dv) = (s.head_dim as u64, s.head_dim_v as u64);
-    match config.name() {
-        // Per block: the K octets, the V octets, the rescale octets, the block itself,
-        // two 4-trip key loops. Around it: Q load and accumulator resume over padded
-        // dims, 4 rows stored.
-        "subgroup" => {
-            let (d8, dv8) = (d.div_ceil(8), dv.div_ceil(8));
-            blocks * (d8 + 2 * dv8 + 9) + 8 * d8 + 8 * dv8 + 4 * dv
-        }
-        // Per block: K vec4s, V vec4s, rescale vec4s, the block itself, two 4-trip key
-        // loops. Around it: Q load, accumulator resume and store (each vec4 with a
-        // 4-trip loop inside).
-        _ => {
-            let (d4, dv4) = (d.div_ceil(4), dv.div_ceil(4));
-            blocks * (d4 + 2 * dv4 + 9) + 5 * d4 + 10 * dv4
-        }
-    }
+    let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
+    blocks * (d8 + 2 * dv8 + 9) + 8 * d8 + 8 * dv8 + 4 * s.head_dim_v as u64
+}
+
+/// `flash_attention.wgsl`'s registers entry. Per block of 4 keys: K vec4s, V vec4s,
+/// rescale vec4s, the block itself, two 4-trip key loops. Around it: Q load,
+/// accumulator resume and store (each vec4 with a 4-trip loop inside).
+pub fn registers_iterations(s: &AttentionShape) -> u64 {
+    let blocks = s.len_k.div_ceil(4) as u64;
+    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    blocks * (d4 + 2 * dv4 + 9) + 5 * d4 + 10 * dv4
+}
+
+/// `flash_attention.wgsl`'s shared entry: the registers loop over each block of 4 keys,
+/// plus per tile the tile loop itself and the cooperative load (each trip a vec4 load
+/// with a 4-trip tail loop, counted as 5).
+pub fn shared_iterations(s: &AttentionShape) -> u64 {
+    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    let tile_keys = (1024 / (d4 + dv4)) / 4 * 4;
+    let tiles = (s.len_k as u64).div_ceil(tile_keys);
+    let load_trips = (tile_keys * (d4 + dv4)).div_ceil(64);
+    registers_iterations(s) + tiles * (1 + 5 * load_trips)
+}
+
+/// `flash_blocked.wgsl`, every loop counted (its inner loops have constant trip
+/// counts and are normally unrolled). Per tile of BC keys: the K and V copies (vec4
+/// loads with a 4-trip tail loop, counted as 5), the score micro-tile over the head
+/// dim, the masking, the row owner's two passes over the tile, the rescale and the
+/// probs x V loop. Around it: the Q copy, the resume and the store.
+pub fn blocked_iterations(s: &AttentionShape) -> u64 {
+    let Some(v) = super::flash::blocked_for(s.head_dim as u32, s.head_dim_v as u32, u32::MAX) else {
+        return u64::MAX;
+    };
+    let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
+    let (mr, mc, oc) = (br / 8, bc / 8, dmax / 32);
+    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    let tiles = (s.len_k as u64).div_ceil(bc);
+    let per_tile = 5 * (bc * d4).div_ceil(64)
+        + 5 * (bc * dv4).div_ceil(64)
+        + d4 * (1 + mc + mr * (1 + mc))
+        + mr * (1 + mc)
+        + 2 * bc
+        + mr * (1 + oc)
+        + bc * (1 + oc + mr * (1 + oc))
+        + 1;
+    let around = (br * dmax / 4).div_ceil(64) * 5 + 2 * mr * (1 + oc * 5) + 4;
+    tiles * per_tile + around
 }
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within

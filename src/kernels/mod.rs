@@ -48,7 +48,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 13] = [
+pub const ALL_KERNELS: [Kernel; 17] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
@@ -62,6 +62,10 @@ pub const ALL_KERNELS: [Kernel; 13] = [
     flash::SUBGROUP_64,
     flash::SUBGROUP_128,
     flash::SUBGROUP_256,
+    flash::BLOCKED_VARIANTS[0].kernel,
+    flash::BLOCKED_VARIANTS[1].kernel,
+    flash::BLOCKED_VARIANTS[2].kernel,
+    flash::BLOCKED_VARIANTS[3].kernel,
 ];
 
 /// The full WGSL of a kernel for an element type.
