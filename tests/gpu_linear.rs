@@ -118,7 +118,7 @@ fn run(ctx: &Context, case: &Case) -> Result<(), Error> {
 type Shape = (usize, usize, usize, &'static [usize], usize, bool);
 
 fn tilings(ctx: &Context) -> Vec<LinearTiling> {
-    let mut out = vec![LinearTiling::Tiled];
+    let mut out = vec![LinearTiling::Tiled, LinearTiling::Blocked];
     if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
         out.push(LinearTiling::Texture);
     }
@@ -128,7 +128,7 @@ fn tilings(ctx: &Context) -> Vec<LinearTiling> {
 #[test]
 fn linear_matches_the_f64_reference_on_awkward_sizes() {
     let Some(ctx) = common::ctx() else { return };
-    let shapes: [Shape; 7] = [
+    let shapes: [Shape; 8] = [
         (1, 1, 1, &[1], 0, false),
         (13, 29, 29, &[37], 5, true),
         (70, 100, 131, &[9, 17, 5], 0, true),
@@ -138,6 +138,8 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
         // f32 rows the texture tiling copies straight into its texture (row stride a
         // multiple of 256 bytes, whole texels) with a stride wider than K.
         (5, 128, 192, &[40], 3, true),
+        // More than one 128 x 128 block both ways, ragged, K not a multiple of 16.
+        (200, 45, 47, &[150, 10], 2, true),
     ];
     let mut seed = 100;
     for tiling in tilings(ctx) {

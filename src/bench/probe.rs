@@ -55,7 +55,7 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
     // W is packed once, like a layer's weights; X is packed inside every timed call.
     let w_packed = match tiling {
         LinearTiling::Texture => Some(PackedRows::upload(ctx, DType::F32, &RowSource::dense(&w, n, n))?),
-        LinearTiling::Tiled => None,
+        LinearTiling::Tiled | LinearTiling::Blocked => None,
     };
     let linear = Linear {
         x: &x,

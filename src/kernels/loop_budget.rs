@@ -113,6 +113,9 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
     let k = k as u64;
     match tiling {
         LinearTiling::Tiled => k.div_ceil(16) * (1 + 4 + 16) + 16,
+        // Per step of 16: the two staging halves (4-trip loads and scatter each), the
+        // 16-trip inner loop; then 16 stores.
+        LinearTiling::Blocked => k.div_ceil(16) * (1 + 2 * 13 + 16) + 8 * 3,
         LinearTiling::Texture => k.div_ceil(4) + 16,
     }
 }

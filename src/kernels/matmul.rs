@@ -12,11 +12,22 @@ use bytemuck::{Pod, Zeroable};
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 
 /// Portable tiling: 64 x 64 blocks staged in workgroup memory, operands in storage
-/// buffers (GPUs; CPU adapters without subgroups).
+/// buffers (CPU adapters without subgroups).
 pub const TILED: Kernel = Kernel {
     file: "matmul_tiled.wgsl",
     source: include_str!("../../shaders/matmul_tiled.wgsl"),
     entry: "linear_tiled",
+    slots: &[],
+    preludes: &[SOURCE],
+    variant: "",
+};
+
+/// GPUs: 128 x 128 blocks, 8 x 8 outputs per invocation from K-major tiles in 16 KiB
+/// of workgroup memory.
+pub const BLOCKED: Kernel = Kernel {
+    file: "matmul_blocked.wgsl",
+    source: include_str!("../../shaders/matmul_blocked.wgsl"),
+    entry: "linear_blocked",
     slots: &[],
     preludes: &[SOURCE],
     variant: "",
@@ -37,6 +48,7 @@ pub const TEXTURE: Kernel = Kernel {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LinearTiling {
     Tiled,
+    Blocked,
     Texture,
 }
 
@@ -44,6 +56,7 @@ impl LinearTiling {
     pub fn name(self) -> &'static str {
         match self {
             LinearTiling::Tiled => "tiled",
+            LinearTiling::Blocked => "blocked",
             LinearTiling::Texture => "texture",
         }
     }
@@ -51,6 +64,7 @@ impl LinearTiling {
     fn kernel(self) -> Kernel {
         match self {
             LinearTiling::Tiled => TILED,
+            LinearTiling::Blocked => BLOCKED,
             LinearTiling::Texture => TEXTURE,
         }
     }
@@ -59,6 +73,7 @@ impl LinearTiling {
     fn block(self) -> (usize, usize) {
         match self {
             LinearTiling::Tiled => (64, 64),
+            LinearTiling::Blocked => (128, 128),
             LinearTiling::Texture => (ROWS_PER_GROUP, 32),
         }
     }
@@ -106,10 +121,13 @@ pub struct Linear<'a> {
 }
 
 impl Context {
-    /// The GEMM tiling used for this adapter: `texture` on CPU adapters with >= 8-lane
-    /// subgroups (lavapipe), else `tiled`.
+    /// The GEMM tiling used for this adapter: on GPUs `blocked`; on CPU adapters
+    /// `texture` with >= 8-lane subgroups (lavapipe), else `tiled` (barriers are cheap
+    /// enough there for its 64 x 64 blocks, and its 4 x 4 micro-tiles suit 8-wide SIMD).
     pub fn linear_tiling(&self) -> LinearTiling {
-        if self.is_cpu_adapter() && has_8_lane_subgroups(self) {
+        if !self.is_cpu_adapter() {
+            LinearTiling::Blocked
+        } else if has_8_lane_subgroups(self) {
             LinearTiling::Texture
         } else {
             LinearTiling::Tiled
@@ -250,7 +268,7 @@ pub fn encode_linear(
     // Operands: buffers for the tiled kernel, textures for the texture kernel.
     let (x_packed, w_packed_here);
     let (x, w) = match tiling {
-        LinearTiling::Tiled => (linear.x.as_entire_binding(), linear.w.as_entire_binding()),
+        LinearTiling::Tiled | LinearTiling::Blocked => (linear.x.as_entire_binding(), linear.w.as_entire_binding()),
         LinearTiling::Texture => {
             let x = RowSource {
                 buffer: linear.x,

@@ -48,10 +48,11 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 17] = [
+pub const ALL_KERNELS: [Kernel; 18] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
+    matmul::BLOCKED,
     matmul::TEXTURE,
     pack_rows::KERNEL,
     qk_scores::KERNEL,
