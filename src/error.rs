@@ -87,3 +87,18 @@ impl Error {
         }
     }
 }
+
+/// The product of `dims` (a shape's element count, or that times an element size), or
+/// an error naming `what` if it overflows `usize`: a header claiming (2^30, 2^30, 16, 1)
+/// must not wrap to 0 and pass every size check after it.
+pub fn checked_product(what: &str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::LimitExceeded {
+            what: format!("{what} {dims:?}"),
+            limit: "the address space (the element count overflows 64 bits)",
+            unit: "elements",
+            requested: u64::MAX,
+            max: usize::MAX as u64,
+        })
+}

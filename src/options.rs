@@ -62,7 +62,7 @@ impl Mask {
         }
         let mut full = [1usize; 4];
         full[4 - shape.len()..].copy_from_slice(shape);
-        let count: usize = full.iter().product();
+        let count = crate::error::checked_product("mask shape", &full)?;
         if count != len {
             return Err(Error::shape(format!("mask values for shape {shape:?}"), count, len));
         }

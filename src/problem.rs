@@ -1,6 +1,6 @@
 //! The shape of one attention problem and the checks every path runs before any work.
 
-use crate::error::{Error, Result};
+use crate::error::{checked_product, Error, Result};
 use crate::options::AttentionOptions;
 
 /// Largest head dimension (`D` and `Dv`) the kernels accept.
@@ -92,6 +92,12 @@ impl AttentionShape {
                 return Err(Error::unsupported(name, n, format!("1 to {MAX_HEAD_DIM}")));
             }
         }
+        // Every tensor's element count, and the weights', must fit in 64 bits: each axis
+        // passing alone is not enough.
+        let (b, hq, hk) = (self.batch, self.heads_q, self.heads_kv);
+        let widest = self.head_dim.max(self.head_dim_v).max(self.len_k);
+        checked_product("query-side tensor shape", &[b, hq, self.len_q, widest, 4])?;
+        checked_product("key/value tensor shape", &[b, hk, self.len_k, widest, 4])?;
         if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::shape(
                 "query heads (must be a multiple of key/value heads for GQA)",

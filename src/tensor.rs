@@ -3,7 +3,7 @@
 //! own memory order.
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{checked_product, Error, Result};
 use half::f16;
 
 /// Element type in GPU memory.
@@ -118,7 +118,10 @@ impl Tensor {
 
     /// An uninitialised tensor (used for outputs).
     pub fn empty(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType) -> Result<Self> {
-        let bytes = (shape.iter().product::<usize>() * dtype.size()) as u64;
+        let bytes = checked_product(
+            "output tensor shape (bytes)",
+            &[shape[0], shape[1], shape[2], shape[3], dtype.size()],
+        )? as u64;
         let buffer = ctx.create_buffer("wgpu-attention output", bytes, tensor_usage())?;
         Ok(Tensor {
             buffer,
@@ -193,7 +196,7 @@ pub(crate) fn pad_to_4(bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 }
 
 fn check_len(shape: [usize; 4], len: usize) -> Result<()> {
-    let expected: usize = shape.iter().product();
+    let expected = checked_product("tensor shape", &shape)?;
     if expected != len {
         return Err(Error::shape(
             format!("tensor data for shape {shape:?}"),

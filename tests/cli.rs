@@ -2,7 +2,7 @@
 //! stderr and writes no output file.
 
 mod common;
-use common::cli::{bin, read_f32, scratch, write_npy};
+use common::cli::{bin, read_f32, scratch, write_npy, write_raw_npy};
 use std::path::Path;
 use wgpu_attention::check::Rng;
 use wgpu_attention::reference::attention;
@@ -138,7 +138,80 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
         &with(&["--v", "k5.npy", "--adapter", "no-such-gpu"]),
         "no-such-gpu",
     );
+    // Headers that lie (issue 17 §1.2): a shape whose product wraps to 0 in 64 bits used
+    // to pass every size check and hang; one claiming gigabytes, or more than the file
+    // holds, must be refused before anything is allocated.
+    write_raw_npy(&dir.join("wrap.npy"), "<f4", "(1073741824, 1073741824, 16, 1)", &[]);
+    write_raw_npy(&dir.join("huge.npy"), "<f4", "(4, 4, 1000000, 64)", &[0; 64]);
+    write_raw_npy(&dir.join("short.npy"), "<f4", "(1, 2, 5, 4)", &[0; 40]);
+    let started = std::time::Instant::now();
+    for wrap in [["--q", "wrap.npy"], ["--k", "wrap.npy"], ["--v", "wrap.npy"]] {
+        let mut args = vec![
+            "run", "--q", "q.npy", "--k", "k5.npy", "--v", "k5.npy", "--out", "o.npy",
+        ];
+        let at = args.iter().position(|&a| a == wrap[0]).expect("flag") + 1;
+        args[at] = wrap[1];
+        expect_bad_input(&dir, &args, "overflows");
+    }
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "wrapped shapes took {:?}",
+        started.elapsed()
+    );
+    expect_bad_input(&dir, &with(&["--v", "huge.npy"]), "header claims");
+    expect_bad_input(&dir, &with(&["--v", "short.npy"]), "header claims");
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--tiling", "bogus"]), "blocked");
     // Unknown flags are usage errors, also exit 2.
     let output = bin().args(["run", "--bogus"]).output().expect("runs");
     assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn outputs_that_are_not_plain_files_keep_what_they_are() {
+    // Issue 13 §4: `--out /dev/full` (as root) once replaced the device node with a
+    // regular file and exited 0, because the output was renamed over the path.
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("targets");
+    let mut rng = Rng::new(8);
+    write_npy(&dir.join("q.npy"), &[1, 1, 3, 4], &rng.vec(12, -1.0, 1.0));
+    write_npy(&dir.join("k.npy"), &[1, 1, 5, 4], &rng.vec(20, -1.0, 1.0));
+    let run = |out: &str| {
+        bin()
+            .current_dir(&dir)
+            .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "k.npy", "--out", out])
+            .output()
+            .expect("runs")
+    };
+    // A link to /dev/full: written through, fails with ENOSPC, the link survives.
+    let link = dir.join("full.npy");
+    std::os::unix::fs::symlink("/dev/full", &link).expect("symlink");
+    let output = run("full.npy");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("full.npy"), "{stderr}");
+    let meta = std::fs::symlink_metadata(&link).expect("link still there");
+    assert!(meta.file_type().is_symlink(), "the link was replaced");
+    assert!(!dir.join("full.npy.partial").exists());
+    // A link to a regular file: written through, the link stays a link.
+    let real = dir.join("real.npy");
+    std::fs::write(&real, b"old").expect("write");
+    std::os::unix::fs::symlink(&real, dir.join("via.npy")).expect("symlink");
+    assert_eq!(run("via.npy").status.code(), Some(0));
+    assert!(std::fs::symlink_metadata(dir.join("via.npy"))
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    assert_eq!(read_f32(&real).0, vec![1, 1, 3, 4]);
+    // A directory, and a path whose directory does not exist: exit 2, nothing left.
+    std::fs::create_dir(dir.join("adir")).expect("mkdir");
+    for out in ["adir", "missing/o.npy"] {
+        let output = run(out);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{out}: {stderr}");
+        assert!(stderr.contains(out), "{out}: {stderr}");
+    }
+    assert!(dir.join("adir").is_dir());
+    assert!(!dir.join("adir.partial").exists());
 }

@@ -198,6 +198,21 @@ fn missing_and_misshaped_tensors_are_named() {
 }
 
 #[test]
+fn zero_sized_weights_and_head_counts_are_errors_not_panics() {
+    // Issue 17 §1.1: a [0, 0] in_proj_weight divided by the embed dim before any check.
+    for name in ["in_proj_weight", "q_proj_weight", "q_proj.weight"] {
+        let zero = file(&[entry(name, &[0, 0], vec![])]);
+        expect_error(&zero, 4, None, "", &[name, "zero-sized", "[0, 0]"]);
+    }
+    let zero_rows = file(&[entry("q_proj.weight", &[0, 16], vec![])]);
+    expect_error(&zero_rows, 4, None, "", &["q_proj.weight", "[0, 16]"]);
+    let mut rng = Rng::new(5);
+    let good = pytorch_packed("", &mut rng);
+    expect_error(&file(&good), 0, None, "", &["head counts"]);
+    expect_error(&file(&good), 4, Some(0), "", &["head counts"]);
+}
+
+#[test]
 fn integer_tensors_are_refused_with_their_dtype() {
     let mut rng = Rng::new(5);
     let mut tensors = pytorch_packed("", &mut rng);

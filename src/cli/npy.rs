@@ -1,5 +1,6 @@
 //! `.npy` input and output for the CLI: typed reads with clear errors, and writes that
-//! never leave a partial file behind (temp file, then rename).
+//! never leave a partial file behind (temp file, then rename, for regular files;
+//! links, devices and FIFOs are written through).
 
 use super::CliError;
 use half::f16;
@@ -15,6 +16,26 @@ fn open(path: &Path) -> Result<npyz::NpyFile<std::io::BufReader<std::fs::File>>,
     let file = std::fs::File::open(path).map_err(|e| CliError::bad(format!("cannot open {}: {e}", path.display())))?;
     let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
         .map_err(|e| CliError::bad(format!("{} is not a valid .npy file: {e}", path.display())))?;
+    // The header's element count must not overflow, and its data must fit in the file:
+    // never allocate more than the file justifies (a truncated or hostile header).
+    let dims: Vec<usize> = npy
+        .shape()
+        .iter()
+        .map(|&n| usize::try_from(n).unwrap_or(usize::MAX))
+        .collect();
+    let count = wgpu_attention::error::checked_product("array shape", &dims)
+        .map_err(|e| CliError::bad(format!("{}: {e}", path.display())))?;
+    let item = match npy.dtype() {
+        npyz::DType::Plain(t) => t.num_bytes().unwrap_or(1),
+        _ => 1,
+    };
+    let data_len = data_bytes(path);
+    if (count as u128) * (item as u128) > u128::from(data_len) {
+        return Err(CliError::bad(format!(
+            "{}: the header claims {dims:?} ({count} elements of {item} bytes) but the file holds {data_len} bytes of data",
+            path.display()
+        )));
+    }
     if npy.order() != npyz::Order::C {
         return Err(CliError::bad(format!(
             "{}: Fortran-order arrays are not supported; save it in C order",
@@ -22,6 +43,24 @@ fn open(path: &Path) -> Result<npyz::NpyFile<std::io::BufReader<std::fs::File>>,
         )));
     }
     Ok(npy)
+}
+
+/// Bytes after the header of a `.npy` file (whose header npyz has already parsed):
+/// magic and version (8 bytes), then the header length as u16 (version 1) or u32.
+fn data_bytes(path: &Path) -> u64 {
+    use std::io::Read;
+    let mut head = [0u8; 12];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    let file_len = std::fs::metadata(path).map_or(0, |m| m.len());
+    if read.is_err() {
+        return file_len;
+    }
+    let header_end = if head[6] == 1 {
+        10 + u64::from(u16::from_le_bytes([head[8], head[9]]))
+    } else {
+        12 + u64::from(u32::from_le_bytes([head[8], head[9], head[10], head[11]]))
+    };
+    file_len.saturating_sub(header_end)
 }
 
 /// The dtype string without its byte-order character (`f4`, `f2`, `b1`, `i4`, `i8`).
@@ -119,27 +158,89 @@ pub fn encode_f32(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, CliError> {
     Ok(bytes)
 }
 
-/// Writes all files or none: each goes to a temporary sibling first, and only when every
-/// one is written are they renamed into place.
-pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError> {
-    let mut temps = Vec::new();
-    for (path, bytes) in files {
-        let path = path.as_ref();
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".partial");
-        let tmp = std::path::PathBuf::from(tmp);
-        if let Err(e) = std::fs::write(&tmp, bytes) {
-            let _ = std::fs::remove_file(&tmp);
-            for t in &temps {
-                let _ = std::fs::remove_file(t);
-            }
-            return Err(CliError::bad(format!("cannot write {}: {e}", path.display())));
-        }
-        temps.push(tmp);
+/// How an output path is written.
+enum Target {
+    /// A regular file, or nothing yet: written to a temporary sibling, then renamed
+    /// into place, so a failed run leaves no partial file.
+    Replace,
+    /// A symlink, device or FIFO (`/dev/stdout` in a pipeline): written through, since
+    /// renaming over it would replace the link or the device node itself.
+    Through,
+}
+
+fn target(path: &Path) -> Result<Target, CliError> {
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Ok(Target::Replace),
+        Ok(m) if m.file_type().is_file() => Ok(Target::Replace),
+        Ok(m) if m.is_dir() => Err(CliError::bad(format!(
+            "cannot write {}: it is a directory",
+            path.display()
+        ))),
+        Ok(_) => match std::fs::metadata(path) {
+            Ok(m) if m.is_dir() => Err(CliError::bad(format!(
+                "cannot write {}: it links to a directory",
+                path.display()
+            ))),
+            _ => Ok(Target::Through),
+        },
     }
-    for ((path, _), tmp) in files.iter().zip(&temps) {
-        let path = path.as_ref();
-        std::fs::rename(tmp, path).map_err(|e| CliError::bad(format!("cannot write {}: {e}", path.display())))?;
+}
+
+fn temp_sibling(path: &Path) -> std::path::PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".partial");
+    std::path::PathBuf::from(tmp)
+}
+
+/// Writes all files or, as far as the targets allow, none: regular files go to a
+/// temporary sibling first and are renamed into place only when every write
+/// succeeded; links, devices and FIFOs are written through (after every temporary file
+/// is written, before any rename). Any failure removes every temporary file and names
+/// the path.
+pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError> {
+    let targets = files
+        .iter()
+        .map(|(path, _)| target(path.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut temps = Vec::new();
+    let cleanup = |temps: &[std::path::PathBuf]| {
+        for t in temps {
+            let _ = std::fs::remove_file(t);
+        }
+    };
+    let fail = |path: &Path, e: std::io::Error| CliError::bad(format!("cannot write {}: {e}", path.display()));
+    for ((path, bytes), target) in files.iter().zip(&targets) {
+        if let Target::Replace = target {
+            let tmp = temp_sibling(path.as_ref());
+            if let Err(e) = std::fs::write(&tmp, bytes) {
+                let _ = std::fs::remove_file(&tmp);
+                cleanup(&temps);
+                return Err(fail(path.as_ref(), e));
+            }
+            temps.push(tmp);
+        }
+    }
+    for ((path, bytes), target) in files.iter().zip(&targets) {
+        if let Target::Through = target {
+            // ENOSPC from /dev/full, EPIPE from a closed pipe: an error, not exit 0.
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path.as_ref())
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, bytes).and_then(|()| std::io::Write::flush(&mut f))
+                });
+            if let Err(e) = written {
+                cleanup(&temps);
+                return Err(fail(path.as_ref(), e));
+            }
+        }
+    }
+    let regular = files.iter().zip(&targets).filter(|(_, t)| matches!(t, Target::Replace));
+    for (i, ((path, _), _)) in regular.enumerate() {
+        if let Err(e) = std::fs::rename(&temps[i], path.as_ref()) {
+            cleanup(&temps[i..]);
+            return Err(fail(path.as_ref(), e));
+        }
     }
     Ok(())
 }

@@ -42,6 +42,9 @@ pub fn load_safetensors(
     num_kv_heads: Option<usize>,
     prefix: &str,
 ) -> Result<LoadedMha> {
+    if num_heads == 0 || num_kv_heads == Some(0) {
+        return Err(Error::invalid("num_heads", "head counts must be at least 1"));
+    }
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| Error::invalid("weights file", e.to_string()))?;
     let file = File { tensors, prefix };
     let naming = if file.has("in_proj_weight") {
@@ -214,6 +217,13 @@ impl File<'_> {
             .tensor(&full)
             .map_err(|_| Error::invalid(format!("weights tensor '{full}'"), "missing from the file"))?;
         match view.shape() {
+            // Sizes are validated before any arithmetic uses them (a zero embed dim
+            // would divide by zero below).
+            &[rows, cols] if rows == 0 || cols == 0 => Err(Error::shape(
+                format!("weights tensor '{full}'"),
+                "a matrix with no zero-sized dimension",
+                format!("[{rows}, {cols}]"),
+            )),
             &[rows, cols] => Ok([rows, cols][axis]),
             other => Err(Error::shape(
                 format!("weights tensor '{full}'"),

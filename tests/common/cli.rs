@@ -37,3 +37,19 @@ pub fn read_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
     let shape = npy.shape().to_vec();
     (shape, npy.into_vec::<f32>().expect("f32 data"))
 }
+
+/// Writes a `.npy` with a hand-made header (`descr` like `<f4`, `shape` as Python writes
+/// it, e.g. `(2, 3)`) followed by `data`: for headers that lie about their data.
+pub fn write_raw_npy(path: &Path, descr: &str, shape: &str, data: &[u8]) {
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic (6) + version (2) + length (2) + header, padded with spaces to 64, then '\n'.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).expect("write npy");
+}
