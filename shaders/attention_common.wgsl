@@ -1,9 +1,10 @@
-// Shared by every attention kernel: the uniform block, the bindings, and the masking
-// rules of DESIGN.md. Each kernel file is appended to this one; a short generated header
-// before it defines `elem` (f32, or f16 with `enable f16;`).
+// Shared by every attention kernel: the uniform block, the bindings, the masking and
+// online-softmax rules of docs/design.md ("Masks", "Softmax") as the one definition
+// each kernel calls, and row loads. Each kernel file is appended to this one; a short
+// generated header before it defines `elem` (f32, or f16 with `enable f16;`).
 //
 // Masking rules (a position is masked if any rule says so, and then never contributes,
-// whatever its score):
+// whatever its score; key_end and apply_masks below):
 //   causal:       key j is masked for query i when j > i + causal_offset
 //   key lengths:  key j is masked when j >= key_lengths[b]
 //   bool mask:    masked where the mask word is 0

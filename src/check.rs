@@ -340,7 +340,7 @@ fn naive_f16_error(
 }
 
 /// The fixed grid of awkward cases `check` and the tests run: lengths 1, 7, 97, 239
-/// (and 1025 where cheap), head dims from DESIGN.md, GQA, Lq != Lk both ways, every
+/// (and 1025 where cheap), head dims from docs/design.md, GQA, Lq != Lk both ways, every
 /// mask kind and both causal alignments, both layouts.
 pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
     let mut rng = Rng::new(seed);

@@ -1,4 +1,4 @@
-//! CPU reference: the contract of DESIGN.md written for obviousness, with f64
+//! CPU reference: the contract of docs/design.md ("Semantics") written for obviousness, with f64
 //! accumulation. Every GPU path is tested against this.
 
 use crate::error::Result;
