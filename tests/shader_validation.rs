@@ -29,6 +29,49 @@ fn every_kernel_validates_in_f32_and_f16() {
 }
 
 #[test]
+fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
+    // Validation alone misses naga SPIR-V writer failures, such as the cooperative-matrix
+    // trap (an index inside coopLoad's pointer argument: "Expression [N] is not cached").
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    for kernel in ALL_KERNELS {
+        for dtype in [DType::F32, DType::F16] {
+            let source = shader_source(&kernel, dtype);
+            let module = naga::front::wgsl::parse_str(&source).expect("parses");
+            let info =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                    .validate(&module)
+                    .expect("validates");
+            // Overrides take their defaults, as wgpu resolves them before writing SPIR-V.
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, kernel.entry)),
+                &naga::back::PipelineConstants::default(),
+            )
+            .unwrap_or_else(|e| panic!("{}: overrides: {e}", kernel.file));
+            for policy in [BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Unchecked] {
+                let options = naga::back::spv::Options {
+                    bounds_check_policies: BoundsCheckPolicies {
+                        index: policy,
+                        buffer: policy,
+                        image_load: policy,
+                        binding_array: policy,
+                    },
+                    ..Default::default()
+                };
+                let entry = naga::back::spv::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: kernel.entry.into(),
+                };
+                let words = naga::back::spv::write_vec(&module, &info, &options, Some(&entry))
+                    .unwrap_or_else(|e| panic!("{}:{} ({dtype:?}, {policy:?}): {e}", kernel.file, kernel.entry));
+                assert!(words.len() > 5, "{}: empty SPIR-V", kernel.file);
+            }
+        }
+    }
+}
+
+#[test]
 fn uniform_layout_matches_rust() {
     let source = shader_source(&wgpu_attention::kernels::flash::REGISTERS, DType::F32);
     let module = validate(&source).expect("valid shader");

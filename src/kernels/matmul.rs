@@ -33,6 +33,19 @@ pub const BLOCKED: Kernel = Kernel {
     variant: "",
 };
 
+/// Tensor cores through cooperative matrices (16 x 16 f16 tiles, f32 accumulation):
+/// 64 x 64 blocks, one 32 x 32 quadrant per subgroup. Not picked by default until it has
+/// passed the tests on a GPU that has `EXPERIMENTAL_COOPERATIVE_MATRIX` (none has run it
+/// yet); validated and written to SPIR-V by naga in the tests.
+pub const COOP: Kernel = Kernel {
+    file: "matmul_coop.wgsl",
+    source: include_str!("../../shaders/matmul_coop.wgsl"),
+    entry: "linear_coop",
+    slots: &[],
+    preludes: &[SOURCE],
+    variant: "",
+};
+
 /// CPU adapters with >= 8-lane subgroups: operands packed into textures (texel fetches
 /// are gathers there; storage loads go one lane at a time), X shared by broadcast.
 pub const TEXTURE: Kernel = Kernel {

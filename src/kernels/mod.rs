@@ -48,11 +48,12 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 18] = [
+pub const ALL_KERNELS: [Kernel; 19] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
     matmul::BLOCKED,
+    matmul::COOP,
     matmul::TEXTURE,
     pack_rows::KERNEL,
     qk_scores::KERNEL,
@@ -69,13 +70,27 @@ pub const ALL_KERNELS: [Kernel; 18] = [
     flash::BLOCKED_VARIANTS[3].kernel,
 ];
 
-/// The full WGSL of a kernel for an element type.
+/// The full WGSL of a kernel for an element type. `enable` directives in the kernel's
+/// own file (say `enable wgpu_cooperative_matrix;`) are hoisted above the preludes, as
+/// WGSL wants directives before any declaration.
 pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
-    let header = match dtype {
+    let (directives, body): (Vec<&str>, Vec<&str>) = kernel
+        .source
+        .lines()
+        .partition(|line| line.trim_start().starts_with("enable "));
+    let elem = match dtype {
         DType::F32 => "alias elem = f32;\n",
-        DType::F16 => "enable f16;\nalias elem = f16;\n",
+        DType::F16 => "alias elem = f16;\n",
     };
-    format!("{header}{}\n{}", kernel.preludes.concat(), kernel.source)
+    let mut header = String::new();
+    if dtype == DType::F16 && !directives.iter().any(|d| d.contains("f16")) {
+        header.push_str("enable f16;\n");
+    }
+    for d in directives {
+        header.push_str(d.trim());
+        header.push('\n');
+    }
+    format!("{header}{elem}{}\n{}", kernel.preludes.concat(), body.join("\n"))
 }
 
 /// Compiles (once per context) the pipeline for a kernel, element type and overrides.
