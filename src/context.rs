@@ -80,6 +80,45 @@ pub struct Capabilities {
     pub max_texture_dim: u32,
     /// Largest number of layers of a 2D-array texture.
     pub max_texture_layers: u32,
+    /// Cooperative-matrix (tensor core) configurations the device may use: empty unless
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` is enabled on it and the adapter listed them.
+    pub cooperative_matrix: Vec<CoopConfig>,
+}
+
+/// One cooperative-matrix configuration: `M x N x K` tiles with A/B elements of `ab`
+/// and accumulator elements of `c` (`"f16"`, `"f32"`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopConfig {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub ab: &'static str,
+    pub c: &'static str,
+}
+
+impl CoopConfig {
+    pub fn of(p: &wgpu::CooperativeMatrixProperties) -> Self {
+        let name = |t: wgpu::CooperativeScalarType| match t {
+            wgpu::CooperativeScalarType::F32 => "f32",
+            wgpu::CooperativeScalarType::F16 => "f16",
+            wgpu::CooperativeScalarType::I32 => "i32",
+            wgpu::CooperativeScalarType::U32 => "u32",
+            #[allow(unreachable_patterns)]
+            _ => "other",
+        };
+        CoopConfig {
+            m: p.m_size,
+            n: p.n_size,
+            k: p.k_size,
+            ab: name(p.ab_type),
+            c: name(p.cr_type),
+        }
+    }
+
+    /// What `info` and `bench` print: `16x16x16 f16->f32`.
+    pub fn label(&self) -> String {
+        format!("{}x{}x{} {}->{}", self.m, self.n, self.k, self.ab, self.c)
+    }
 }
 
 impl Capabilities {
@@ -103,8 +142,26 @@ impl Capabilities {
             max_invocations: limits.max_compute_invocations_per_workgroup,
             max_texture_dim: limits.max_texture_dimension_2d,
             max_texture_layers: limits.max_texture_array_layers,
+            cooperative_matrix: Vec::new(),
         }
     }
+}
+
+/// The token that lets a device enable `EXPERIMENTAL_COOPERATIVE_MATRIX`, when the
+/// adapter offers it; otherwise none is asked for.
+#[allow(unsafe_code)]
+fn experimental_features(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
+    if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return wgpu::ExperimentalFeatures::disabled();
+    }
+    // SAFETY: wgpu asks us to acknowledge that its experimental features may have bugs
+    // with undefined behaviour. Enabling the feature changes nothing for shaders that do
+    // not `enable wgpu_cooperative_matrix`; ours that do (shaders/*_coop.wgsl) are
+    // validated and written to SPIR-V by naga in the tests, and only load and store
+    // 16 x 16 tiles that lie wholly inside workgroup arrays they declare (operands are
+    // staged there with bounds checks first), so no cooperative access can leave its
+    // memory; they are dispatched only when the adapter lists the configuration used.
+    unsafe { wgpu::ExperimentalFeatures::enabled() }
 }
 
 /// True for CPU adapters such as lavapipe and llvmpipe: by device type, or by name for
@@ -203,17 +260,20 @@ impl Context {
     }
 
     /// Creates a device on `adapter` with the features this crate can use (f16,
-    /// subgroups, timestamps) and the adapter's own limits.
+    /// subgroups, timestamps, cooperative matrices) and the adapter's own limits.
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let features = adapter.features() & wanted;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
-            required_features: adapter.features() & wanted,
+            required_features: features,
             required_limits: adapter.limits(),
+            experimental_features: experimental_features(features),
             ..Default::default()
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
@@ -223,10 +283,28 @@ impl Context {
         // Every operation runs inside error scopes; anything that escapes them is reported
         // rather than aborting the process (wgpu's default handler panics).
         device.on_uncaptured_error(Arc::new(|e| eprintln!("wgpu-attention: uncaptured wgpu error: {e}")));
-        Ok(Self::from_wgpu(info, device, queue))
+        let mut ctx = Self::from_wgpu(info, device, queue);
+        ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
+        Ok(ctx)
     }
 
-    /// Shares a device and queue the caller already owns (e.g. with a renderer).
+    /// Records the cooperative-matrix configurations of the adapter this context's
+    /// device came from (`adapter.cooperative_matrix_properties()`), for a context made
+    /// by [`Context::from_wgpu`]; ignored unless the device has
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` enabled.
+    pub fn use_cooperative_matrix_properties(&mut self, properties: &[wgpu::CooperativeMatrixProperties]) {
+        if self
+            .device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            self.caps.cooperative_matrix = properties.iter().map(CoopConfig::of).collect();
+        }
+    }
+
+    /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
+    /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
+    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`.
     pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let caps = Capabilities::detect(&device, &info);
         Context {

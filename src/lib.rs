@@ -37,7 +37,7 @@ pub mod reference;
 pub mod tensor;
 
 pub use attention::{encode_sdpa, resolve_kernel, sdpa, AttentionOutput, ResolvedKernel};
-pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context};
+pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context, CoopConfig};
 pub use error::{Error, Result};
 pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
 pub use options::{

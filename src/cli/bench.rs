@@ -210,6 +210,20 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         args.reps
     );
     println!("tiles: fused {fused_tiling}, GEMM {}", ctx.linear_tiling().name());
+    let coop: Vec<String> = ctx
+        .capabilities()
+        .cooperative_matrix
+        .iter()
+        .map(|c| c.label())
+        .collect();
+    println!(
+        "cooperative matrices (tensor cores): {}",
+        if coop.is_empty() {
+            "none".into()
+        } else {
+            coop.join(", ")
+        }
+    );
 
     let progress = progress_bar(cases.len() * plan.kernels.len() + 1);
     progress.set_message(format!("probe on {}", info.name));
@@ -251,6 +265,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         "subgroups": caps.subgroups.map(|(lo, hi)| json!([lo, hi])),
         "fused_tiling": fused_tiling,
         "gemm_tiling": ctx.linear_tiling().name(),
+        "cooperative_matrix": caps.cooperative_matrix.iter().map(|c| c.label()).collect::<Vec<_>>(),
         "timing_clock": clock.name(),
         "probe": {
             "gemm_n": probe.gemm_n,

@@ -19,7 +19,9 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
                 continue;
             }
         }
-        all.push(adapter_json(&info, a.features(), &a.limits()));
+        let mut json = adapter_json(&info, a.features(), &a.limits());
+        json["cooperative_matrix"] = cooperative_matrix_json(a);
+        all.push(json);
     }
     if args.json {
         println!(
@@ -54,6 +56,20 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
         for (k, v) in a["limits"].as_object().into_iter().flatten() {
             println!("  {k}: {v}");
         }
+        let coop: Vec<&str> = a["cooperative_matrix"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.as_str())
+            .collect();
+        println!(
+            "  cooperative matrices (tensor cores): {}",
+            if coop.is_empty() {
+                "none".to_string()
+            } else {
+                coop.join(", ")
+            }
+        );
         println!("  fused tilings:");
         for t in a["fused_tilings"].as_array().into_iter().flatten() {
             let status = match (t["default"].as_bool(), t["unavailable"].as_str()) {
@@ -117,5 +133,21 @@ fn tilings_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgp
                 "unavailable": spec.unmet(&info.name, &caps).map(|e| e.to_string()),
             })
         })
+        .collect()
+}
+
+/// The adapter's cooperative-matrix configurations (`16x16x16 f16->f32`), empty
+/// without `EXPERIMENTAL_COOPERATIVE_MATRIX`.
+pub fn cooperative_matrix_json(adapter: &wgpu::Adapter) -> serde_json::Value {
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        return serde_json::json!([]);
+    }
+    adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .map(|p| wgpu_attention::CoopConfig::of(p).label())
         .collect()
 }

@@ -407,6 +407,7 @@ mod tests {
             max_invocations: 256,
             max_texture_dim: 16384,
             max_texture_layers: 2048,
+            cooperative_matrix: Vec::new(),
         }
     }
 
