@@ -50,22 +50,33 @@ fn linear_blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let m0 = wid.y * BLOCK;
     let n0 = wid.x * BLOCK;
     let flat = lid.y * 16u + lid.x;
-    // Staging (128 rows x 16 K = 512 vec4 per matrix, two per invocation): invocation
-    // `flat` loads 4 consecutive K values of block rows flat / 4 and 64 + flat / 4, then
-    // scatters them K-major.
-    let load_row = flat / 4u; // 0..63
-    let load_k = (flat % 4u) * 4u; // 0, 4, 8, 12
+    // Staging: each matrix tile is 32 groups of 4 rows x 4 groups of 4 K values, 128
+    // blocks of 4 x 4; invocation `flat` loads block flat % 128 of X (flat < 128) or
+    // of W, and writes it transposed as 4 whole vec4 (one per K value): every vec4 of
+    // workgroup memory has exactly one writer (writing single components from several
+    // invocations would be a data race under WGSL's memory model).
+    let blk = flat % 128u;
+    let group = blk / 4u; // rows 4 group .. 4 group + 3
+    let kq = (blk % 4u) * 4u; // K values kq .. kq + 3 of the step
+    let stage_x = flat < 128u;
     var acc: array<vec4<f32>, 16>; // acc[2 i + h]: row (i < 4: 4 ty + i; else 64 + 4 ty + i - 4), columns h * 64 + 4 tx ..
     for (var k0 = 0u; k0 < lp.k; k0 += STEP_K) {
-        for (var half = 0u; half < 2u; half++) {
-            let r = load_row + half * 64u;
-            let xv = x4(min(m0 + r, lp.m - 1u), k0 + load_k);
-            let wv = w4(min(n0 + r, lp.n - 1u), k0 + load_k);
-            // Scatter K-major: element c of the vec4 goes to K row load_k + c, lane r % 4.
-            for (var c = 0u; c < 4u; c++) {
-                let at = (load_k + c) * BLOCK4 + r / 4u;
-                xs[at][r % 4u] = xv[c];
-                ws[at][r % 4u] = wv[c];
+        var rows: array<vec4<f32>, 4>; // rows[i]: 4 K values of row 4 group + i
+        for (var i = 0u; i < 4u; i++) {
+            let r = 4u * group + i;
+            if stage_x {
+                rows[i] = x4(min(m0 + r, lp.m - 1u), k0 + kq);
+            } else {
+                rows[i] = w4(min(n0 + r, lp.n - 1u), k0 + kq);
+            }
+        }
+        for (var c = 0u; c < 4u; c++) {
+            let at = (kq + c) * BLOCK4 + group;
+            let column = vec4<f32>(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
+            if stage_x {
+                xs[at] = column;
+            } else {
+                ws[at] = column;
             }
         }
         workgroupBarrier();

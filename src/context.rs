@@ -156,11 +156,11 @@ fn experimental_features(features: wgpu::Features) -> wgpu::ExperimentalFeatures
     }
     // SAFETY: wgpu asks us to acknowledge that its experimental features may have bugs
     // with undefined behaviour. Enabling the feature changes nothing for shaders that do
-    // not `enable wgpu_cooperative_matrix`; ours that do (shaders/*_coop.wgsl) are
-    // validated and written to SPIR-V by naga in the tests, and only load and store
-    // 16 x 16 tiles that lie wholly inside workgroup arrays they declare (operands are
-    // staged there with bounds checks first), so no cooperative access can leave its
-    // memory; they are dispatched only when the adapter lists the configuration used.
+    // not `enable wgpu_cooperative_matrix`, and no shader this crate dispatches does yet:
+    // shaders/matmul_coop.wgsl is only validated and written to SPIR-V by naga in the
+    // tests. Its loads and stores stay inside workgroup arrays it declares (operands are
+    // staged there with bounds checks). Before it is dispatched, the host must check that
+    // the adapter lists 16x16x16 f16->f32 and has a fixed subgroup size to set as `SG`.
     unsafe { wgpu::ExperimentalFeatures::enabled() }
 }
 

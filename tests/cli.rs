@@ -196,7 +196,8 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
     assert!(!dir.join("full.npy.partial").exists());
     // A link to a regular file: written through, the link stays a link.
     let real = dir.join("real.npy");
-    std::fs::write(&real, b"old").expect("write");
+    // Longer than the output, so a missing truncate would leave a corrupt tail.
+    std::fs::write(&real, vec![7u8; 4096]).expect("write");
     std::os::unix::fs::symlink(&real, dir.join("via.npy")).expect("symlink");
     assert_eq!(run("via.npy").status.code(), Some(0));
     assert!(std::fs::symlink_metadata(dir.join("via.npy"))
@@ -204,6 +205,11 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
         .file_type()
         .is_symlink());
     assert_eq!(read_f32(&real).0, vec![1, 1, 3, 4]);
+    assert!(std::fs::metadata(&real).expect("target").len() < 4096, "old tail kept");
+    // A dangling link: its target is created.
+    std::os::unix::fs::symlink(dir.join("new-target.npy"), dir.join("dangling.npy")).expect("symlink");
+    assert_eq!(run("dangling.npy").status.code(), Some(0));
+    assert_eq!(read_f32(&dir.join("new-target.npy")).0, vec![1, 1, 3, 4]);
     // A directory, and a path whose directory does not exist: exit 2, nothing left.
     std::fs::create_dir(dir.join("adir")).expect("mkdir");
     for out in ["adir", "missing/o.npy"] {

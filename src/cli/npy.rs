@@ -223,8 +223,12 @@ pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError>
     for ((path, bytes), target) in files.iter().zip(&targets) {
         if let Target::Through = target {
             // ENOSPC from /dev/full, EPIPE from a closed pipe: an error, not exit 0.
+            // Truncate (a linked regular file longer than the output keeps no old tail)
+            // and create (a dangling link makes its target), as fs::write would.
             let written = std::fs::OpenOptions::new()
                 .write(true)
+                .create(true)
+                .truncate(true)
                 .open(path.as_ref())
                 .and_then(|mut f| {
                     std::io::Write::write_all(&mut f, bytes).and_then(|()| std::io::Write::flush(&mut f))

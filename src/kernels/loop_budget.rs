@@ -68,7 +68,8 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
     let (mr, mc, oc) = (br / 8, bc / 8, dmax / 32);
     let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
     let tiles = (s.len_k as u64).div_ceil(bc);
-    let per_tile = 5 * (bc * d4).div_ceil(64)
+    let per_tile = mr // clearing the score micro-tile
+        + 5 * (bc * d4).div_ceil(64)
         + 5 * (bc * dv4).div_ceil(64)
         + d4 * (1 + mc + mr * (1 + mc))
         + mr * (1 + mc)
@@ -113,9 +114,9 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
     let k = k as u64;
     match tiling {
         LinearTiling::Tiled => k.div_ceil(16) * (1 + 4 + 16) + 16,
-        // Per step of 16: the two staging halves (4-trip loads and scatter each), the
-        // 16-trip inner loop; then 16 stores.
-        LinearTiling::Blocked => k.div_ceil(16) * (1 + 2 * 13 + 16) + 8 * 3,
+        // Per step of 16: 4 row loads (each with a 4-trip loop), the 4-trip transpose,
+        // the 16-trip inner loop; then 16 stores.
+        LinearTiling::Blocked => k.div_ceil(16) * (1 + 4 * 5 + 4 + 16) + 8 * 3,
         LinearTiling::Texture => k.div_ceil(4) + 16,
     }
 }
