@@ -79,8 +79,7 @@ impl Context {
     /// else `registers`, which runs anywhere.
     pub fn default_fused_tiling(&self) -> Result<FusedTiling> {
         if let Ok(name) = std::env::var("WGPU_ATTENTION_TILING") {
-            let tiling =
-                flash::parse_tiling(&name).map_err(|e| Error::invalid("WGPU_ATTENTION_TILING", e.to_string()))?;
+            let tiling = flash::parse_tiling("WGPU_ATTENTION_TILING", &name)?;
             if tiling != FusedTiling::Auto {
                 return Ok(tiling);
             }

@@ -119,6 +119,14 @@ impl CoopConfig {
     pub fn label(&self) -> String {
         format!("{}x{}x{} {}->{}", self.m, self.n, self.k, self.ab, self.c)
     }
+
+    /// Labels as one line: comma-separated, or `none`.
+    pub fn summary<S: AsRef<str>>(labels: &[S]) -> String {
+        if labels.is_empty() {
+            return "none".into();
+        }
+        labels.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
+    }
 }
 
 impl Capabilities {

@@ -218,11 +218,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         .collect();
     println!(
         "cooperative matrices (tensor cores): {}",
-        if coop.is_empty() {
-            "none".into()
-        } else {
-            coop.join(", ")
-        }
+        wgpu_attention::CoopConfig::summary(&coop)
     );
 
     let progress = progress_bar(cases.len() * plan.kernels.len() + 1);

@@ -64,11 +64,7 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
             .collect();
         println!(
             "  cooperative matrices (tensor cores): {}",
-            if coop.is_empty() {
-                "none".to_string()
-            } else {
-                coop.join(", ")
-            }
+            wgpu_attention::CoopConfig::summary(&coop)
         );
         println!("  fused tilings:");
         for t in a["fused_tilings"].as_array().into_iter().flatten() {

@@ -22,7 +22,7 @@ pub enum KernelArg {
 
 /// Parses `--tiling` against the tiling registry, so a new tiling needs no CLI edit.
 pub fn parse_tiling(name: &str) -> Result<FusedTiling, String> {
-    wgpu_attention::kernels::flash::parse_tiling(name).map_err(|e| e.to_string())
+    wgpu_attention::kernels::flash::parse_tiling("tiling", name).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]

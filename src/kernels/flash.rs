@@ -300,8 +300,9 @@ pub fn tiling_names() -> String {
     FUSED_TILINGS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
-/// Parses a tiling name (`auto` or a registry name), case-insensitively.
-pub fn parse_tiling(name: &str) -> Result<FusedTiling> {
+/// Parses a tiling name (`auto` or a registry name), case-insensitively; `what` names
+/// where it came from in the error (`tiling`, `WGPU_ATTENTION_TILING`).
+pub fn parse_tiling(what: &str, name: &str) -> Result<FusedTiling> {
     let name = name.trim().to_lowercase();
     if name.is_empty() || name == "auto" {
         return Ok(FusedTiling::Auto);
@@ -310,7 +311,7 @@ pub fn parse_tiling(name: &str) -> Result<FusedTiling> {
         .iter()
         .find(|s| s.name == name)
         .map(|s| s.tiling)
-        .ok_or_else(|| Error::invalid("tiling", format!("'{name}' is not one of auto, {}", tiling_names())))
+        .ok_or_else(|| Error::invalid(what, format!("'{name}' is not one of auto, {}", tiling_names())))
 }
 
 /// The tiling picked when none is asked for on an adapter of `class` with `caps`: the
