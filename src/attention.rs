@@ -36,6 +36,14 @@ impl ResolvedKernel {
             ResolvedKernel::Materialized => "materialized".into(),
         }
     }
+
+    /// Whether the path multiplies in f16 (tensor cores), whatever the inputs' dtype.
+    pub fn f16_products(&self) -> bool {
+        match self {
+            ResolvedKernel::Fused(c) => c.spec().f16_products,
+            ResolvedKernel::Materialized => false,
+        }
+    }
 }
 
 /// Computes `softmax(Q Kᵀ · scale + mask) V` and waits for nothing: results are ready
@@ -63,53 +71,66 @@ pub fn encode_sdpa(
     ctx.scoped("recording attention", || plan.encode(ctx, encoder, q, k, v, options))
 }
 
-/// The kernel path `options` resolve to on this context (for reports and tests).
-pub fn resolve_kernel(ctx: &Context, options: &AttentionOptions) -> Result<ResolvedKernel> {
+/// The kernel path `options` resolve to on this context for inputs of `dtype` (for
+/// reports and tests).
+pub fn resolve_kernel(ctx: &Context, dtype: DType, options: &AttentionOptions) -> Result<ResolvedKernel> {
     Ok(match options.kernel {
         KernelChoice::Materialized => ResolvedKernel::Materialized,
-        KernelChoice::Auto | KernelChoice::Fused => ResolvedKernel::Fused(ctx.fused_config(options.tiling)?),
+        KernelChoice::Auto | KernelChoice::Fused => {
+            ResolvedKernel::Fused(ctx.fused_config_for(options.tiling, dtype, options.precision)?)
+        }
     })
 }
 
 impl Context {
-    /// The fused tiling used when none is asked for: the tiling named by
+    /// The fused tiling used when none is asked for, for inputs whose products may
+    /// (`f16_products`) or may not be computed in f16: the tiling named by
     /// `WGPU_ATTENTION_TILING` if set, else the first entry of
     /// [`flash::FUSED_TILINGS`] meant for this class of adapter whose needs it meets
-    /// (CPU adapters: `subgroup`, then `registers`; GPUs: `blocked`, then `shared`),
-    /// else `registers`, which runs anywhere.
-    pub fn default_fused_tiling(&self) -> Result<FusedTiling> {
+    /// (CPU adapters: `subgroup`, then `registers`; GPUs: `coop` where f16 products
+    /// are allowed, then `blocked`, then `shared`), else `registers`, which runs
+    /// anywhere.
+    pub fn default_fused_tiling(&self, f16_products: bool) -> Result<FusedTiling> {
         if let Ok(name) = std::env::var("WGPU_ATTENTION_TILING") {
             let tiling = flash::parse_tiling("WGPU_ATTENTION_TILING", &name)?;
             if tiling != FusedTiling::Auto {
                 return Ok(tiling);
             }
         }
-        Ok(self.adapter_tiling())
+        let class = flash::AdapterClass::of(self.adapter_info());
+        Ok(flash::default_tiling(class, self.capabilities(), f16_products))
     }
 
-    fn adapter_tiling(&self) -> FusedTiling {
-        let class = if self.is_cpu_adapter() {
-            flash::AdapterClass::Cpu
-        } else {
-            flash::AdapterClass::Gpu
-        };
-        flash::FUSED_TILINGS
-            .iter()
-            .find(|spec| {
-                spec.default_on == class && spec.unmet(&self.adapter_info().name, self.capabilities()).is_none()
-            })
-            .map_or(FusedTiling::Registers, |spec| spec.tiling)
-    }
-
-    /// Resolves a tiling request to one this context can run, or says why not.
+    /// Resolves a tiling request for f32 inputs at the default (highest) precision.
     pub fn fused_config(&self, tiling: FusedTiling) -> Result<FlashConfig> {
+        self.fused_config_for(tiling, DType::F32, crate::options::Precision::Highest)
+    }
+
+    /// Resolves a tiling request for inputs of `dtype` at `precision` to one this
+    /// context can run, or says why not.
+    pub fn fused_config_for(
+        &self,
+        tiling: FusedTiling,
+        dtype: DType,
+        precision: crate::options::Precision,
+    ) -> Result<FlashConfig> {
+        let f16_products = precision.allows_f16_products(dtype);
         let tiling = match tiling {
-            FusedTiling::Auto => self.default_fused_tiling()?,
+            FusedTiling::Auto => self.default_fused_tiling(f16_products)?,
             t => t,
         };
         let spec = flash::spec(tiling).ok_or_else(|| Error::invalid("tiling", "auto resolved to no tiling"))?;
         if let Some(e) = spec.unmet(&self.adapter_info().name, self.capabilities()) {
             return Err(e);
+        }
+        if spec.f16_products && !f16_products {
+            return Err(Error::invalid(
+                "tiling",
+                format!(
+                    "the {} tiling multiplies in f16; f32 inputs need precision medium (or high) for it",
+                    spec.name
+                ),
+            ));
         }
         Ok(FlashConfig { tiling })
     }
@@ -143,7 +164,7 @@ impl Plan {
             ctx.require_f16("f16 attention")?;
         }
         shape.check_options(options)?;
-        let kernel = resolve_kernel(ctx, options)?;
+        let kernel = resolve_kernel(ctx, dtype, options)?;
         let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options.need_weights)?;
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;

@@ -83,6 +83,9 @@ pub struct Capabilities {
     /// Cooperative-matrix (tensor core) configurations the device may use: empty unless
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX` is enabled on it and the adapter listed them.
     pub cooperative_matrix: Vec<CoopConfig>,
+    /// The cooperative-matrix kernels run with their coop operations emulated in plain
+    /// WGSL ([`Context::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
+    pub coop_emulated: bool,
 }
 
 /// One cooperative-matrix configuration: `M x N x K` tiles with A/B elements of `ab`
@@ -130,6 +133,26 @@ impl CoopConfig {
 }
 
 impl Capabilities {
+    /// The subgroup size the tensor-core kernels run with (their `SG` override), if the
+    /// device can run them: the 16x16x16 f16->f32 cooperative-matrix configuration, f16,
+    /// and one fixed subgroup size (the kernels give each subgroup a band of rows by
+    /// `subgroup_id`, so the host must know how many invocations make one).
+    pub fn coop_subgroup_size(&self) -> Option<u32> {
+        let tile = CoopConfig {
+            m: 16,
+            n: 16,
+            k: 16,
+            ab: "f16",
+            c: "f32",
+        };
+        match self.subgroups {
+            Some((min, max)) if min == max && min > 0 && self.f16 && self.cooperative_matrix.contains(&tile) => {
+                Some(min)
+            }
+            _ => None,
+        }
+    }
+
     fn detect(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
         Self::of(info, device.features(), &device.limits())
     }
@@ -151,6 +174,7 @@ impl Capabilities {
             max_texture_dim: limits.max_texture_dimension_2d,
             max_texture_layers: limits.max_texture_array_layers,
             cooperative_matrix: Vec::new(),
+            coop_emulated: false,
         }
     }
 }
@@ -308,6 +332,34 @@ impl Context {
         {
             self.caps.cooperative_matrix = properties.iter().map(CoopConfig::of).collect();
         }
+    }
+
+    /// Lets an adapter without tensor cores run the cooperative-matrix kernels with each
+    /// coop operation emulated per subgroup in plain WGSL (`kernels::coop_emulation`):
+    /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
+    /// `SUBGROUP` with a fixed subgroup size; a device with real tensor cores keeps them.
+    pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
+        if !self.caps.cooperative_matrix.is_empty() && !self.caps.coop_emulated {
+            return Ok(());
+        }
+        let mut caps = self.caps.clone();
+        caps.cooperative_matrix = vec![CoopConfig {
+            m: 16,
+            n: 16,
+            k: 16,
+            ab: "f16",
+            c: "f32",
+        }];
+        if caps.coop_subgroup_size().is_none() {
+            return Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "SHADER_F16 and SUBGROUP with a fixed subgroup size",
+                needed_for: "emulating cooperative matrices".into(),
+            });
+        }
+        caps.coop_emulated = true;
+        self.caps = caps;
+        Ok(())
     }
 
     /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor

@@ -146,6 +146,54 @@ pub enum FusedTiling {
     /// Each K/V element is loaded by one lane and broadcast to the subgroup. For CPU
     /// adapters with subgroups of at least 8 lanes (lavapipe); needs `SUBGROUP`.
     Subgroup,
+    /// Tensor cores: the blocked shape with Q·Kᵀ and P·V as 16x16 f16
+    /// cooperative-matrix products accumulated in f32. Needs
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`; f16 inputs, or f32 at [`Precision::Medium`].
+    Coop,
+}
+
+/// How precisely f32 inputs are multiplied, as PyTorch's
+/// `torch.set_float32_matmul_precision` (docs/design.md, "Precision"). f16 inputs use
+/// tensor cores wherever the adapter has them, whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 products and sums: f32 inputs never take the tensor-core paths.
+    #[default]
+    Highest,
+    /// Reserved for a faster path that keeps more than f16's precision; today the same
+    /// as `Medium`.
+    High,
+    /// f32 inputs may be rounded to f16 for the products (tensor cores), with f32
+    /// accumulation and an f32 softmax.
+    Medium,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Highest => "highest",
+            Precision::High => "high",
+            Precision::Medium => "medium",
+        }
+    }
+
+    /// Parses `highest`, `high` or `medium` (as PyTorch spells them).
+    pub fn parse(what: &str, name: &str) -> Result<Self> {
+        match name.trim().to_lowercase().as_str() {
+            "highest" => Ok(Precision::Highest),
+            "high" => Ok(Precision::High),
+            "medium" => Ok(Precision::Medium),
+            other => Err(Error::invalid(
+                what,
+                format!("'{other}' is not one of highest, high, medium"),
+            )),
+        }
+    }
+
+    /// Whether inputs of `dtype` may be multiplied in f16 at this precision.
+    pub fn allows_f16_products(self, dtype: crate::tensor::DType) -> bool {
+        dtype == crate::tensor::DType::F16 || self != Precision::Highest
+    }
 }
 
 /// Options for one scaled dot-product attention call.
@@ -163,6 +211,8 @@ pub struct AttentionOptions {
     pub kernel: KernelChoice,
     /// Tiling of the fused kernel.
     pub tiling: FusedTiling,
+    /// Whether f32 inputs may be multiplied in f16 on tensor cores.
+    pub precision: Precision,
     /// Also return the attention weights `[B, Hq, Lq, Lk]` (f32, BHSD).
     pub need_weights: bool,
     /// Also return the log-sum-exp per row `[B, Hq, Lq]` (f32).

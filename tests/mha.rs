@@ -10,7 +10,7 @@ use wgpu_attention::mha::reference::{f16_stored, multi_head_attention};
 use wgpu_attention::mha::{PostNorm, ProjectionPlan};
 use wgpu_attention::{
     AttentionOptions, CausalAlignment, Context, DType, Error, HeadWeights, Inputs, KernelChoice, MhaConfig, MhaOptions,
-    MhaWeights, MultiHeadAttention, Tensor,
+    MhaWeights, MultiHeadAttention, Precision, Tensor,
 };
 
 /// Where keys and values come from.
@@ -305,7 +305,7 @@ fn packed_and_separate_projection_plans_agree_exactly() {
     for plan in [ProjectionPlan::Fused, ProjectionPlan::Separate] {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let qkv = layer
-            .encode_projections(ctx, &mut encoder, Inputs::SelfAttention(&x), plan)
+            .encode_projections(ctx, &mut encoder, Inputs::SelfAttention(&x), plan, Precision::Highest)
             .expect("projections");
         ctx.queue().submit([encoder.finish()]);
         let values: Vec<Vec<f32>> = qkv.iter().map(|t| t.to_f32_vec(ctx).expect("readback")).collect();

@@ -227,10 +227,11 @@ fn linear_and_packing_uniforms_match_rust() {
 }
 
 #[test]
-fn blocked_variants_declare_the_workgroup_memory_the_host_budgets() {
-    // The host picks a variant by BlockedVariant::workgroup_bytes; it must be what the
+fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
+    // The host picks a variant by BlockVariant::workgroup_bytes; it must be what the
     // WGSL declares, or a variant could exceed the adapter's limit.
-    for variant in wgpu_attention::kernels::flash::BLOCKED_VARIANTS {
+    use wgpu_attention::kernels::flash::{BLOCKED_VARIANTS, COOP_VARIANTS};
+    for variant in BLOCKED_VARIANTS.into_iter().chain(COOP_VARIANTS) {
         let source = shader_source(&variant.kernel, DType::F32);
         let module = validate(&source).expect("valid shader");
         let mut layouter = naga::proc::Layouter::default();
@@ -241,6 +242,10 @@ fn blocked_variants_declare_the_workgroup_memory_the_host_budgets() {
             .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
             .map(|(_, g)| layouter[g.ty].size)
             .sum();
-        assert_eq!(declared, variant.workgroup_bytes(), "{}", variant.kernel.variant);
+        assert_eq!(
+            declared, variant.workgroup_bytes,
+            "{} {}",
+            variant.kernel.file, variant.kernel.variant
+        );
     }
 }

@@ -11,7 +11,7 @@ use crate::kernels::matmul::LinearTiling;
 use crate::kernels::pack_rows::{PackedRows, RowSource};
 use crate::mha::{Inputs, MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, PostNorm, ProjectionPlan};
 use crate::tensor::{DType, Tensor};
-use crate::{encode_sdpa, AttentionOptions, Layout};
+use crate::{encode_sdpa, AttentionOptions, Layout, Precision};
 use std::time::Duration;
 
 /// One timed phase.
@@ -39,6 +39,7 @@ pub fn measure_mha(
     ctx: &Context,
     [batch, seq, embed, heads]: [usize; 4],
     dtype: DType,
+    precision: Precision,
     reps: usize,
 ) -> Result<MhaBench> {
     let config = MhaConfig {
@@ -61,9 +62,10 @@ pub fn measure_mha(
 
     // Inputs of the later phases, computed once.
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let [q, k, v] = layer.encode_projections(ctx, &mut encoder, inputs, ProjectionPlan::Fused)?;
+    let [q, k, v] = layer.encode_projections(ctx, &mut encoder, inputs, ProjectionPlan::Fused, precision)?;
     let attention = AttentionOptions {
         output_layout: Some(Layout::Bshd),
+        precision,
         ..Default::default()
     };
     let attended = encode_sdpa(ctx, &mut encoder, &q, &k, &v, &attention)?;
@@ -95,18 +97,18 @@ pub fn measure_mha(
         reps,
         |enc| {
             layer
-                .encode_projections(ctx, enc, inputs, ProjectionPlan::Fused)
+                .encode_projections(ctx, enc, inputs, ProjectionPlan::Fused, precision)
                 .map(drop)
         },
         |enc| {
             layer
-                .encode_projections(ctx, enc, inputs, ProjectionPlan::Separate)
+                .encode_projections(ctx, enc, inputs, ProjectionPlan::Separate, precision)
                 .map(drop)
         },
     )?;
     phase("Q/K/V projection, one packed GEMM", projection_flops, Ok(packed))?;
     phase("Q, K, V projections, three GEMMs", projection_flops, Ok(separate))?;
-    if ctx.linear_tiling() == LinearTiling::Texture {
+    if ctx.linear_tiling_for(dtype, precision) == LinearTiling::Texture {
         let source = RowSource::dense(x.buffer(), batch * seq, embed);
         phase(
             "  of which X into a texture, per GEMM",
@@ -123,7 +125,7 @@ pub fn measure_mha(
         "output projection",
         output_flops,
         time_gpu(ctx, reps, |enc| {
-            plain.encode_output(ctx, enc, &attended.out, &x).map(drop)
+            plain.encode_output(ctx, enc, &attended.out, &x, precision).map(drop)
         }),
     )?;
     phase(
@@ -147,7 +149,14 @@ pub fn measure_mha(
         "whole layer",
         projection_flops + attention_flops + output_flops,
         time_gpu(ctx, reps, |enc| {
-            layer.encode_forward(ctx, enc, inputs, &MhaOptions::default()).map(drop)
+            let options = MhaOptions {
+                attention: AttentionOptions {
+                    precision,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            layer.encode_forward(ctx, enc, inputs, &options).map(drop)
         }),
     )?;
     Ok(MhaBench {

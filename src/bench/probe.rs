@@ -1,6 +1,7 @@
 //! The roofline probe: what the adapter achieves on a plain GEMM (GFLOP/s, with this
-//! crate's linear-layer kernel and the adapter's tiling) and on a device-to-device copy
-//! (GB/s), measured in the same process as the attention rows they are compared with.
+//! crate's linear-layer kernel and the adapter's tiling; f32, and f16 where the adapter
+//! has it, on tensor cores where it has those) and on a device-to-device copy (GB/s),
+//! measured in the same process as the attention rows they are compared with.
 
 use super::{gflops, time_gpu, Timing};
 use crate::check::Rng;
@@ -8,6 +9,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use crate::kernels::pack_rows::{PackedRows, RowSource};
+use crate::options::Precision;
 use crate::tensor::{tensor_usage, DType};
 
 /// Both halves of the probe.
@@ -18,6 +20,8 @@ pub struct Probe {
     pub gemm_tiling: &'static str,
     pub gemm: Timing,
     pub gemm_gflops: f64,
+    /// The same GEMM in f16 (its tiling, timing and GFLOP/s), where the adapter has f16.
+    pub gemm_f16: Option<(&'static str, Timing, f64)>,
     /// Bytes copied (read once and written once).
     pub copy_bytes: u64,
     pub copy: Timing,
@@ -27,7 +31,14 @@ pub struct Probe {
 
 impl Probe {
     pub fn measure(ctx: &Context, gemm_n: usize, copy_mib: u64, reps: usize) -> Result<Probe> {
-        let (gemm, flops) = time_matmul(ctx, gemm_n, reps)?;
+        let (gemm, flops) = time_matmul(ctx, gemm_n, DType::F32, reps)?;
+        let gemm_f16 = if ctx.capabilities().f16 {
+            let (timing, flops) = time_matmul(ctx, gemm_n, DType::F16, reps)?;
+            let tiling = ctx.linear_tiling_for(DType::F16, Precision::Highest).name();
+            Some((tiling, timing.clone(), gflops(flops, timing.median)))
+        } else {
+            None
+        };
         let copy_bytes = copy_mib << 20;
         let copy = time_copy(ctx, copy_bytes, reps)?;
         Ok(Probe {
@@ -35,6 +46,7 @@ impl Probe {
             gemm_tiling: ctx.linear_tiling().name(),
             gemm_gflops: gflops(flops, gemm.median),
             gemm,
+            gemm_f16,
             copy_bytes,
             copy_gbps: 2.0 * copy_bytes as f64 / copy.median.as_secs_f64() / 1e9,
             copy,
@@ -42,20 +54,40 @@ impl Probe {
     }
 }
 
-/// Times the linear-layer GEMM on `n x n x n` (f32, the adapter's tiling); returns the
-/// timing and its FLOP count. With the texture tiling the timing includes packing X.
-pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)> {
+impl Probe {
+    /// The GEMM's GFLOP/s in `dtype` (f32 where the f16 probe did not run).
+    pub fn gemm_gflops_for(&self, dtype: DType) -> f64 {
+        match (dtype, &self.gemm_f16) {
+            (DType::F16, Some((_, _, gflops))) => *gflops,
+            _ => self.gemm_gflops,
+        }
+    }
+}
+
+/// Times the linear-layer GEMM on `n x n x n` in `dtype` with the adapter's tiling for
+/// it (tensor cores for f16 where the adapter has them); returns the timing and its
+/// FLOP count. With the texture tiling the timing includes packing X.
+pub fn time_matmul(ctx: &Context, n: usize, dtype: DType, reps: usize) -> Result<(Timing, f64)> {
     let mut rng = Rng::new(2);
-    let mut make =
-        |label: &str| ctx.create_buffer_init(label, bytemuck::cast_slice(&rng.vec(n * n, -1.0, 1.0)), tensor_usage());
+    let mut make = |label: &str| {
+        let values = rng.vec(n * n, -1.0, 1.0);
+        let bytes = match dtype {
+            DType::F32 => bytemuck::cast_slice(&values).to_vec(),
+            DType::F16 => {
+                let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+                bytemuck::cast_slice(&halves).to_vec()
+            }
+        };
+        ctx.create_buffer_init(label, &bytes, tensor_usage())
+    };
     let x = make("probe X")?;
     let w = make("probe W")?;
-    let y = ctx.create_buffer("probe Y", (4 * n * n) as u64, tensor_usage())?;
-    let tiling = ctx.linear_tiling();
+    let y = ctx.create_buffer("probe Y", (dtype.size() * n * n) as u64, tensor_usage())?;
+    let tiling = ctx.linear_tiling_for(dtype, Precision::Highest);
     // W is packed once, like a layer's weights; X is packed inside every timed call.
     let w_packed = match tiling {
-        LinearTiling::Texture => Some(PackedRows::upload(ctx, DType::F32, &RowSource::dense(&w, n, n))?),
-        LinearTiling::Tiled | LinearTiling::Blocked => None,
+        LinearTiling::Texture => Some(PackedRows::upload(ctx, dtype, &RowSource::dense(&w, n, n))?),
+        LinearTiling::Tiled | LinearTiling::Blocked | LinearTiling::Coop => None,
     };
     let linear = Linear {
         x: &x,
@@ -68,9 +100,7 @@ pub fn time_matmul(ctx: &Context, n: usize, reps: usize) -> Result<(Timing, f64)
         m: n,
         k: n,
     };
-    let timing = time_gpu(ctx, reps, |encoder| {
-        encode_linear(ctx, encoder, DType::F32, tiling, &linear)
-    })?;
+    let timing = time_gpu(ctx, reps, |encoder| encode_linear(ctx, encoder, dtype, tiling, &linear))?;
     Ok((timing, 2.0 * (n as f64).powi(3)))
 }
 

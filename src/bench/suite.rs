@@ -6,7 +6,7 @@ use super::{bench_data, bench_inputs, gflops, time_gpu, time_host, Timing};
 use crate::attention::{encode_sdpa, resolve_kernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::options::{AttentionOptions, CausalAlignment, KernelChoice};
+use crate::options::{AttentionOptions, CausalAlignment, KernelChoice, Precision};
 use crate::problem::AttentionShape;
 use crate::reference;
 use crate::tensor::DType;
@@ -51,7 +51,12 @@ impl Suite {
                 // Causal only where Lq = Lk, where "half the FLOPs" is the true count.
                 for causal in [false, true] {
                     if !causal || shape.len_q == shape.len_k {
-                        out.push(BenchCase { shape, causal, dtype });
+                        out.push(BenchCase {
+                            shape,
+                            causal,
+                            dtype,
+                            precision: Precision::Highest,
+                        });
                     }
                 }
             }
@@ -76,6 +81,7 @@ impl Suite {
                     shape: AttentionShape::new(1, 1, 1, len, len, 64, 64),
                     causal: false,
                     dtype: DType::F32,
+                    precision: Precision::Highest,
                 });
             }
         }
@@ -90,6 +96,8 @@ pub struct BenchCase {
     /// Causal with top-left alignment.
     pub causal: bool,
     pub dtype: DType,
+    /// Whether f32 inputs may be multiplied in f16 (tensor cores).
+    pub precision: Precision,
 }
 
 impl BenchCase {
@@ -119,6 +127,7 @@ impl BenchCase {
         AttentionOptions {
             causal: self.causal.then_some(CausalAlignment::TopLeft),
             kernel,
+            precision: self.precision,
             ..Default::default()
         }
     }
@@ -204,7 +213,7 @@ pub fn run_kernel(
             RowOutcome::Measured(Measured {
                 gflops: gf,
                 gbps,
-                percent_of_probe_gflops: 100.0 * gf / probe.gemm_gflops,
+                percent_of_probe_gflops: 100.0 * gf / probe.gemm_gflops_for(case.dtype),
                 percent_of_probe_gbps: 100.0 * gbps / probe.copy_gbps,
                 allocated_bytes,
                 speedup_over_materialized: None,
@@ -266,7 +275,7 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 KernelChoice::Materialized
             };
             let options = case.options(choice);
-            let name = resolve_kernel(ctx, &options)?.name();
+            let name = resolve_kernel(ctx, case.dtype, &options)?.name();
             let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
             let before = ctx.allocated_bytes();
             let calls = reps.max(1) as u64 + 2;

@@ -13,7 +13,7 @@ use wgpu_attention::bench::probe::Probe;
 use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
 use wgpu_attention::bench::{gflops, Clock};
 use wgpu_attention::mha::MhaConfig;
-use wgpu_attention::{AttentionShape, Context, DType, FusedTiling};
+use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision};
 
 /// Version tag of the JSON this command writes.
 pub const SCHEMA: &str = "wgpu-attention-bench/1";
@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Size n of the n x n x n GEMM probe.
     #[arg(long, default_value_t = 512)]
     probe: usize,
+    /// Whether f32 rows may multiply in f16 on tensor cores: highest (never), high or
+    /// medium. f16 rows always may.
+    #[arg(long, default_value = "highest", value_parser = super::run::parse_precision)]
+    precision: Precision,
     /// MiB copied by the bandwidth probe.
     #[arg(long, default_value_t = 64)]
     copy_mib: u64,
@@ -83,6 +87,7 @@ struct Plan {
     causal: bool,
     dtypes: Vec<DType>,
     kernels: Vec<BenchKernel>,
+    precision: Precision,
 }
 
 impl Plan {
@@ -121,6 +126,7 @@ impl Plan {
             causal: args.causal,
             dtypes,
             kernels,
+            precision: args.precision,
         })
     }
 
@@ -135,7 +141,12 @@ impl Plan {
                 for &shape in &self.shapes {
                     for dtype in [DType::F32, DType::F16] {
                         for &causal in causal {
-                            out.push(BenchCase { shape, causal, dtype });
+                            out.push(BenchCase {
+                                shape,
+                                causal,
+                                dtype,
+                                precision: self.precision,
+                            });
                         }
                     }
                 }
@@ -143,6 +154,9 @@ impl Plan {
             }
         };
         cases.retain(|c| wanted(c.dtype));
+        for case in &mut cases {
+            case.precision = self.precision;
+        }
         cases
     }
 }
@@ -198,7 +212,14 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
 fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliError> {
     let info = ctx.adapter_info();
     let cases = plan.cases(ctx.capabilities().f16);
-    let fused_tiling = ctx.fused_config(FusedTiling::Auto)?.name();
+    let fused_tiling = ctx
+        .fused_config_for(FusedTiling::Auto, DType::F32, plan.precision)?
+        .name();
+    let fused_tiling_f16 = ctx
+        .fused_config_for(FusedTiling::Auto, DType::F16, plan.precision)?
+        .name();
+    let gemm_tiling = ctx.linear_tiling_for(DType::F32, plan.precision).name();
+    let gemm_tiling_f16 = ctx.linear_tiling_for(DType::F16, plan.precision).name();
     let clock = Clock::for_context(ctx);
     println!(
         "adapter: {} ({:?}, {:?}), driver {} {}",
@@ -209,7 +230,10 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         clock.name(),
         args.reps
     );
-    println!("tiles: fused {fused_tiling}, GEMM {}", ctx.linear_tiling().name());
+    println!(
+        "tiles (precision {}): f32 fused {fused_tiling}, GEMM {gemm_tiling}; f16 fused {fused_tiling_f16}, GEMM {gemm_tiling_f16}",
+        plan.precision.name()
+    );
     let coop: Vec<String> = ctx
         .capabilities()
         .cooperative_matrix
@@ -235,6 +259,13 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         probe.copy.median.as_secs_f64() * 1e3,
         probe.copy_gbps
     );
+    if let Some((tiling, timing, gflops)) = &probe.gemm_f16 {
+        println!(
+            "probe: GEMM {0}x{0}x{0} f16 ({tiling}) {1:.2} ms = {gflops:.2} GFLOP/s (f16 rows' % of probe)",
+            probe.gemm_n,
+            timing.median.as_secs_f64() * 1e3,
+        );
+    }
     print_header();
     let mut rows = Vec::new();
     for case in &cases {
@@ -256,17 +287,23 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
 
     let caps = ctx.capabilities();
     Ok(json!({
-        "adapter": adapter_json(info, ctx.device().features(), &ctx.device().limits()),
+        "adapter": adapter_json(info, ctx.device().features(), &ctx.device().limits(), &caps.cooperative_matrix),
         "enabled_features": format!("{:?}", ctx.device().features()),
         "subgroups": caps.subgroups.map(|(lo, hi)| json!([lo, hi])),
+        "precision": plan.precision.name(),
         "fused_tiling": fused_tiling,
-        "gemm_tiling": ctx.linear_tiling().name(),
+        "fused_tiling_f16": fused_tiling_f16,
+        "gemm_tiling": gemm_tiling,
+        "gemm_tiling_f16": gemm_tiling_f16,
         "cooperative_matrix": caps.cooperative_matrix.iter().map(|c| c.label()).collect::<Vec<_>>(),
         "timing_clock": clock.name(),
         "probe": {
             "gemm_n": probe.gemm_n,
             "gemm_median_ms": ms(probe.gemm.median),
             "gemm_gflops": probe.gemm_gflops,
+            "gemm_f16_tiling": probe.gemm_f16.as_ref().map(|(tiling, _, _)| tiling),
+            "gemm_f16_median_ms": probe.gemm_f16.as_ref().map(|(_, timing, _)| ms(timing.median)),
+            "gemm_f16_gflops": probe.gemm_f16.as_ref().map(|(_, _, gflops)| gflops),
             "copy_bytes": probe.copy_bytes,
             "copy_median_ms": ms(probe.copy.median),
             "copy_gbps": probe.copy_gbps,
@@ -363,6 +400,7 @@ fn row_json(row: &BenchRow) -> Value {
         "head_dim_v": s.head_dim_v,
         "mask": row.case.mask_name(),
         "dtype": row.case.dtype.name(),
+        "precision": row.case.precision.name(),
         "kernel": row.kernel,
         "flops": row.case.flops(),
         "compulsory_bytes": row.case.compulsory_bytes(),
@@ -453,7 +491,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         info.device_type,
         info.driver,
         info.driver_info,
-        ctx.linear_tiling().name()
+        ctx.linear_tiling_for(dtype, args.precision).name()
     );
     let probe = Probe::measure(&ctx, args.probe, args.copy_mib, args.reps)?;
     let probe_gflops = probe.gemm_gflops;
@@ -461,7 +499,8 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         "probe: GEMM {0}x{0}x{0} f32 {1:.2} GFLOP/s (same process, before the layer)",
         args.probe, probe_gflops
     );
-    let measured = wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.reps)?;
+    let measured =
+        wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.precision, args.reps)?;
     let phases = &measured.phases;
     println!(
         "multi-head self-attention with post-norm, B={batch} S={seq} E={embed} H={heads}, {}, {}: median of {} runs",

@@ -19,9 +19,7 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
                 continue;
             }
         }
-        let mut json = adapter_json(&info, a.features(), &a.limits());
-        json["cooperative_matrix"] = cooperative_matrix_json(a);
-        all.push(json);
+        all.push(adapter_json(&info, a.features(), &a.limits(), &cooperative_matrix(a)));
     }
     if args.json {
         println!(
@@ -68,9 +66,16 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
         );
         println!("  fused tilings:");
         for t in a["fused_tilings"].as_array().into_iter().flatten() {
-            let status = match (t["default"].as_bool(), t["unavailable"].as_str()) {
+            let status = match (t["default_for"].as_array(), t["unavailable"].as_str()) {
                 (_, Some(why)) => format!("unavailable: {why}"),
-                (Some(true), _) => "default".into(),
+                (Some(inputs), _) if !inputs.is_empty() => format!(
+                    "default for {}",
+                    inputs
+                        .iter()
+                        .filter_map(|i| i.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
                 _ => "available".into(),
             };
             println!(
@@ -83,9 +88,15 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// An adapter's identity, the features this crate cares about and the limits that matter,
-/// as printed by `info --json` and recorded in `bench --json` headers.
-pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> serde_json::Value {
+/// An adapter's identity, the features this crate cares about, its cooperative-matrix
+/// configurations and the limits that matter, as printed by `info --json` and recorded
+/// in `bench --json` headers.
+pub fn adapter_json(
+    info: &wgpu::AdapterInfo,
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+    coop: &[wgpu_attention::CoopConfig],
+) -> serde_json::Value {
     let subgroups = features
         .contains(wgpu::Features::SUBGROUP)
         .then(|| serde_json::json!([info.subgroup_min_size, info.subgroup_max_size]));
@@ -101,7 +112,8 @@ pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: 
         "subgroup_sizes": subgroups,
         "timestamp_query": features.contains(wgpu::Features::TIMESTAMP_QUERY),
         "timestamp_query_inside_encoders": features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS),
-        "fused_tilings": tilings_json(info, features, limits),
+        "cooperative_matrix": coop.iter().map(|c| c.label()).collect::<Vec<_>>(),
+        "fused_tilings": tilings_json(info, features, limits, coop),
         "limits": {
             "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
             "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
@@ -113,19 +125,35 @@ pub fn adapter_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: 
     })
 }
 
-/// Every registered fused tiling on this adapter: available or why not, and which one
-/// the picker takes (the same registry the library reads).
-fn tilings_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> serde_json::Value {
+/// Every registered fused tiling on this adapter: available or why not, and for which
+/// inputs the picker takes it (`f32`: f32 at the default precision; `f16`: f16, or f32
+/// at precision medium), from the same registry the library reads.
+fn tilings_json(
+    info: &wgpu::AdapterInfo,
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+    coop: &[wgpu_attention::CoopConfig],
+) -> serde_json::Value {
     use wgpu_attention::kernels::flash::{default_tiling, AdapterClass, FUSED_TILINGS};
-    let caps = wgpu_attention::Capabilities::of(info, features, limits);
-    let picked = default_tiling(AdapterClass::of(info), &caps);
+    let mut caps = wgpu_attention::Capabilities::of(info, features, limits);
+    caps.cooperative_matrix = coop.to_vec();
+    let class = AdapterClass::of(info);
+    let picked = [
+        ("f32", default_tiling(class, &caps, false)),
+        ("f16", default_tiling(class, &caps, true)),
+    ];
     FUSED_TILINGS
         .iter()
         .map(|spec| {
+            let default_for: Vec<&str> = picked
+                .iter()
+                .filter(|&&(_, tiling)| tiling == spec.tiling)
+                .map(|&(inputs, _)| inputs)
+                .collect();
             serde_json::json!({
                 "name": spec.name,
                 "about": spec.about,
-                "default": spec.tiling == picked,
+                "default_for": default_for,
                 "unavailable": spec.unmet(&info.name, &caps).map(|e| e.to_string()),
             })
         })
@@ -134,16 +162,16 @@ fn tilings_json(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgp
 
 /// The adapter's cooperative-matrix configurations (`16x16x16 f16->f32`), empty
 /// without `EXPERIMENTAL_COOPERATIVE_MATRIX`.
-pub fn cooperative_matrix_json(adapter: &wgpu::Adapter) -> serde_json::Value {
+pub fn cooperative_matrix(adapter: &wgpu::Adapter) -> Vec<wgpu_attention::CoopConfig> {
     if !adapter
         .features()
         .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     {
-        return serde_json::json!([]);
+        return Vec::new();
     }
     adapter
         .cooperative_matrix_properties()
         .iter()
-        .map(|p| wgpu_attention::CoopConfig::of(p).label())
+        .map(wgpu_attention::CoopConfig::of)
         .collect()
 }

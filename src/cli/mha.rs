@@ -1,12 +1,14 @@
 //! `mha`: a multi-head attention layer (weights from `.safetensors`) on `.npy` inputs.
 
 use super::npy;
-use super::run::{parse_tiling, DTypeArg, KernelArg, MaskArgs};
+use super::run::{parse_precision, parse_tiling, DTypeArg, KernelArg, MaskArgs};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::options::key_mask_from_tokens;
-use wgpu_attention::{Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Tensor};
+use wgpu_attention::{
+    Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Precision, Tensor,
+};
 
 #[derive(clap::Args)]
 pub struct MhaArgs {
@@ -54,6 +56,10 @@ pub struct MhaArgs {
     /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
     #[arg(long, default_value = "auto", value_parser = parse_tiling)]
     tiling: FusedTiling,
+    /// Whether f32 inputs may be multiplied in f16 on tensor cores (projections and
+    /// attention): highest (never), high or medium. f16 inputs always may.
+    #[arg(long, default_value = "highest", value_parser = parse_precision)]
+    precision: Precision,
     /// Output file [B, Lq, E] (float32).
     #[arg(long)]
     out: PathBuf,
@@ -122,6 +128,7 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
     }
     attention.kernel = args.kernel.into();
     attention.tiling = args.tiling;
+    attention.precision = args.precision;
     let weights = match (&args.weights_out, args.per_head) {
         (None, _) => HeadWeights::None,
         (Some(_), false) => HeadWeights::Averaged,

@@ -4,7 +4,7 @@ use super::npy::{self, MaskArray};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use wgpu_attention::{
-    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Tensor,
+    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Precision, Tensor,
 };
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -23,6 +23,11 @@ pub enum KernelArg {
 /// Parses `--tiling` against the tiling registry, so a new tiling needs no CLI edit.
 pub fn parse_tiling(name: &str) -> Result<FusedTiling, String> {
     wgpu_attention::kernels::flash::parse_tiling("tiling", name).map_err(|e| e.to_string())
+}
+
+/// Parses `--precision` (highest, high, medium), as the library spells them.
+pub fn parse_precision(name: &str) -> Result<Precision, String> {
+    Precision::parse("precision", name).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -75,6 +80,10 @@ pub struct RunArgs {
     /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
     #[arg(long, default_value = "auto", value_parser = parse_tiling)]
     tiling: FusedTiling,
+    /// Whether f32 inputs may be multiplied in f16 on tensor cores: highest (never),
+    /// high or medium (where the adapter has them). f16 inputs always may.
+    #[arg(long, default_value = "highest", value_parser = parse_precision)]
+    precision: Precision,
     /// Compute precision.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DTypeArg,
@@ -177,6 +186,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
     Ok(AttentionOptions {
         kernel: args.kernel.into(),
         tiling: args.tiling,
+        precision: args.precision,
         need_weights: args.weights_out.is_some(),
         need_lse: args.lse_out.is_some(),
         ..args.masks.options(batch)?

@@ -70,31 +70,32 @@ pub const SUBGROUP_LANES: u32 = 8;
 /// Workgroup memory the shared tiling declares.
 pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
 
-/// One variant of `flash_blocked.wgsl`: head dims up to `dmax`, `br` query rows and
-/// `bc` keys per tile.
+/// One variant of a block tiling (`flash_blocked.wgsl`, `flash_coop.wgsl`): head dims
+/// up to `dmax`, `br` query rows per workgroup and `bc` keys per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockedVariant {
+pub struct BlockVariant {
     pub dmax: u32,
     pub br: u32,
     pub bc: u32,
+    /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
+    /// with naga's layout of the module).
+    pub workgroup_bytes: u32,
     pub kernel: Kernel,
 }
 
-impl BlockedVariant {
-    /// Workgroup memory the variant declares, mirroring the WGSL (a test compares
-    /// this with naga's layout of the module): the Q tile, the K/V tile with rows
-    /// padded by one vec4, the probability tile and three f32 per row.
-    pub const fn workgroup_bytes(&self) -> u32 {
-        let d4 = self.dmax / 4;
-        16 * self.br * d4 + 16 * self.bc * (d4 + 1) + 4 * self.br * self.bc + 12 * self.br
-    }
+/// `flash_blocked.wgsl`'s workgroup memory: the Q tile, the K/V tile with rows padded
+/// by one vec4, the probability tile and three f32 per row.
+const fn blocked_bytes(dmax: u32, br: u32, bc: u32) -> u32 {
+    let d4 = dmax / 4;
+    16 * br * d4 + 16 * bc * (d4 + 1) + 4 * br * bc + 12 * br
 }
 
-const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockedVariant {
-    BlockedVariant {
+const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockVariant {
+    BlockVariant {
         dmax,
         br,
         bc,
+        workgroup_bytes: blocked_bytes(dmax, br, bc),
         kernel: Kernel {
             file: "flash_blocked.wgsl",
             source: include_str!("../../shaders/flash_blocked.wgsl"),
@@ -111,7 +112,7 @@ const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], 
 /// micro-tiles stay at 16 to 64 floats per invocation (MR x MC scores, MR x 4·OC
 /// outputs). Sized so that one variant per class fits in 32 KiB (lavapipe, and most
 /// GPUs); the wider D ≤ 64 one wants 48 KiB (NVIDIA).
-pub const BLOCKED_VARIANTS: [BlockedVariant; 4] = [
+pub const BLOCKED_VARIANTS: [BlockVariant; 4] = [
     blocked(
         64,
         64,
@@ -158,14 +159,119 @@ pub const BLOCKED_VARIANTS: [BlockedVariant; 4] = [
 /// smallest variant of each class.
 pub const BLOCKED_MIN_BYTES: u32 = 27_264;
 
-/// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes` of
-/// workgroup memory, if any fits.
-pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockedVariant> {
+/// `flash_coop.wgsl`'s workgroup memory: the f16 Q band and K/V tile (rows padded by
+/// 8 halves), the f32 score tile (rows padded by 4), the f16 probability tile (padded
+/// by 8), three f32 per row and the `moved` flag.
+const fn coop_bytes(dmax: u32, br: u32, bc: u32) -> u32 {
+    2 * br * (dmax + 8) + 2 * bc * (dmax + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 12 * br + 4
+}
+
+const fn coop(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockVariant {
+    BlockVariant {
+        dmax,
+        br,
+        bc,
+        workgroup_bytes: coop_bytes(dmax, br, bc),
+        kernel: Kernel {
+            file: "flash_coop.wgsl",
+            source: include_str!("../../shaders/flash_coop.wgsl"),
+            entry: "flash_coop",
+            slots: SLOTS,
+            preludes: prelude,
+            variant: label,
+        },
+    }
+}
+
+/// The variants of the tensor-core tiling, chosen as the blocked ones. One 16-row band
+/// per subgroup (BR / 16 subgroups). The first of each class fits NVIDIA's 48 KiB; the
+/// narrower ones fit 32 KiB (Apple, lavapipe under emulation).
+pub const COOP_VARIANTS: [BlockVariant; 6] = [
+    coop(
+        64,
+        64,
+        64,
+        &[
+            COMMON,
+            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 64u;\n",
+        ],
+        "[64x64x64]",
+    ),
+    coop(
+        64,
+        64,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[64x64x32]",
+    ),
+    coop(
+        128,
+        64,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 128u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[128x64x32]",
+    ),
+    coop(
+        128,
+        32,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 128u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[128x32x32]",
+    ),
+    coop(
+        256,
+        32,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 256u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[256x32x32]",
+    ),
+    coop(
+        256,
+        16,
+        32,
+        &[
+            COMMON,
+            "const DMAX: u32 = 256u;\nconst BR: u32 = 16u;\nconst BC: u32 = 32u;\n",
+        ],
+        "[256x16x32]",
+    ),
+];
+
+/// Workgroup memory the coop tiling needs for every head dim (as BLOCKED_MIN_BYTES).
+pub const COOP_MIN_BYTES: u32 = 29_124;
+
+/// The variant of `variants` for head dims `d`, `dv` on an adapter granting `bytes` of
+/// workgroup memory: the smallest head-dim class that holds both, and in it the first
+/// variant that fits.
+pub fn variant_for(variants: &[BlockVariant], d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
     let need = d.max(dv);
-    let class = BLOCKED_VARIANTS.iter().map(|v| v.dmax).find(|&dmax| need <= dmax)?;
-    BLOCKED_VARIANTS
-        .into_iter()
-        .find(|v| v.dmax == class && v.workgroup_bytes() <= bytes)
+    let class = variants.iter().map(|v| v.dmax).find(|&dmax| need <= dmax)?;
+    variants
+        .iter()
+        .copied()
+        .find(|v| v.dmax == class && v.workgroup_bytes <= bytes)
+}
+
+/// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes`.
+pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
+    variant_for(&BLOCKED_VARIANTS, d, dv, bytes)
+}
+
+/// The coop variant for head dims `d`, `dv` on an adapter granting `bytes`.
+pub fn coop_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
+    variant_for(&COOP_VARIANTS, d, dv, bytes)
 }
 
 /// The class of adapter a tiling is meant for.
@@ -196,15 +302,30 @@ pub enum Needs {
     SubgroupLanes(u32),
     /// At least this much workgroup memory.
     WorkgroupBytes(u32),
+    /// Tensor cores: `EXPERIMENTAL_COOPERATIVE_MATRIX` with the 16x16x16 f16->f32
+    /// configuration, f16, a fixed subgroup size (the kernel's `SG`), this much
+    /// workgroup memory and room for 4 subgroups per workgroup.
+    CooperativeMatrix(u32),
 }
 
 /// One kernel launch shape of a tiling for a problem: the kernel variant, query rows
-/// per workgroup, and whether the shader takes them as its `ROWS` override.
-#[derive(Clone, Copy, Debug)]
+/// per workgroup, and the override constants the shader takes (`ROWS`, `SG`).
+#[derive(Clone, Debug)]
 pub struct Launch {
     pub kernel: Kernel,
     pub rows: u32,
-    pub rows_override: bool,
+    pub constants: Vec<(&'static str, u32)>,
+}
+
+impl Launch {
+    /// A kernel that takes its rows per workgroup as the `ROWS` override.
+    fn rows_override(kernel: Kernel, rows: u32) -> Self {
+        Launch {
+            kernel,
+            rows,
+            constants: vec![("ROWS", rows)],
+        }
+    }
 }
 
 /// One fused tiling, declared once.
@@ -218,28 +339,51 @@ pub struct TilingSpec {
     /// are met; `registers` is the fallback everywhere.
     pub default_on: AdapterClass,
     pub needs: Needs,
-    /// The launch for head dims (D, Dv) given the adapter's workgroup memory.
-    launch: fn(u32, u32, u32) -> Launch,
+    /// Computes the products in f16 (tensor cores): used for f16 inputs, and for f32
+    /// inputs only at `Precision::Medium` (docs/design.md, "Precision").
+    pub f16_products: bool,
+    /// The launch for head dims (D, Dv) on an adapter with these capabilities.
+    launch: fn(u32, u32, &Capabilities) -> Launch,
     /// Worst-case loop iterations of one invocation (see `kernels::loop_budget`).
     pub iterations: fn(&AttentionShape) -> u64,
 }
 
 /// Every fused tiling, in the picker's order of preference.
-pub const FUSED_TILINGS: [TilingSpec; 4] = [
+pub const FUSED_TILINGS: [TilingSpec; 5] = [
+    TilingSpec {
+        tiling: FusedTiling::Coop,
+        name: "coop",
+        about: "tensor cores: FlashAttention-2 blocks with Q·Kᵀ and P·V as 16x16 f16 cooperative-matrix products, f32 softmax (GPUs with EXPERIMENTAL_COOPERATIVE_MATRIX; f16 inputs, or f32 at precision medium)",
+        default_on: AdapterClass::Gpu,
+        needs: Needs::CooperativeMatrix(COOP_MIN_BYTES),
+        f16_products: true,
+        launch: |d, dv, caps| {
+            // The needs check guarantees a fit and a fixed subgroup size.
+            let v = coop_for(d, dv, caps.max_workgroup_storage)
+                .or_else(|| coop_for(d, dv, u32::MAX))
+                .unwrap_or(COOP_VARIANTS[5]);
+            Launch {
+                kernel: v.kernel,
+                rows: v.br,
+                constants: vec![("SG", caps.coop_subgroup_size().unwrap_or(32))],
+            }
+        },
+        iterations: loop_budget::coop_iterations,
+    },
     TilingSpec {
         tiling: FusedTiling::Subgroup,
         name: "subgroup",
         about: "K/V loaded once per 8-lane subgroup and broadcast, 4 query rows per invocation (CPU adapters)",
         default_on: AdapterClass::Cpu,
         needs: Needs::SubgroupLanes(SUBGROUP_LANES),
-        launch: |d, dv, _| Launch {
-            kernel: match d.max(dv).next_multiple_of(SUBGROUP_LANES) {
+        f16_products: false,
+        launch: |d, dv, _| {
+            let kernel = match d.max(dv).next_multiple_of(SUBGROUP_LANES) {
                 0..=64 => SUBGROUP_64,
                 65..=128 => SUBGROUP_128,
                 _ => SUBGROUP_256,
-            },
-            rows: 32,
-            rows_override: true,
+            };
+            Launch::rows_override(kernel, 32)
         },
         iterations: loop_budget::subgroup_iterations,
     },
@@ -249,11 +393,8 @@ pub const FUSED_TILINGS: [TilingSpec; 4] = [
         about: "one query row per invocation, K/V straight from storage, no barriers (CPU adapters)",
         default_on: AdapterClass::Cpu,
         needs: Needs::Nothing,
-        launch: |_, _, _| Launch {
-            kernel: REGISTERS,
-            rows: 16,
-            rows_override: true,
-        },
+        f16_products: false,
+        launch: |_, _, _| Launch::rows_override(REGISTERS, 16),
         iterations: loop_budget::registers_iterations,
     },
     TilingSpec {
@@ -262,15 +403,16 @@ pub const FUSED_TILINGS: [TilingSpec; 4] = [
         about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs)",
         default_on: AdapterClass::Gpu,
         needs: Needs::WorkgroupBytes(BLOCKED_MIN_BYTES),
-        launch: |d, dv, bytes| {
+        f16_products: false,
+        launch: |d, dv, caps| {
             // The needs check guarantees a fit; the narrowest variant otherwise.
-            let v = blocked_for(d, dv, bytes)
+            let v = blocked_for(d, dv, caps.max_workgroup_storage)
                 .or_else(|| blocked_for(d, dv, u32::MAX))
                 .unwrap_or(BLOCKED_VARIANTS[3]);
             Launch {
                 kernel: v.kernel,
                 rows: v.br,
-                rows_override: false,
+                constants: Vec::new(),
             }
         },
         iterations: loop_budget::blocked_iterations,
@@ -281,11 +423,8 @@ pub const FUSED_TILINGS: [TilingSpec; 4] = [
         about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory)",
         default_on: AdapterClass::Gpu,
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
-        launch: |_, _, _| Launch {
-            kernel: SHARED,
-            rows: 64,
-            rows_override: true,
-        },
+        f16_products: false,
+        launch: |_, _, _| Launch::rows_override(SHARED, 64),
         iterations: loop_budget::shared_iterations,
     },
 ];
@@ -315,11 +454,12 @@ pub fn parse_tiling(what: &str, name: &str) -> Result<FusedTiling> {
 }
 
 /// The tiling picked when none is asked for on an adapter of `class` with `caps`: the
-/// first registry entry meant for that class whose needs are met, else `registers`.
-pub fn default_tiling(class: AdapterClass, caps: &Capabilities) -> FusedTiling {
+/// first registry entry meant for that class whose needs are met (and, for tilings with
+/// f16 products, only where `f16_products` allows them), else `registers`.
+pub fn default_tiling(class: AdapterClass, caps: &Capabilities, f16_products: bool) -> FusedTiling {
     FUSED_TILINGS
         .iter()
-        .find(|spec| spec.default_on == class && spec.unmet("", caps).is_none())
+        .find(|spec| spec.default_on == class && (f16_products || !spec.f16_products) && spec.unmet("", caps).is_none())
         .map_or(FusedTiling::Registers, |spec| spec.tiling)
 }
 
@@ -337,14 +477,33 @@ impl TilingSpec {
                         needed_for: format!("the {} fused tiling", self.name),
                     })
             }
-            Needs::WorkgroupBytes(bytes) => (caps.max_workgroup_storage < bytes).then(|| Error::LimitExceeded {
-                what: format!("the {} fused tiling", self.name),
-                limit: "max_compute_workgroup_storage_size",
-                unit: "bytes",
-                requested: bytes.into(),
-                max: caps.max_workgroup_storage.into(),
-            }),
+            Needs::WorkgroupBytes(bytes) => self.unmet_bytes(caps, bytes),
+            Needs::CooperativeMatrix(bytes) => match caps.coop_subgroup_size() {
+                None => Some(Error::MissingFeature {
+                    adapter: adapter.into(),
+                    feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (16x16x16 f16->f32, f16, a fixed subgroup size)",
+                    needed_for: format!("the {} fused tiling", self.name),
+                }),
+                Some(sg) if 4 * sg > caps.max_invocations => Some(Error::LimitExceeded {
+                    what: format!("the {} fused tiling (4 subgroups of {sg})", self.name),
+                    limit: "max_compute_invocations_per_workgroup",
+                    unit: "invocations",
+                    requested: (4 * sg).into(),
+                    max: caps.max_invocations.into(),
+                }),
+                Some(_) => self.unmet_bytes(caps, bytes),
+            },
         }
+    }
+
+    fn unmet_bytes(&self, caps: &Capabilities, bytes: u32) -> Option<Error> {
+        (caps.max_workgroup_storage < bytes).then(|| Error::LimitExceeded {
+            what: format!("the {} fused tiling", self.name),
+            limit: "max_compute_workgroup_storage_size",
+            unit: "bytes",
+            requested: bytes.into(),
+            max: caps.max_workgroup_storage.into(),
+        })
     }
 }
 
@@ -372,17 +531,8 @@ pub(crate) fn encode(
     bindings: &AttentionBindings,
     params: &AttentionParams,
 ) -> Result<()> {
-    let launch = (config.spec().launch)(
-        params.head_dim,
-        params.head_dim_v,
-        ctx.capabilities().max_workgroup_storage,
-    );
-    let constants: &[(&'static str, u32)] = if launch.rows_override {
-        &[("ROWS", launch.rows)]
-    } else {
-        &[]
-    };
-    let pipeline = pipeline(ctx, &launch.kernel, dtype, constants)?;
+    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
+    let pipeline = pipeline(ctx, &launch.kernel, dtype, &launch.constants)?;
     let groups = [
         groups_for(params.len_q as usize, launch.rows as usize),
         params.bh_count,
@@ -409,58 +559,110 @@ mod tests {
             max_texture_dim: 16384,
             max_texture_layers: 2048,
             cooperative_matrix: Vec::new(),
+            coop_emulated: false,
         }
+    }
+
+    fn with_tensor_cores(mut caps: Capabilities) -> Capabilities {
+        caps.cooperative_matrix = vec![crate::context::CoopConfig {
+            m: 16,
+            n: 16,
+            k: 16,
+            ab: "f16",
+            c: "f32",
+        }];
+        caps
     }
 
     #[test]
     fn picker_chooses_gpu_tilings_for_gpus_and_cpu_tilings_for_cpu_adapters() {
-        // An NVIDIA H100 through Vulkan: 48 KiB, subgroups of 32.
+        // An NVIDIA H100 through Vulkan without tensor cores enabled: 48 KiB, subgroups of 32.
         let h100 = caps(Some((32, 32)), 48 * 1024);
-        assert_eq!(default_tiling(AdapterClass::Gpu, &h100), FusedTiling::Blocked);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100, true), FusedTiling::Blocked);
+        // With them: tensor cores where f16 products are allowed, else exact f32.
+        let h100_coop = with_tensor_cores(h100);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100_coop, true), FusedTiling::Coop);
+        assert_eq!(
+            default_tiling(AdapterClass::Gpu, &h100_coop, false),
+            FusedTiling::Blocked
+        );
+        // Tensor cores but no fixed subgroup size (the kernel's SG): not coop.
+        let varying = with_tensor_cores(caps(Some((32, 64)), 64 * 1024));
+        assert_eq!(default_tiling(AdapterClass::Gpu, &varying, true), FusedTiling::Blocked);
         // A GPU at WebGPU's default 16 KiB: the small shared tiling.
         let webgpu = caps(Some((4, 128)), 16 * 1024);
-        assert_eq!(default_tiling(AdapterClass::Gpu, &webgpu), FusedTiling::Shared);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &webgpu, true), FusedTiling::Shared);
         // Less than that: registers, which runs anywhere.
         assert_eq!(
-            default_tiling(AdapterClass::Gpu, &caps(None, 8192)),
+            default_tiling(AdapterClass::Gpu, &caps(None, 8192), true),
             FusedTiling::Registers
         );
         // lavapipe: 32 KiB, subgroups of 8.
         let lavapipe = caps(Some((8, 8)), 32 * 1024);
-        assert_eq!(default_tiling(AdapterClass::Cpu, &lavapipe), FusedTiling::Subgroup);
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &lavapipe, true),
+            FusedTiling::Subgroup
+        );
         // llvmpipe GL: no subgroups.
         assert_eq!(
-            default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024)),
+            default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024), true),
             FusedTiling::Registers
         );
     }
 
     #[test]
-    fn blocked_needs_exactly_what_its_widest_class_takes() {
-        // BLOCKED_MIN_BYTES is the largest of the smallest variant of each head-dim class.
-        let mut classes: Vec<u32> = BLOCKED_VARIANTS.iter().map(|v| v.dmax).collect();
+    fn coop_says_which_need_is_missing() {
+        let spec = spec(FusedTiling::Coop).expect("registered");
+        let plain = caps(Some((32, 32)), 48 * 1024);
+        assert!(matches!(spec.unmet("gpu", &plain), Some(Error::MissingFeature { .. })));
+        let small = with_tensor_cores(caps(Some((32, 32)), 16 * 1024));
+        assert!(matches!(spec.unmet("gpu", &small), Some(Error::LimitExceeded { .. })));
+        let wide = with_tensor_cores(caps(Some((128, 128)), 48 * 1024));
+        assert!(matches!(spec.unmet("gpu", &wide), Some(Error::LimitExceeded { .. })));
+        assert!(spec.unmet("gpu", &with_tensor_cores(plain)).is_none());
+    }
+
+    /// The largest of the smallest variant of each head-dim class.
+    fn min_bytes(variants: &[BlockVariant]) -> u32 {
+        let mut classes: Vec<u32> = variants.iter().map(|v| v.dmax).collect();
         classes.dedup();
-        let need = classes
+        classes
             .iter()
             .map(|&d| {
-                BLOCKED_VARIANTS
+                variants
                     .iter()
                     .filter(|v| v.dmax == d)
-                    .map(|v| v.workgroup_bytes())
+                    .map(|v| v.workgroup_bytes)
                     .min()
                     .unwrap_or(0)
             })
             .max()
-            .unwrap_or(0);
-        assert_eq!(BLOCKED_MIN_BYTES, need);
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn block_tilings_need_exactly_what_their_widest_class_takes() {
+        assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&BLOCKED_VARIANTS));
+        assert_eq!(COOP_MIN_BYTES, min_bytes(&COOP_VARIANTS));
         // Every head dim up to 256 finds a variant at that budget; the wide D <= 64 one
         // only with 48 KiB.
         for d in [1, 8, 63, 64, 65, 128, 129, 256] {
             let v = blocked_for(d, d, BLOCKED_MIN_BYTES).map(|v| v.dmax);
             assert!(v.is_some_and(|dmax| dmax >= d), "D = {d}: {v:?}");
+            let v = coop_for(d, d, COOP_MIN_BYTES).map(|v| v.dmax);
+            assert!(v.is_some_and(|dmax| dmax >= d), "coop, D = {d}: {v:?}");
         }
         assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.br), Some(64));
         assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.br), Some(32));
         assert!(blocked_for(257, 1, u32::MAX).is_none());
+        assert_eq!(coop_for(64, 64, 48 * 1024).map(|v| v.bc), Some(64));
+        assert_eq!(coop_for(64, 64, COOP_MIN_BYTES).map(|v| v.bc), Some(32));
+        assert_eq!(coop_for(128, 128, 48 * 1024).map(|v| v.br), Some(64));
+        assert_eq!(coop_for(256, 256, 48 * 1024).map(|v| v.br), Some(32));
+        assert!(coop_for(1, 257, u32::MAX).is_none());
+        // One 16-row band per subgroup, at most 4 subgroups; tiles of whole 16-key chunks.
+        for v in COOP_VARIANTS {
+            assert!(v.br % 16 == 0 && v.br / 16 <= 4 && v.bc % 16 == 0, "{v:?}");
+        }
     }
 }

@@ -81,6 +81,27 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
     tiles * per_tile + around
 }
 
+/// `flash_coop.wgsl`, every loop counted, for subgroups of 8 (the fewest invocations
+/// per workgroup, so the most trips per invocation). It only runs on GPUs with tensor
+/// cores, never under llvmpipe's cap; the model keeps the registry complete. Per tile:
+/// the K and V staging, the score chunks over the head dim, the row owner's two passes
+/// over the tile, the rescale through `ss` and the P·V chunks. Around it: the Q
+/// staging, the output tiles' clear, resume and store.
+pub fn coop_iterations(s: &AttentionShape) -> u64 {
+    let Some(v) = super::flash::coop_for(s.head_dim as u32, s.head_dim_v as u32, u32::MAX) else {
+        return u64::MAX;
+    };
+    let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
+    let nt = br / 16 * 8;
+    let (d16, kc) = (dmax / 16, bc / 16);
+    let rounds = d16.div_ceil(kc);
+    let through_ss = rounds * (2 * kc + (br * bc).div_ceil(nt));
+    let tiles = (s.len_k as u64).div_ceil(bc);
+    let per_tile = 2 * (bc * dmax).div_ceil(nt) + kc * (1 + d16) + 1 + bc / 2 + through_ss + d16 * (1 + kc) + 1;
+    let around = (br * dmax).div_ceil(nt) + 2 + d16 + 2 * through_ss;
+    tiles * per_tile + around
+}
+
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// llvmpipe's cap, or `None` if not even one block of 4 fits.
 pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape) -> Option<usize> {
@@ -118,6 +139,9 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
         // the 16-trip inner loop; then 16 stores.
         LinearTiling::Blocked => k.div_ceil(16) * (1 + 4 * 5 + 4 + 16) + 8 * 3,
         LinearTiling::Texture => k.div_ceil(4) + 16,
+        // Per step of 32: the staging loop (64 x 32 pairs over 4 subgroups of at least
+        // 8) and two 16-wide steps; then the 64 x 64 store.
+        LinearTiling::Coop => k.div_ceil(32) * (64 + 2 + 1) + 128,
     }
 }
 

@@ -34,9 +34,8 @@ pub const BLOCKED: Kernel = Kernel {
 };
 
 /// Tensor cores through cooperative matrices (16 x 16 f16 tiles, f32 accumulation):
-/// 64 x 64 blocks, one 32 x 32 quadrant per subgroup. Not picked by default until it has
-/// passed the tests on a GPU that has `EXPERIMENTAL_COOPERATIVE_MATRIX` (none has run it
-/// yet); validated and written to SPIR-V by naga in the tests.
+/// 64 x 64 blocks, one 32 x 32 quadrant per subgroup, 4 subgroups of the adapter's
+/// fixed size (`SG`). For f16 inputs, or f32 at `Precision::Medium`.
 pub const COOP: Kernel = Kernel {
     file: "matmul_coop.wgsl",
     source: include_str!("../../shaders/matmul_coop.wgsl"),
@@ -63,6 +62,7 @@ pub enum LinearTiling {
     Tiled,
     Blocked,
     Texture,
+    Coop,
 }
 
 impl LinearTiling {
@@ -71,6 +71,7 @@ impl LinearTiling {
             LinearTiling::Tiled => "tiled",
             LinearTiling::Blocked => "blocked",
             LinearTiling::Texture => "texture",
+            LinearTiling::Coop => "coop",
         }
     }
 
@@ -79,6 +80,7 @@ impl LinearTiling {
             LinearTiling::Tiled => TILED,
             LinearTiling::Blocked => BLOCKED,
             LinearTiling::Texture => TEXTURE,
+            LinearTiling::Coop => COOP,
         }
     }
 
@@ -88,9 +90,14 @@ impl LinearTiling {
             LinearTiling::Tiled => (64, 64),
             LinearTiling::Blocked => (128, 128),
             LinearTiling::Texture => (ROWS_PER_GROUP, 32),
+            LinearTiling::Coop => (64, 64),
         }
     }
 }
+
+/// Workgroup memory `matmul_coop.wgsl` declares: X and W staging (64 rows of 32 + 8
+/// halves each) and the 64 x (64 + 4) f32 output tile.
+pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 64 * 40 + 4 * 64 * 68;
 
 /// Mirror of WGSL `LinearParams`.
 #[repr(C)]
@@ -134,9 +141,10 @@ pub struct Linear<'a> {
 }
 
 impl Context {
-    /// The GEMM tiling used for this adapter: on GPUs `blocked`; on CPU adapters
-    /// `texture` with >= 8-lane subgroups (lavapipe), else `tiled` (barriers are cheap
-    /// enough there for its 64 x 64 blocks, and its 4 x 4 micro-tiles suit 8-wide SIMD).
+    /// The GEMM tiling for f32 inputs at the default precision: on GPUs `blocked`; on
+    /// CPU adapters `texture` with >= 8-lane subgroups (lavapipe), else `tiled`
+    /// (barriers are cheap enough there for its 64 x 64 blocks, and its 4 x 4
+    /// micro-tiles suit 8-wide SIMD).
     pub fn linear_tiling(&self) -> LinearTiling {
         if !self.is_cpu_adapter() {
             LinearTiling::Blocked
@@ -146,6 +154,24 @@ impl Context {
             LinearTiling::Tiled
         }
     }
+
+    /// The GEMM tiling for inputs of `dtype` at `precision`: `coop` (tensor cores)
+    /// where f16 products are allowed and the adapter can run it, else as
+    /// [`Context::linear_tiling`].
+    pub fn linear_tiling_for(&self, dtype: DType, precision: crate::options::Precision) -> LinearTiling {
+        if precision.allows_f16_products(dtype) && coop_subgroup_size(self).is_some() {
+            LinearTiling::Coop
+        } else {
+            self.linear_tiling()
+        }
+    }
+}
+
+/// The subgroup size the coop GEMM runs with, if this device can run it.
+fn coop_subgroup_size(ctx: &Context) -> Option<u32> {
+    let caps = ctx.capabilities();
+    caps.coop_subgroup_size()
+        .filter(|&sg| 4 * sg <= caps.max_invocations && COOP_WORKGROUP_BYTES <= caps.max_workgroup_storage)
 }
 
 /// The texture kernel shares X across 8 lanes of one subgroup.
@@ -237,6 +263,7 @@ pub fn encode_linear(
     linear.validate(dtype)?;
     let tiling = match tiling {
         LinearTiling::Texture if !has_8_lane_subgroups(ctx) || !linear.fits_textures(ctx) => LinearTiling::Tiled,
+        LinearTiling::Coop if coop_subgroup_size(ctx).is_none() => LinearTiling::Blocked,
         other => other,
     };
     let (m, n) = (linear.m, linear.n());
@@ -263,7 +290,11 @@ pub fn encode_linear(
             max: max.into(),
         });
     }
-    let pipeline = pipeline(ctx, &tiling.kernel(), dtype, &[])?;
+    let constants = match coop_subgroup_size(ctx) {
+        Some(sg) if tiling == LinearTiling::Coop => vec![("SG", sg)],
+        _ => Vec::new(),
+    };
+    let pipeline = pipeline(ctx, &tiling.kernel(), dtype, &constants)?;
     let widths: Vec<usize> = linear.outputs.iter().map(|&(_, width)| width).collect();
     let seg1 = widths[0];
     let seg2 = seg1 + widths.get(1).copied().unwrap_or(0);
@@ -281,7 +312,9 @@ pub fn encode_linear(
     // Operands: buffers for the tiled kernel, textures for the texture kernel.
     let (x_packed, w_packed_here);
     let (x, w) = match tiling {
-        LinearTiling::Tiled | LinearTiling::Blocked => (linear.x.as_entire_binding(), linear.w.as_entire_binding()),
+        LinearTiling::Tiled | LinearTiling::Blocked | LinearTiling::Coop => {
+            (linear.x.as_entire_binding(), linear.w.as_entire_binding())
+        }
         LinearTiling::Texture => {
             let x = RowSource {
                 buffer: linear.x,

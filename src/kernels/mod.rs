@@ -6,6 +6,7 @@
 //! kernels `shaders/flash_common.wgsl`) and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
 
+pub mod coop_emulation;
 pub mod flash;
 pub mod layer_norm;
 pub mod loop_budget;
@@ -48,7 +49,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 19] = [
+pub const ALL_KERNELS: [Kernel; 25] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
@@ -68,6 +69,12 @@ pub const ALL_KERNELS: [Kernel; 19] = [
     flash::BLOCKED_VARIANTS[1].kernel,
     flash::BLOCKED_VARIANTS[2].kernel,
     flash::BLOCKED_VARIANTS[3].kernel,
+    flash::COOP_VARIANTS[0].kernel,
+    flash::COOP_VARIANTS[1].kernel,
+    flash::COOP_VARIANTS[2].kernel,
+    flash::COOP_VARIANTS[3].kernel,
+    flash::COOP_VARIANTS[4].kernel,
+    flash::COOP_VARIANTS[5].kernel,
 ];
 
 /// The full WGSL of a kernel for an element type. `enable` directives in the kernel's
@@ -107,10 +114,16 @@ pub(crate) fn pipeline(
     };
     ctx.pipeline(key, |key| {
         let label = format!("{}:{}{} ({})", kernel.file, kernel.entry, kernel.variant, dtype.name());
+        let mut source = shader_source(kernel, dtype);
+        let caps = ctx.capabilities();
+        if caps.coop_emulated && source.contains("enable wgpu_cooperative_matrix;") {
+            let sg = caps.coop_subgroup_size().unwrap_or(0);
+            source = coop_emulation::rewrite(&source, sg)?;
+        }
         ctx.scoped(&format!("compiling {label}"), || {
             let module = ctx.device().create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(shader_source(kernel, dtype).into()),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
             });
             let constants: Vec<(&str, f64)> = key.constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
             Ok(ctx.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

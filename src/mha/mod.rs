@@ -22,7 +22,7 @@ use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
 use crate::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use crate::kernels::mean_heads::encode_mean_heads;
 use crate::kernels::pack_rows::{PackedRows, RowSource, TextureShape};
-use crate::options::AttentionOptions;
+use crate::options::{AttentionOptions, Precision};
 use crate::tensor::{DType, Layout, Tensor};
 
 /// Which attention weights a forward pass returns.
@@ -197,7 +197,8 @@ impl MultiHeadAttention {
         inputs: Inputs,
         options: &MhaOptions,
     ) -> Result<MhaOutput> {
-        let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused)?;
+        let precision = options.attention.precision;
+        let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused, precision)?;
         let attention = AttentionOptions {
             need_weights: options.weights != HeadWeights::None,
             need_lse: false,
@@ -205,7 +206,7 @@ impl MultiHeadAttention {
             ..options.attention.clone()
         };
         let attended = encode_sdpa(ctx, encoder, &q, &k, &v, &attention)?;
-        let out = self.encode_output(ctx, encoder, &attended.out, inputs.query())?;
+        let out = self.encode_output(ctx, encoder, &attended.out, inputs.query(), precision)?;
         let weights = match (options.weights, attended.weights) {
             (HeadWeights::Averaged, Some(per_head)) => {
                 let [b, h, lq, lk] = per_head.shape();
@@ -220,13 +221,15 @@ impl MultiHeadAttention {
 
     /// Records the input projections and returns Q `[B, H, Lq, D]`, K and V
     /// `[B, G, Lk, D]`, all BSHD. `plan` picks between the packed GEMMs and one GEMM
-    /// per projection (for benchmarks; results are the same).
+    /// per projection (for benchmarks; results are the same); `precision` whether f32
+    /// inputs may be multiplied in f16 (tensor cores).
     pub fn encode_projections(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         inputs: Inputs,
         plan: ProjectionPlan,
+        precision: Precision,
     ) -> Result<[Tensor; 3]> {
         let c = &self.config;
         let (query, key, value) = match inputs {
@@ -243,7 +246,7 @@ impl MultiHeadAttention {
         let q = Tensor::empty(ctx, [batch, c.num_heads, len_q, hd], Layout::Bshd, self.dtype)?;
         let k = Tensor::empty(ctx, [batch, c.num_kv_heads, len_k, hd], Layout::Bshd, self.dtype)?;
         let v = Tensor::empty(ctx, [batch, c.num_kv_heads, len_k, hd], Layout::Bshd, self.dtype)?;
-        let tiling = ctx.linear_tiling();
+        let tiling = ctx.linear_tiling_for(self.dtype, precision);
         let mut gemm = |x: &Tensor, p: &GpuProjection, w_row0: usize, outputs: &[(&wgpu::Buffer, usize)]| {
             let m = x.shape()[0] * x.shape()[2];
             let k = x.shape()[3];
@@ -298,6 +301,7 @@ impl MultiHeadAttention {
         encoder: &mut wgpu::CommandEncoder,
         attended: &Tensor,
         query: &Tensor,
+        precision: Precision,
     ) -> Result<Tensor> {
         let e = self.config.embed_dim;
         let [batch, _, len_q, _] = attended.shape();
@@ -325,7 +329,13 @@ impl MultiHeadAttention {
             m: rows,
             k: e,
         };
-        encode_linear(ctx, encoder, self.dtype, ctx.linear_tiling(), &linear)?;
+        encode_linear(
+            ctx,
+            encoder,
+            self.dtype,
+            ctx.linear_tiling_for(self.dtype, precision),
+            &linear,
+        )?;
         let (Some((gamma, beta)), Some(post)) = (&self.norm, self.config.post_norm) else {
             return Ok(projected);
         };

@@ -1,0 +1,239 @@
+//! The tensor-core kernels' logic on an adapter without tensor cores: `flash_coop.wgsl`
+//! and `matmul_coop.wgsl` with their cooperative-matrix operations emulated in plain
+//! WGSL (`kernels::coop_emulation`), against the f64 reference with the f16 rule. This
+//! checks staging, padding, masking, the online softmax with its deferred rescale, GQA,
+//! layouts and the GEMM epilogue; the tensor cores themselves only a GPU run checks.
+//! Shapes stay small: the emulation is slow and its loops count against llvmpipe's cap.
+
+use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
+use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
+use wgpu_attention::{
+    AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Precision,
+    Tensor,
+};
+
+/// A context that emulates cooperative matrices, or `None` with a message where the
+/// adapter cannot (no f16, or no fixed subgroup size: llvmpipe GL).
+fn emulating() -> Option<Context> {
+    let mut ctx = match Context::new() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            if std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() == Ok("1") {
+                panic!("WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}");
+            }
+            eprintln!("SKIPPING: no adapter ({e})");
+            return None;
+        }
+    };
+    match ctx.emulate_cooperative_matrix() {
+        Ok(()) => Some(ctx),
+        Err(e) => {
+            eprintln!("SKIPPING coop emulation on {}: {e}", ctx.adapter_info().name);
+            None
+        }
+    }
+}
+
+fn coop_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {
+    CheckCase {
+        shape,
+        options: AttentionOptions {
+            kernel: KernelChoice::Fused,
+            tiling: FusedTiling::Coop,
+            precision: Precision::Medium,
+            ..options
+        },
+        dtype,
+        layout: Layout::Bhsd,
+        seed,
+        range: 1.0,
+    }
+}
+
+fn assert_passes(ctx: &Context, case: &CheckCase) {
+    let outcome = run_case(ctx, case).unwrap_or_else(|e| panic!("seed {}: {e}\n{case:?}", case.seed));
+    assert_eq!(outcome.kernel, "fused/coop", "seed {}", case.seed);
+    assert!(
+        outcome.passed,
+        "seed {} {:?} {:?} {:?}: {}",
+        case.seed,
+        case.shape,
+        case.dtype,
+        case.options.causal,
+        outcome.summary()
+    );
+}
+
+#[test]
+fn fused_coop_matches_the_reference_across_shapes_masks_and_dtypes() {
+    let Some(ctx) = emulating() else { return };
+    let mut rng = Rng::new(71);
+    let shapes = [
+        // Head dims below, at and past one 16-wide chunk; Dv != D; GQA; Lq, Lk not
+        // multiples of 16 or of the tile; one query row; one key.
+        AttentionShape::new(1, 2, 2, 19, 45, 16, 16),
+        AttentionShape::new(2, 4, 2, 37, 29, 24, 40),
+        AttentionShape::new(1, 2, 1, 1, 64, 64, 64),
+        AttentionShape::new(1, 1, 1, 70, 1, 8, 8),
+        AttentionShape::new(1, 2, 2, 33, 50, 80, 36),
+    ];
+    let mut seed = 100;
+    for shape in shapes {
+        for dtype in [DType::F16, DType::F32] {
+            for variant in 0..4 {
+                seed += 1;
+                let [b, hq, lq, lk] = [shape.batch, shape.heads_q, shape.len_q, shape.len_k];
+                let options = match variant {
+                    0 => AttentionOptions::default(),
+                    1 => AttentionOptions {
+                        causal: Some(if seed % 2 == 0 {
+                            CausalAlignment::TopLeft
+                        } else {
+                            CausalAlignment::BottomRight
+                        }),
+                        key_lengths: Some((0..b).map(|i| (lk - i.min(lk - 1)) as u32).collect()),
+                        ..Default::default()
+                    },
+                    2 => AttentionOptions {
+                        mask: Some(random_bool_mask(&mut rng, [b, 1, lq, lk])),
+                        need_weights: true,
+                        ..Default::default()
+                    },
+                    _ => AttentionOptions {
+                        mask: Some(random_additive_mask(&mut rng, [1, hq, 1, lk])),
+                        output_layout: Some(Layout::Bshd),
+                        ..Default::default()
+                    },
+                };
+                let mut case = coop_case(shape, options, dtype, seed);
+                if variant == 3 {
+                    case.layout = Layout::Bshd;
+                }
+                assert_passes(&ctx, &case);
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_coop_defers_the_rescale_correctly_at_large_logits() {
+    // Scores of magnitude ~20 to 60: row maxima climb by more than TAU = 8 from tile to
+    // tile, so the output tiles go through the rescale; key length 0 leaves rows unseen.
+    let Some(ctx) = emulating() else { return };
+    let options = AttentionOptions {
+        key_lengths: Some(vec![0, 61]),
+        ..Default::default()
+    };
+    for (dtype, seed) in [(DType::F16, 301), (DType::F32, 302)] {
+        let mut case = coop_case(
+            AttentionShape::new(2, 2, 2, 21, 61, 32, 32),
+            options.clone(),
+            dtype,
+            seed,
+        );
+        case.range = 8.0;
+        assert_passes(&ctx, &case);
+    }
+}
+
+#[test]
+fn f32_inputs_take_tensor_cores_only_below_the_highest_precision() {
+    let Some(ctx) = emulating() else { return };
+    let at = |precision| {
+        ctx.fused_config_for(FusedTiling::Auto, DType::F32, precision)
+            .map(|c| c.name())
+    };
+    // A CPU adapter picks its own tilings when asked for none; tensor cores are never
+    // picked for it, but can be asked for.
+    assert_ne!(at(Precision::Medium).ok(), Some("coop"));
+    assert!(ctx
+        .fused_config_for(FusedTiling::Coop, DType::F32, Precision::Highest)
+        .is_err());
+    assert!(ctx
+        .fused_config_for(FusedTiling::Coop, DType::F32, Precision::Medium)
+        .is_ok());
+    assert!(ctx
+        .fused_config_for(FusedTiling::Coop, DType::F16, Precision::Highest)
+        .is_ok());
+    assert_eq!(
+        ctx.linear_tiling_for(DType::F16, Precision::Highest),
+        LinearTiling::Coop
+    );
+    assert_ne!(
+        ctx.linear_tiling_for(DType::F32, Precision::Highest),
+        LinearTiling::Coop
+    );
+}
+
+#[test]
+fn coop_gemm_matches_a_reference_with_bias_and_split() {
+    let Some(ctx) = emulating() else { return };
+    // m, k, n not multiples of the 64 x 64 block or the 32-wide K step.
+    let (m, k, widths) = (70usize, 45usize, [20usize, 50, 9]);
+    let n: usize = widths.iter().sum();
+    let mut rng = Rng::new(81);
+    let x: Vec<f32> = rng.vec(m * k, -1.0, 1.0);
+    let w: Vec<f32> = rng.vec(n * k, -1.0, 1.0);
+    let bias: Vec<f32> = rng.vec(n, -1.0, 1.0);
+    for dtype in [DType::F16, DType::F32] {
+        let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect() };
+        let (x16, w16, b_used) = (
+            round(&x),
+            round(&w),
+            if dtype == DType::F16 {
+                round(&bias)
+            } else {
+                bias.clone()
+            },
+        );
+        let upload = |v: &[f32]| Tensor::sequence(&ctx, [1, 1, v.len()], dtype, v).expect("upload");
+        let (xt, wt, bt) = (upload(&x), upload(&w), upload(&bias));
+        let outs: Vec<Tensor> = widths
+            .iter()
+            .map(|&wd| Tensor::empty(&ctx, [1, 1, m, wd], Layout::Bhsd, dtype).expect("output"))
+            .collect();
+        let outputs: Vec<(&wgpu_attention::wgpu::Buffer, usize)> =
+            outs.iter().zip(widths).map(|(t, wd)| (t.buffer(), wd)).collect();
+        let linear = Linear {
+            x: xt.buffer(),
+            x_stride: k,
+            w: wt.buffer(),
+            w_packed: None,
+            bias: Some(bt.buffer()),
+            w_row0: 0,
+            outputs: &outputs,
+            m,
+            k,
+        };
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        encode_linear(&ctx, &mut encoder, dtype, LinearTiling::Coop, &linear).expect("records");
+        ctx.queue().submit([encoder.finish()]);
+        let mut col0 = 0;
+        for (t, wd) in outs.iter().zip(widths) {
+            let got = t.to_f32_vec(&ctx).expect("readback");
+            for r in 0..m {
+                for c in 0..wd {
+                    let j = col0 + c;
+                    // The products see f16 operands; f32 accumulation over k terms.
+                    let want: f64 = (0..k)
+                        .map(|t| f64::from(x16[r * k + t]) * f64::from(w16[j * k + t]))
+                        .sum::<f64>()
+                        + f64::from(b_used[j]);
+                    let stored_rounding = if dtype == DType::F16 {
+                        want.abs() * 2f64.powi(-11)
+                    } else {
+                        0.0
+                    };
+                    let bound = 1e-5 * (k as f64) + stored_rounding;
+                    let err = (f64::from(got[r * wd + c]) - want).abs();
+                    assert!(
+                        err <= bound,
+                        "{dtype:?} ({r}, {j}): got {} want {want} (bound {bound})",
+                        got[r * wd + c]
+                    );
+                }
+            }
+            col0 += wd;
+        }
+    }
+}
