@@ -3,7 +3,7 @@
 use super::{AdapterArgs, CliError};
 use wgpu_attention::check::{run_case, standard_grid, CheckCase};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
-use wgpu_attention::{DType, FusedTiling, KernelChoice};
+use wgpu_attention::{DType, FusedTiling, KernelChoice, Precision};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -12,25 +12,43 @@ pub struct CheckArgs {
     seed: u64,
 }
 
-/// Every kernel variant: (label, kernel, tiling, dtype): the materialized path and each
-/// registered fused tiling, in f32 and (where the adapter has it) f16.
-pub fn variants(f16: bool) -> Vec<(String, KernelChoice, FusedTiling, DType)> {
+/// One kernel variant `check` runs.
+pub struct Variant {
+    pub label: String,
+    pub kernel: KernelChoice,
+    pub tiling: FusedTiling,
+    pub dtype: DType,
+    pub precision: Precision,
+}
+
+/// Every kernel variant: the materialized path and each registered fused tiling, in f32
+/// and (where the adapter has it) f16. Tilings that multiply in f16 (tensor cores) run
+/// their f32 variant at precision medium.
+pub fn variants(f16: bool) -> Vec<Variant> {
     let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
     let mut v = Vec::new();
     for &dtype in dtypes {
-        v.push((
-            format!("materialized {}", dtype.name()),
-            KernelChoice::Materialized,
-            FusedTiling::Auto,
+        v.push(Variant {
+            label: format!("materialized {}", dtype.name()),
+            kernel: KernelChoice::Materialized,
+            tiling: FusedTiling::Auto,
             dtype,
-        ));
+            precision: Precision::Highest,
+        });
         for spec in &FUSED_TILINGS {
-            v.push((
-                format!("fused/{} {}", spec.name, dtype.name()),
-                KernelChoice::Fused,
-                spec.tiling,
+            let medium = spec.f16_products && dtype == DType::F32;
+            v.push(Variant {
+                label: format!(
+                    "fused/{} {}{}",
+                    spec.name,
+                    dtype.name(),
+                    if medium { " medium" } else { "" }
+                ),
+                kernel: KernelChoice::Fused,
+                tiling: spec.tiling,
                 dtype,
-            ));
+                precision: if medium { Precision::Medium } else { Precision::Highest },
+            });
         }
     }
     v
@@ -81,14 +99,22 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
         "variant", "case", "max err", "bound"
     );
     let (mut passed, mut failed) = (0, 0);
-    for (label, kernel, tiling, dtype) in variants(ctx.capabilities().f16) {
-        if let Err(e) = ctx.fused_config(tiling) {
+    for Variant {
+        label,
+        kernel,
+        tiling,
+        dtype,
+        precision,
+    } in variants(ctx.capabilities().f16)
+    {
+        if let Err(e) = ctx.fused_config_for(tiling, dtype, precision) {
             println!("{label:<20} skipped: {e}");
             continue;
         }
         for mut case in standard_grid(args.seed) {
             case.options.kernel = kernel;
             case.options.tiling = tiling;
+            case.options.precision = precision;
             case.dtype = dtype;
             let outcome = run_case(&ctx, &case)?;
             let ok = outcome.passed;
