@@ -5,7 +5,6 @@ use crate::tensor::DType;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use wgpu::util::DeviceExt;
 
 /// How to pick an adapter. Empty fields fall back to the environment
 /// (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`, `WGPU_POWER_PREF`), then to wgpu's default.
@@ -223,6 +222,9 @@ pub struct Context {
     caps: Capabilities,
     pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
     allocated: AtomicU64,
+    /// Set by wgpu's device-lost callback: every later call fails with an error that
+    /// says so (wgpu itself would panic on some of them, e.g. mapping a new buffer).
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Context {
@@ -367,6 +369,9 @@ impl Context {
     /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`.
     pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let caps = Capabilities::detect(&device, &info);
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |_, _| flag.store(true, Ordering::SeqCst));
         Context {
             device,
             queue,
@@ -374,6 +379,7 @@ impl Context {
             caps,
             pipelines: Mutex::new(HashMap::new()),
             allocated: AtomicU64::new(0),
+            lost,
         }
     }
 
@@ -420,11 +426,26 @@ impl Context {
     /// Runs `f` inside validation and out-of-memory error scopes and turns anything
     /// wgpu reports into [`Error::Gpu`].
     pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let lost = || Error::Gpu {
+            during: during.into(),
+            message: "the device was lost (destroyed, reset or removed); make a new Context".into(),
+        };
+        if self.is_lost() {
+            return Err(lost());
+        }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
         let v = pollster::block_on(validation.pop());
         let o = pollster::block_on(oom.pop());
+        if v.is_some() || o.is_some() || out.is_err() {
+            // wgpu reports a loss through a callback it runs when polled: a failure is
+            // the moment to ask, so the error names the cause rather than its symptom.
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            if self.is_lost() {
+                return Err(lost());
+            }
+        }
         if let Some(e) = v.or(o) {
             return Err(Error::Gpu {
                 during: during.into(),
@@ -448,20 +469,37 @@ impl Context {
     }
 
     /// Creates a buffer holding `contents` after checking the device's size limit.
+    /// (Mapped at creation, as wgpu's `create_buffer_init`, but a failed mapping is an
+    /// error rather than wgpu's panic.)
     pub(crate) fn create_buffer_init(
         &self,
         label: &str,
         contents: &[u8],
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
-        self.check_buffer_size(label, contents.len() as u64)?;
+        let size = self.check_buffer_size(label, contents.len() as u64)?;
         self.scoped(label, || {
-            Ok(self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
-                contents,
+                size,
                 usage,
-            }))
+                mapped_at_creation: true,
+            });
+            let mut view = buffer.get_mapped_range_mut(..).map_err(|e| Error::Gpu {
+                during: label.into(),
+                message: e.to_string(),
+            })?;
+            // The padding past `contents` stays zero: wgpu zeroes new buffers.
+            view.slice(..contents.len()).copy_from_slice(contents);
+            drop(view);
+            buffer.unmap();
+            Ok(buffer)
         })
+    }
+
+    /// Whether the device has been lost (see [`Context::scoped`]'s callers).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
     }
 
     /// Creates a texture; its bytes count in [`Context::allocated_bytes`].

@@ -46,5 +46,12 @@ pub use options::{
 };
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
 pub use tensor::{relayout, DType, Layout, Tensor};
+// One Context serves many threads (docs/design.md): this stops compiling if it no
+// longer can.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Context>();
+};
+
 /// Re-exported so callers use the same wgpu major version as this crate.
 pub use wgpu;
