@@ -244,6 +244,9 @@ fn flash_coop(
                     let is = band * LDS + u * 16u;
                     o[c0 + u] = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
                 }
+                // Which lanes load which elements is the driver's choice: the next
+                // round's stores must not overtake this round's loads.
+                workgroupBarrier();
             }
         }
 

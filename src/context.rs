@@ -341,8 +341,8 @@ impl Context {
     /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
     /// `SUBGROUP` with a fixed subgroup size; a device with real tensor cores keeps them.
     pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
-        if !self.caps.cooperative_matrix.is_empty() && !self.caps.coop_emulated {
-            return Ok(());
+        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated {
+            return Ok(()); // real tensor cores the kernels can use
         }
         let mut caps = self.caps.clone();
         caps.cooperative_matrix = vec![CoopConfig {

@@ -237,3 +237,16 @@ fn coop_gemm_matches_a_reference_with_bias_and_split() {
         }
     }
 }
+
+#[test]
+fn the_emulated_kernel_splits_long_key_ranges_under_llvmpipes_cap() {
+    // The D = 80 case above walks its 50 keys in two dispatches, the second resuming
+    // from the first's output rows and log-sum-exps (the `key_begin > 0` path).
+    use wgpu_attention::kernels::flash::FlashConfig;
+    use wgpu_attention::kernels::loop_budget::keys_per_dispatch;
+    let config = FlashConfig {
+        tiling: FusedTiling::Coop,
+    };
+    let keys = keys_per_dispatch(&config, &AttentionShape::new(1, 2, 2, 33, 50, 80, 36));
+    assert!(keys.is_some_and(|k| k < 50 && k % 32 == 0), "{keys:?}");
+}

@@ -81,23 +81,37 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
     tiles * per_tile + around
 }
 
-/// `flash_coop.wgsl`, every loop counted, for subgroups of 8 (the fewest invocations
-/// per workgroup, so the most trips per invocation). It only runs on GPUs with tensor
-/// cores, never under llvmpipe's cap; the model keeps the registry complete. Per tile:
-/// the K and V staging, the score chunks over the head dim, the row owner's two passes
-/// over the tile, the rescale through `ss` and the P·V chunks. Around it: the Q
-/// staging, the output tiles' clear, resume and store.
+/// `flash_coop.wgsl` as it runs under llvmpipe's cap: only there, with its coop
+/// operations emulated (`kernels::coop_emulation`, subgroups of 8), so the model counts
+/// the emulation's loops too (an A/B load 16 x 17 trips, an accumulator load or store
+/// 32, a multiply-add 32 x 17); GPUs have no cap. The narrowest variant of the class
+/// (the most tiles per key), every loop counted. Per tile: the K and V staging, the
+/// score chunks over the head dim, the row owner's two passes over the tile, the
+/// rescale through `ss` and the P·V chunks. Around it: the Q staging, the output
+/// tiles' clear, resume and store.
 pub fn coop_iterations(s: &AttentionShape) -> u64 {
-    let Some(v) = super::flash::coop_for(s.head_dim as u32, s.head_dim_v as u32, u32::MAX) else {
+    let need = s.head_dim.max(s.head_dim_v) as u32;
+    let Some(v) = super::flash::COOP_VARIANTS
+        .iter()
+        .filter(|v| v.dmax >= need)
+        .min_by_key(|v| (v.dmax, v.bc))
+    else {
         return u64::MAX;
     };
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
     let nt = br / 16 * 8;
     let (d16, kc) = (dmax / 16, bc / 16);
+    let (load_ab, load_c, mma) = (16 * 17, 32, 32 * 17);
     let rounds = d16.div_ceil(kc);
-    let through_ss = rounds * (2 * kc + (br * bc).div_ceil(nt));
+    let through_ss = rounds * (kc * (1 + load_c) + (br * bc).div_ceil(nt));
     let tiles = (s.len_k as u64).div_ceil(bc);
-    let per_tile = 2 * (bc * dmax).div_ceil(nt) + kc * (1 + d16) + 1 + bc / 2 + through_ss + d16 * (1 + kc) + 1;
+    let per_tile = 2 * (bc * dmax).div_ceil(nt)
+        + kc * (1 + d16 * (1 + 2 * load_ab + mma) + load_c)
+        + 1
+        + bc / 2
+        + through_ss
+        + d16 * (1 + kc * (1 + 2 * load_ab + mma))
+        + 1;
     let around = (br * dmax).div_ceil(nt) + 2 + d16 + 2 * through_ss;
     tiles * per_tile + around
 }
