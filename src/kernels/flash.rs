@@ -90,20 +90,62 @@ const fn blocked_bytes(dmax: u32, br: u32, bc: u32) -> u32 {
     16 * br * d4 + 16 * bc * (d4 + 1) + 4 * br * bc + 12 * br
 }
 
+/// One variant of a block tiling: its constants as a one-line prelude after
+/// `attention_common.wgsl`, and its label (`[DMAXxBRxBC]`) in the pipeline key.
+macro_rules! block_variant {
+    ($family:ident, $dmax:literal, $br:literal, $bc:literal) => {
+        $family(
+            $dmax,
+            $br,
+            $bc,
+            &[
+                COMMON,
+                concat!(
+                    "const DMAX: u32 = ",
+                    $dmax,
+                    "u;\nconst BR: u32 = ",
+                    $br,
+                    "u;\nconst BC: u32 = ",
+                    $bc,
+                    "u;\n"
+                ),
+            ],
+            concat!("[", $dmax, "x", $br, "x", $bc, "]"),
+        )
+    };
+}
+
+/// The kernel of a block-tiling variant built from `file`'s `entry`.
+const fn block_kernel(
+    file: &'static str,
+    source: &'static str,
+    entry: &'static str,
+    preludes: &'static [&'static str],
+    variant: &'static str,
+) -> Kernel {
+    Kernel {
+        file,
+        source,
+        entry,
+        slots: SLOTS,
+        preludes,
+        variant,
+    }
+}
+
 const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockVariant {
     BlockVariant {
         dmax,
         br,
         bc,
         workgroup_bytes: blocked_bytes(dmax, br, bc),
-        kernel: Kernel {
-            file: "flash_blocked.wgsl",
-            source: include_str!("../../shaders/flash_blocked.wgsl"),
-            entry: "flash_blocked",
-            slots: SLOTS,
-            preludes: prelude,
-            variant: label,
-        },
+        kernel: block_kernel(
+            "flash_blocked.wgsl",
+            include_str!("../../shaders/flash_blocked.wgsl"),
+            "flash_blocked",
+            prelude,
+            label,
+        ),
     }
 }
 
@@ -113,46 +155,10 @@ const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], 
 /// outputs). Sized so that one variant per class fits in 32 KiB (lavapipe, and most
 /// GPUs); the wider D ≤ 64 one wants 48 KiB (NVIDIA).
 pub const BLOCKED_VARIANTS: [BlockVariant; 4] = [
-    blocked(
-        64,
-        64,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[64x64x32]",
-    ),
-    blocked(
-        64,
-        32,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 64u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[64x32x32]",
-    ),
-    blocked(
-        128,
-        32,
-        16,
-        &[
-            COMMON,
-            "const DMAX: u32 = 128u;\nconst BR: u32 = 32u;\nconst BC: u32 = 16u;\n",
-        ],
-        "[128x32x16]",
-    ),
-    blocked(
-        256,
-        16,
-        8,
-        &[
-            COMMON,
-            "const DMAX: u32 = 256u;\nconst BR: u32 = 16u;\nconst BC: u32 = 8u;\n",
-        ],
-        "[256x16x8]",
-    ),
+    block_variant!(blocked, 64, 64, 32),
+    block_variant!(blocked, 64, 32, 32),
+    block_variant!(blocked, 128, 32, 16),
+    block_variant!(blocked, 256, 16, 8),
 ];
 
 /// Workgroup memory the blocked tiling needs for every head dim: the largest of the
@@ -172,14 +178,13 @@ const fn coop(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], lab
         br,
         bc,
         workgroup_bytes: coop_bytes(dmax, br, bc),
-        kernel: Kernel {
-            file: "flash_coop.wgsl",
-            source: include_str!("../../shaders/flash_coop.wgsl"),
-            entry: "flash_coop",
-            slots: SLOTS,
-            preludes: prelude,
-            variant: label,
-        },
+        kernel: block_kernel(
+            "flash_coop.wgsl",
+            include_str!("../../shaders/flash_coop.wgsl"),
+            "flash_coop",
+            prelude,
+            label,
+        ),
     }
 }
 
@@ -187,66 +192,12 @@ const fn coop(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], lab
 /// per subgroup (BR / 16 subgroups). The first of each class fits NVIDIA's 48 KiB; the
 /// narrower ones fit 32 KiB (Apple, lavapipe under emulation).
 pub const COOP_VARIANTS: [BlockVariant; 6] = [
-    coop(
-        64,
-        64,
-        64,
-        &[
-            COMMON,
-            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 64u;\n",
-        ],
-        "[64x64x64]",
-    ),
-    coop(
-        64,
-        64,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 64u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[64x64x32]",
-    ),
-    coop(
-        128,
-        64,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 128u;\nconst BR: u32 = 64u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[128x64x32]",
-    ),
-    coop(
-        128,
-        32,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 128u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[128x32x32]",
-    ),
-    coop(
-        256,
-        32,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 256u;\nconst BR: u32 = 32u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[256x32x32]",
-    ),
-    coop(
-        256,
-        16,
-        32,
-        &[
-            COMMON,
-            "const DMAX: u32 = 256u;\nconst BR: u32 = 16u;\nconst BC: u32 = 32u;\n",
-        ],
-        "[256x16x32]",
-    ),
+    block_variant!(coop, 64, 64, 64),
+    block_variant!(coop, 64, 64, 32),
+    block_variant!(coop, 128, 64, 32),
+    block_variant!(coop, 128, 32, 32),
+    block_variant!(coop, 256, 32, 32),
+    block_variant!(coop, 256, 16, 32),
 ];
 
 /// Workgroup memory the coop tiling needs for every head dim (as BLOCKED_MIN_BYTES).
