@@ -49,6 +49,9 @@ struct Params {
     // invocation, so long key ranges are split across dispatches).
     key_begin: u32,
     key_stop: u32,
+    // Split-K decode (flash_decode.wgsl): how many splits the key range is cut into,
+    // each written as a partial result to `scores`; 1 for every other kernel.
+    splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

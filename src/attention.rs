@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
-use crate::kernels::{loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
+use crate::kernels::{decode, loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
@@ -27,6 +27,8 @@ pub struct AttentionOutput {
 pub enum ResolvedKernel {
     Fused(FlashConfig),
     Materialized,
+    /// Split-K decode: few query rows, the key range split across workgroups.
+    Decode,
 }
 
 impl ResolvedKernel {
@@ -34,6 +36,7 @@ impl ResolvedKernel {
         match self {
             ResolvedKernel::Fused(c) => format!("fused/{}", c.name()),
             ResolvedKernel::Materialized => "materialized".into(),
+            ResolvedKernel::Decode => "decode".into(),
         }
     }
 
@@ -41,7 +44,7 @@ impl ResolvedKernel {
     pub fn f16_products(&self) -> bool {
         match self {
             ResolvedKernel::Fused(c) => c.spec().f16_products,
-            ResolvedKernel::Materialized => false,
+            ResolvedKernel::Materialized | ResolvedKernel::Decode => false,
         }
     }
 }
@@ -71,15 +74,30 @@ pub fn encode_sdpa(
     ctx.scoped("recording attention", || plan.encode(ctx, encoder, q, k, v, options))
 }
 
-/// The kernel path `options` resolve to on this context for inputs of `dtype` (for
-/// reports and tests).
-pub fn resolve_kernel(ctx: &Context, dtype: DType, options: &AttentionOptions) -> Result<ResolvedKernel> {
+/// The kernel path `options` resolve to on this context for a problem of `shape` with
+/// inputs of `dtype` (for reports and tests). `Auto` takes split-K decode for few
+/// query rows against many keys ([`prefers_decode`]), else the fused kernel.
+pub fn resolve_kernel(
+    ctx: &Context,
+    dtype: DType,
+    options: &AttentionOptions,
+    shape: &AttentionShape,
+) -> Result<ResolvedKernel> {
     Ok(match options.kernel {
         KernelChoice::Materialized => ResolvedKernel::Materialized,
+        KernelChoice::Decode => ResolvedKernel::Decode,
+        KernelChoice::Auto if prefers_decode(shape) && options.tiling == FusedTiling::Auto => ResolvedKernel::Decode,
         KernelChoice::Auto | KernelChoice::Fused => {
             ResolvedKernel::Fused(ctx.fused_config_for(options.tiling, dtype, options.precision)?)
         }
     })
+}
+
+/// Whether `Auto` takes split-K decode: at most 16 query rows per kv head (Lq times the
+/// query heads sharing it) and at least 1024 keys, where the fused kernels give each
+/// (batch, head) one workgroup walking every key alone.
+pub fn prefers_decode(shape: &AttentionShape) -> bool {
+    shape.heads_q / shape.heads_kv.max(1) * shape.len_q <= 16 && shape.len_k >= 1024
 }
 
 impl Context {
@@ -147,6 +165,8 @@ struct Plan {
     /// Keys one fused dispatch walks (all of them except under llvmpipe's loop cap).
     keys_per_dispatch: usize,
     needs_scores: bool,
+    /// How split-K decode cuts the key range, when that is the path.
+    decode_split: Option<decode::DecodeSplit>,
 }
 
 impl Plan {
@@ -164,7 +184,11 @@ impl Plan {
             ctx.require_f16("f16 attention")?;
         }
         shape.check_options(options)?;
-        let kernel = resolve_kernel(ctx, dtype, options)?;
+        let kernel = resolve_kernel(ctx, dtype, options, &shape)?;
+        let decode_split = match kernel {
+            ResolvedKernel::Decode => Some(decode::choose_split(ctx, &shape)?),
+            _ => None,
+        };
         let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options.need_weights)?;
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;
@@ -183,6 +207,7 @@ impl Plan {
                     .as_ref()
                     .map_or(0, |m| 4 * m.shape().iter().product::<usize>() as u64),
             ),
+            ("decode partials", decode_split.map_or(0, |d| d.partial_bytes(&shape))),
         ] {
             if bytes > binding {
                 return Err(Error::LimitExceeded {
@@ -242,6 +267,7 @@ impl Plan {
             heads_per_chunk,
             keys_per_dispatch,
             needs_scores,
+            decode_split,
         })
     }
 
@@ -294,6 +320,7 @@ impl Plan {
             bh_count: s.batch_heads() as u32,
             key_begin: 0,
             key_stop: s.len_k as u32,
+            splits: 1,
         }
     }
 
@@ -323,6 +350,32 @@ impl Plan {
         };
         let scores = ctx.create_buffer("attention scores chunk", chunk_bytes, tensor_usage())?;
         let base_params = self.params(q, k, v, &out, options);
+        if let Some(split) = self.decode_split {
+            // One split pass and one combine over every (batch, head); partials in a
+            // buffer of their own, so the weights pass below keeps its score chunks.
+            let partials = ctx.create_buffer("decode partials", split.partial_bytes(s), tensor_usage())?;
+            let params = AttentionParams {
+                splits: split.splits as u32,
+                ..base_params
+            };
+            let params_buffer = ctx.create_buffer_init(
+                "decode params",
+                bytemuck::bytes_of(&params),
+                wgpu::BufferUsages::UNIFORM,
+            )?;
+            let bindings = AttentionBindings {
+                params: &params_buffer,
+                q: q.buffer(),
+                k: k.buffer(),
+                v: v.buffer(),
+                output: out.buffer(),
+                mask: &mask,
+                key_lengths: &key_lengths,
+                scores: &partials,
+                lse: lse.buffer(),
+            };
+            decode::encode(ctx, encoder, self.dtype, &bindings, &params, s, split)?;
+        }
 
         let total = s.batch_heads();
         let mut bh_start = 0;
@@ -350,6 +403,13 @@ impl Plan {
                 lse: lse.buffer(),
             };
             match self.kernel {
+                ResolvedKernel::Decode => {
+                    if weights.is_some() {
+                        // As for the fused path: the weights from the scores' own maximum.
+                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                        softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                    }
+                }
                 ResolvedKernel::Materialized => {
                     qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                     softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
@@ -404,10 +464,11 @@ impl Plan {
     }
 }
 
-/// Keys one fused dispatch may walk: all of them, except on llvmpipe, which ends an
-/// invocation's loops after 65535 iterations (see `kernels::loop_budget`); there the
-/// fused kernels split the keys across dispatches and the materialized path, which
-/// cannot, refuses (as does the fused path's weights pass, the same softmax kernel).
+/// Keys one fused dispatch may walk: all of them, except under a loop cap (Mesa 22's
+/// llvmpipe ends an invocation's loops after 65535 iterations; see
+/// `kernels::loop_budget`); there the fused kernels split the keys across dispatches
+/// and the materialized path, which cannot, refuses (as does the fused path's weights
+/// pass, the same softmax kernel).
 fn key_range_per_dispatch(
     ctx: &Context,
     kernel: &ResolvedKernel,
@@ -415,9 +476,9 @@ fn key_range_per_dispatch(
     weights: bool,
 ) -> Result<usize> {
     let all = shape.len_k.max(1);
-    if !ctx.has_llvmpipe_loop_cap() {
+    let Some(cap) = ctx.loop_cap() else {
         return Ok(all);
-    }
+    };
     let refuse = |needed: u64| {
         let what = format!(
             "{} attention over {} keys (D {}, Dv {})",
@@ -426,21 +487,22 @@ fn key_range_per_dispatch(
             shape.head_dim,
             shape.head_dim_v
         );
-        loop_budget::over_cap(what, needed)
+        loop_budget::over_cap(what, needed, cap)
     };
     match kernel {
         ResolvedKernel::Fused(config) => {
             if weights {
                 // The weights pass is the materialized path's softmax, which cannot split.
                 let needed = loop_budget::materialized_iterations(shape);
-                if needed > loop_budget::LLVMPIPE_LOOP_CAP {
+                if needed > cap {
                     return Err(loop_budget::over_cap(
                         format!("attention weights over {} keys", shape.len_k),
                         needed,
+                        cap,
                     ));
                 }
             }
-            let most = loop_budget::keys_per_dispatch(config, shape).ok_or_else(|| {
+            let most = loop_budget::keys_per_dispatch(config, shape, cap).ok_or_else(|| {
                 let one_block = AttentionShape { len_k: 4, ..*shape };
                 refuse(loop_budget::fused_iterations(config, &one_block))
             })?;
@@ -450,8 +512,21 @@ fn key_range_per_dispatch(
         }
         ResolvedKernel::Materialized => {
             let needed = loop_budget::materialized_iterations(shape);
-            if needed > loop_budget::LLVMPIPE_LOOP_CAP {
+            if needed > cap {
                 return Err(refuse(needed));
+            }
+            Ok(all)
+        }
+        // Decode bounds each split by the cap itself (decode::choose_split); only its
+        // weights pass, the materialized softmax, cannot split.
+        ResolvedKernel::Decode => {
+            let needed = loop_budget::materialized_iterations(shape);
+            if weights && needed > cap {
+                return Err(loop_budget::over_cap(
+                    format!("attention weights over {} keys", shape.len_k),
+                    needed,
+                    cap,
+                ));
             }
             Ok(all)
         }

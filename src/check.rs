@@ -211,7 +211,7 @@ pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &
         need_lse: true,
         ..case.options.clone()
     };
-    let resolved = resolve_kernel(ctx, case.dtype, &options)?;
+    let resolved = resolve_kernel(ctx, case.dtype, &options, s)?;
     let kernel = resolved.name();
     // f32 inputs on a path that multiplies in f16 (Precision::Medium) are rounded to f16.
     let rounds_inputs = case.dtype == DType::F32 && resolved.f16_products();

@@ -85,6 +85,10 @@ pub struct Capabilities {
     /// The cooperative-matrix kernels run with their coop operations emulated in plain
     /// WGSL ([`Context::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
     pub coop_emulated: bool,
+    /// Loop iterations one invocation may run before the driver ends its loops (Mesa's
+    /// llvmpipe up to 22.x: 65535), as [`crate::kernels::loop_probe`] observed on a CPU
+    /// adapter; `None` where loops run to the end (GPUs, Mesa 25's lavapipe).
+    pub loop_cap: Option<u64>,
 }
 
 /// One cooperative-matrix configuration: `M x N x K` tiles with A/B elements of `ab`
@@ -174,6 +178,7 @@ impl Capabilities {
             max_texture_layers: limits.max_texture_array_layers,
             cooperative_matrix: Vec::new(),
             coop_emulated: false,
+            loop_cap: None,
         }
     }
 }
@@ -368,7 +373,10 @@ impl Context {
     /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
     /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`.
     pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
-        let caps = Capabilities::detect(&device, &info);
+        let mut caps = Capabilities::detect(&device, &info);
+        if is_cpu_adapter(&info) {
+            caps.loop_cap = crate::kernels::loop_probe::probe(&device, &queue);
+        }
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = lost.clone();
         device.set_device_lost_callback(move |_, _| flag.store(true, Ordering::SeqCst));
@@ -404,11 +412,19 @@ impl Context {
         is_cpu_adapter(&self.info)
     }
 
-    /// True on Mesa's llvmpipe (lavapipe, GL llvmpipe), which ends an invocation's loops
-    /// after 65535 iterations in total (see `kernels::loop_budget`).
-    pub fn has_llvmpipe_loop_cap(&self) -> bool {
-        let llvmpipe = |s: &str| s.to_lowercase().contains("llvmpipe");
-        llvmpipe(&self.info.name) || llvmpipe(&self.info.driver)
+    /// Loop iterations one invocation may run on this device (Mesa's llvmpipe up to
+    /// 22.x ends them after 65535), or `None` if unbounded; see `kernels::loop_budget`.
+    pub fn loop_cap(&self) -> Option<u64> {
+        self.caps.loop_cap
+    }
+
+    /// Makes this context behave as if the driver ended an invocation's loops after
+    /// `iterations` (never raising a cap the driver has): the fused kernels then split
+    /// long key ranges across dispatches and resume, as on Mesa 22's llvmpipe, and the
+    /// paths that cannot split refuse such work. For tests that must run the resume
+    /// path on every adapter.
+    pub fn limit_loop_iterations(&mut self, iterations: u64) {
+        self.caps.loop_cap = Some(self.caps.loop_cap.map_or(iterations, |c| c.min(iterations)));
     }
 
     pub(crate) fn require_f16(&self, needed_for: &str) -> Result<()> {

@@ -117,13 +117,17 @@ impl Mask {
 /// Which GPU path computes the attention.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
-    /// The best path that exists for the request (the fused kernel).
+    /// The best path for the request: split-K decode for at most 16 query rows per kv
+    /// head against 1024 keys or more, else the fused kernel.
     #[default]
     Auto,
     /// One pass, online softmax, never stores the score matrix.
     Fused,
     /// Three kernels (scores, softmax, weights x V) through a score buffer.
     Materialized,
+    /// Split-K decode (FlashDecoding): the key range of each (batch, kv head) split
+    /// across workgroups, then a combine pass; for few query rows and many keys.
+    Decode,
 }
 
 /// Tile configuration of the fused kernel. Each is described once in

@@ -161,6 +161,14 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
     expect_bad_input(&dir, &with(&["--v", "huge.npy"]), "header claims");
     expect_bad_input(&dir, &with(&["--v", "short.npy"]), "header claims");
     expect_bad_input(&dir, &with(&["--v", "k5.npy", "--tiling", "bogus"]), "blocked");
+    // check's reports: an unwritable path is refused before the grid runs.
+    let started = std::time::Instant::now();
+    expect_bad_input(&dir, &["check", "--json", "."], "is a directory");
+    expect_bad_input(&dir, &["check", "--junit", "no-dir/r.xml"], "not a directory");
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "check ran before refusing its report path"
+    );
     // Unknown flags are usage errors, also exit 2.
     let output = bin().args(["run", "--bogus"]).output().expect("runs");
     assert_eq!(output.status.code(), Some(2));

@@ -25,6 +25,9 @@ fn emulating() -> Option<Context> {
             return None;
         }
     };
+    // Long key ranges split across dispatches as under Mesa 22's llvmpipe, whatever
+    // the driver, so the resume path runs (the_emulated_kernel_splits_long_key_ranges).
+    ctx.limit_loop_iterations(wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP);
     match ctx.emulate_cooperative_matrix() {
         Ok(()) => Some(ctx),
         Err(e) => {
@@ -242,14 +245,18 @@ fn coop_gemm_matches_a_reference_with_bias_and_split() {
 }
 
 #[test]
-fn the_emulated_kernel_splits_long_key_ranges_under_llvmpipes_cap() {
+fn the_emulated_kernel_splits_long_key_ranges_under_a_loop_cap() {
     // The D = 80 case above walks its 50 keys in two dispatches, the second resuming
     // from the first's output rows and log-sum-exps (the `key_begin > 0` path).
     use wgpu_attention::kernels::flash::FlashConfig;
-    use wgpu_attention::kernels::loop_budget::keys_per_dispatch;
+    use wgpu_attention::kernels::loop_budget::{keys_per_dispatch, LLVMPIPE_LOOP_CAP};
     let config = FlashConfig {
         tiling: FusedTiling::Coop,
     };
-    let keys = keys_per_dispatch(&config, &AttentionShape::new(1, 2, 2, 33, 50, 80, 36));
+    let keys = keys_per_dispatch(
+        &config,
+        &AttentionShape::new(1, 2, 2, 33, 50, 80, 36),
+        LLVMPIPE_LOOP_CAP,
+    );
     assert!(keys.is_some_and(|k| k < 50 && k % 32 == 0), "{keys:?}");
 }

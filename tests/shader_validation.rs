@@ -118,6 +118,7 @@ fn uniform_layout_matches_rust() {
         ("bh_count", offset_of!(AttentionParams, bh_count)),
         ("key_begin", offset_of!(AttentionParams, key_begin)),
         ("key_stop", offset_of!(AttentionParams, key_stop)),
+        ("splits", offset_of!(AttentionParams, splits)),
     ];
     let wgsl: Vec<(&str, usize)> = members
         .iter()

@@ -138,6 +138,8 @@ impl BenchCase {
 pub enum BenchKernel {
     Fused,
     Materialized,
+    /// Split-K decode.
+    Decode,
     /// The crate's f64 CPU reference (single-threaded).
     CpuReference,
 }
@@ -147,6 +149,8 @@ impl BenchKernel {
         Some(match name {
             "fused" => vec![BenchKernel::Fused],
             "materialized" => vec![BenchKernel::Materialized],
+            "decode" => vec![BenchKernel::Decode],
+            "decode+fused" => vec![BenchKernel::Decode, BenchKernel::Fused],
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
             "both" => vec![BenchKernel::Fused, BenchKernel::Materialized],
             "all" => vec![BenchKernel::Fused, BenchKernel::Materialized, BenchKernel::CpuReference],
@@ -268,14 +272,14 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             })?;
             Ok((name, Ok((timing, None))))
         }
-        BenchKernel::Fused | BenchKernel::Materialized => {
-            let choice = if kernel == BenchKernel::Fused {
-                KernelChoice::Fused
-            } else {
-                KernelChoice::Materialized
+        BenchKernel::Fused | BenchKernel::Materialized | BenchKernel::Decode => {
+            let choice = match kernel {
+                BenchKernel::Fused => KernelChoice::Fused,
+                BenchKernel::Decode => KernelChoice::Decode,
+                _ => KernelChoice::Materialized,
             };
             let options = case.options(choice);
-            let name = resolve_kernel(ctx, case.dtype, &options)?.name();
+            let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
             let before = ctx.allocated_bytes();
             let calls = reps.max(1) as u64 + 2;

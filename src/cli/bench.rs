@@ -33,7 +33,8 @@ pub struct BenchArgs {
     /// f32, f16 or both (f16 rows only where the adapter has SHADER_F16).
     #[arg(long, default_value = "both")]
     dtype: String,
-    /// fused, materialized, cpu (the f64 reference), both (fused + materialized) or all.
+    /// fused, materialized, decode, decode+fused, cpu (the f64 reference), both (fused +
+    /// materialized) or all.
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -62,6 +63,11 @@ pub struct BenchArgs {
     /// post-norm on [B, S, E] inputs with H heads (f32 unless --dtype f16).
     #[arg(long, value_name = "B,S,E,H")]
     mha: Option<String>,
+    /// Decode one token per sequence against a cache of Lk keys: the shape
+    /// B,Hq,Hkv,1,Lk,D with split-K decode and the fused kernel side by side (unless
+    /// --kernel says otherwise); GB/s is the cache read against the copy probe.
+    #[arg(long, value_name = "B,Hq,Hkv,Lk,D")]
+    decode: Option<String>,
 }
 
 fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
@@ -92,11 +98,23 @@ struct Plan {
 
 impl Plan {
     fn from_args(args: &BenchArgs) -> Result<Plan, CliError> {
-        let shapes = args
+        let mut shapes = args
             .shape
             .iter()
             .map(|s| parse_shape(s))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(sizes) = &args.decode {
+            let v: Vec<&str> = sizes.split(',').collect();
+            if v.len() != 5 {
+                return Err(CliError::bad(format!("--decode '{sizes}': expected B,Hq,Hkv,Lk,D")));
+            }
+            let shape =
+                parse_shape(&format!("{},{},{},1,{},{}", v[0], v[1], v[2], v[3], v[4])).map_err(|e| match e {
+                    CliError::Bad(why) => CliError::bad(format!("--decode '{sizes}': {why}")),
+                    other => other,
+                })?;
+            shapes.push(shape);
+        }
         let suite =
             if shapes.is_empty() {
                 Some(Suite::parse(&args.suite).ok_or_else(|| {
@@ -111,9 +129,13 @@ impl Plan {
             "both" => vec![DType::F32, DType::F16],
             other => return Err(CliError::bad(format!("--dtype '{other}': expected f32, f16 or both"))),
         };
-        let kernels = BenchKernel::parse(&args.kernel).ok_or_else(|| {
+        let kernel = match (&args.decode, args.kernel.as_str()) {
+            (Some(_), "all") => "decode+fused",
+            (_, k) => k,
+        };
+        let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, cpu, both or all",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both or all",
                 args.kernel
             ))
         })?;

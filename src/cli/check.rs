@@ -1,6 +1,9 @@
 //! `check`: every kernel variant against the CPU reference over a fixed grid.
 
+use super::check_report::{CaseReport, CaseStatus, Report};
 use super::{AdapterArgs, CliError};
+use std::path::PathBuf;
+use std::time::Instant;
 use wgpu_attention::check::{run_case, standard_grid, CheckCase};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{DType, FusedTiling, KernelChoice, Precision};
@@ -10,6 +13,12 @@ pub struct CheckArgs {
     /// Seed of the random inputs (printed with every failure).
     #[arg(long, default_value_t = 0x5EED_0001)]
     seed: u64,
+    /// Also write every case (error, bound, status, seconds) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also write every case as JUnit XML to FILE, which CI systems render.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
 }
 
 /// One kernel variant `check` runs.
@@ -21,20 +30,25 @@ pub struct Variant {
     pub precision: Precision,
 }
 
-/// Every kernel variant: the materialized path and each registered fused tiling, in f32
+/// Every kernel variant: the materialized path, split-K decode and each registered fused tiling, in f32
 /// and (where the adapter has it) f16. Tilings that multiply in f16 (tensor cores) run
 /// their f32 variant at precision medium.
 pub fn variants(f16: bool) -> Vec<Variant> {
     let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
     let mut v = Vec::new();
     for &dtype in dtypes {
-        v.push(Variant {
-            label: format!("materialized {}", dtype.name()),
-            kernel: KernelChoice::Materialized,
-            tiling: FusedTiling::Auto,
-            dtype,
-            precision: Precision::Highest,
-        });
+        for (name, kernel) in [
+            ("materialized", KernelChoice::Materialized),
+            ("decode", KernelChoice::Decode),
+        ] {
+            v.push(Variant {
+                label: format!("{name} {}", dtype.name()),
+                kernel,
+                tiling: FusedTiling::Auto,
+                dtype,
+                precision: Precision::Highest,
+            });
+        }
         for spec in &FUSED_TILINGS {
             let medium = spec.f16_products && dtype == DType::F32;
             v.push(Variant {
@@ -87,10 +101,16 @@ fn describe(case: &CheckCase) -> String {
     )
 }
 
+/// Runs every variant over the grid, prints a table, writes the requested reports
+/// (also when cases fail: that is when CI needs them) and exits 1 if any case failed or
+/// errored. A case that returns an error is reported and the run goes on.
 pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
+    for path in args.json.iter().chain(&args.junit) {
+        super::npy::check_writable(path)?;
+    }
     let ctx = adapter.context()?;
-    let info = ctx.adapter_info();
-    println!("adapter: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    let mut report = Report::new(ctx.adapter_info().clone(), args.seed);
+    println!("adapter: {}", report.adapter_line());
     if !ctx.capabilities().f16 {
         println!("f16 variants skipped: adapter lacks SHADER_F16");
     }
@@ -98,7 +118,6 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
         "{:<20} {:<58} {:>10} {:>10}  result",
         "variant", "case", "max err", "bound"
     );
-    let (mut passed, mut failed) = (0, 0);
     for Variant {
         label,
         kernel,
@@ -109,6 +128,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     {
         if let Err(e) = ctx.fused_config_for(tiling, dtype, precision) {
             println!("{label:<20} skipped: {e}");
+            report.skipped.push((label, e.to_string()));
             continue;
         }
         for mut case in standard_grid(args.seed) {
@@ -116,30 +136,50 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
             case.options.tiling = tiling;
             case.options.precision = precision;
             case.dtype = dtype;
-            let outcome = run_case(&ctx, &case)?;
-            let ok = outcome.passed;
-            if ok {
-                passed += 1;
-            } else {
-                failed += 1;
-            }
-            println!(
-                "{label:<20} {:<58} {:>10.2e} {:>10.2e}  {}",
-                describe(&case),
-                outcome.out.max_abs,
-                outcome.bound,
-                if ok {
-                    "ok".to_string()
-                } else {
-                    format!("FAIL (seed {}): {}", case.seed, outcome.summary())
-                }
-            );
+            let started = Instant::now();
+            let outcome = run_case(&ctx, &case);
+            let seconds = started.elapsed().as_secs_f64();
+            let row = match outcome {
+                Ok(o) => CaseReport {
+                    variant: label.clone(),
+                    case: describe(&case),
+                    seed: case.seed,
+                    max_abs_error: Some(o.out.max_abs),
+                    bound: Some(o.bound),
+                    seconds,
+                    status: if o.passed {
+                        CaseStatus::Ok
+                    } else {
+                        CaseStatus::Failed(o.summary())
+                    },
+                },
+                Err(e) => CaseReport {
+                    variant: label.clone(),
+                    case: describe(&case),
+                    seed: case.seed,
+                    max_abs_error: None,
+                    bound: None,
+                    seconds,
+                    status: CaseStatus::Error(e.to_string()),
+                },
+            };
+            println!("{}", row.table_line());
+            report.cases.push(row);
         }
     }
+    let (passed, failed) = report.counts();
     println!("{passed} passed, {failed} failed");
+    let mut files = Vec::new();
+    if let Some(path) = &args.json {
+        files.push((path.clone(), report.to_json()));
+    }
+    if let Some(path) = &args.junit {
+        files.push((path.clone(), report.to_junit()));
+    }
+    super::npy::write_all(&files)?;
     if failed > 0 {
         return Err(CliError::Failed(format!(
-            "{failed} case(s) differ from the CPU reference"
+            "{failed} case(s) differ from the CPU reference or failed to run"
         )));
     }
     Ok(())

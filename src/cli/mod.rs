@@ -6,6 +6,7 @@
 mod bench;
 mod bench_compare;
 mod check;
+mod check_report;
 mod demo;
 mod info;
 mod mha;

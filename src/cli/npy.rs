@@ -186,6 +186,26 @@ fn target(path: &Path) -> Result<Target, CliError> {
     }
 }
 
+/// Refuses, before any work is done, an output path that could not be written: a
+/// directory, or a new file in a directory that does not exist.
+pub fn check_writable(path: &Path) -> Result<(), CliError> {
+    target(path)?;
+    if std::fs::symlink_metadata(path).is_err() {
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            return Err(CliError::bad(format!(
+                "cannot write {}: {} is not a directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn temp_sibling(path: &Path) -> std::path::PathBuf {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".partial");

@@ -18,6 +18,8 @@ pub enum KernelArg {
     Auto,
     Fused,
     Materialized,
+    /// Split-K decode (few query rows, many keys).
+    Decode,
 }
 
 /// Parses `--tiling` against the tiling registry, so a new tiling needs no CLI edit.
@@ -169,6 +171,7 @@ impl From<KernelArg> for KernelChoice {
             KernelArg::Auto => KernelChoice::Auto,
             KernelArg::Fused => KernelChoice::Fused,
             KernelArg::Materialized => KernelChoice::Materialized,
+            KernelArg::Decode => KernelChoice::Decode,
         }
     }
 }

@@ -511,6 +511,7 @@ mod tests {
             max_texture_layers: 2048,
             cooperative_matrix: Vec::new(),
             coop_emulated: false,
+            loop_cap: None,
         }
     }
 

@@ -1,12 +1,13 @@
-//! llvmpipe (Mesa's CPU driver behind lavapipe and the GL llvmpipe adapter) ends the loops
-//! of a shader invocation after 65535 iterations in total, counted across all its loops
-//! (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then goes on with wrong
-//! results; loops with a constant trip count are unrolled and do not count. This module
-//! bounds the iterations each kernel with data-dependent loops needs, from the structure
-//! of its WGSL loops. The fused kernels split a long key range across dispatches that
-//! each stay within the cap ([`keys_per_dispatch`]), resuming from the previous
-//! dispatch's output and log-sum-exp; the other kernels refuse what does not fit
-//! ([`check`]).
+//! llvmpipe (Mesa's CPU driver behind lavapipe and the GL llvmpipe adapter) up to Mesa
+//! 22.x ends the loops of a shader invocation after 65535 iterations in total, counted
+//! across all its loops (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then
+//! goes on with wrong results; loops with a constant trip count are unrolled and do not
+//! count. Mesa 25 has no such cap. A context knows its device's cap from a probe
+//! ([`super::loop_probe`], [`Context::loop_cap`]). This module bounds the iterations each
+//! kernel with data-dependent loops needs, from the structure of its WGSL loops. Under a
+//! cap, the fused kernels split a long key range across dispatches that each stay within
+//! it ([`keys_per_dispatch`]), resuming from the previous dispatch's output and
+//! log-sum-exp; the other kernels refuse what does not fit ([`check`]).
 
 use super::flash::FlashConfig;
 use super::matmul::LinearTiling;
@@ -14,7 +15,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::problem::AttentionShape;
 
-/// Loop iterations llvmpipe allows one invocation.
+/// Loop iterations Mesa 22's llvmpipe allows one invocation.
 pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
 
 /// Worst-case loop iterations of one invocation of the fused kernel (every key block
@@ -117,11 +118,11 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
 }
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
-/// llvmpipe's cap, or `None` if not even one block of 4 fits.
-pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape) -> Option<usize> {
+/// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
+pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64) -> Option<usize> {
     let fits = |keys: usize| {
         let part = AttentionShape { len_k: keys, ..*s };
-        fused_iterations(config, &part) <= LLVMPIPE_LOOP_CAP
+        fused_iterations(config, &part) <= cap
     };
     // Iterations grow with the keys: binary search for the last block count that fits.
     let (mut lo, mut hi) = (0usize, s.len_k.div_ceil(4));
@@ -164,23 +165,23 @@ pub fn layer_norm_iterations(width: usize) -> u64 {
     3 * width as u64
 }
 
-/// Refuses, on llvmpipe, work that needs more loop iterations per invocation than its
-/// cap (it would silently stop early); `what` names the work.
+/// Refuses, under a loop cap, work that needs more loop iterations per invocation than
+/// the cap (it would silently stop early); `what` names the work.
 pub fn check(ctx: &Context, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
-    if ctx.has_llvmpipe_loop_cap() && needed > LLVMPIPE_LOOP_CAP {
-        return Err(over_cap(what(), needed));
+    match ctx.loop_cap() {
+        Some(cap) if needed > cap => Err(over_cap(what(), needed, cap)),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// The error for work (`what`, without "on llvmpipe") that would need `needed` loop
-/// iterations per invocation on llvmpipe.
-pub fn over_cap(what: String, needed: u64) -> Error {
+/// The error for work (`what`) that would need `needed` loop iterations per invocation
+/// under a cap of `cap`.
+pub fn over_cap(what: String, needed: u64, cap: u64) -> Error {
     Error::LimitExceeded {
-        what: format!("{what} on llvmpipe"),
-        limit: "llvmpipe's cap on loop iterations per invocation",
+        what,
+        limit: "the driver's cap on loop iterations per invocation (llvmpipe before Mesa 25)",
         unit: "loop iterations",
         requested: needed,
-        max: LLVMPIPE_LOOP_CAP,
+        max: cap,
     }
 }

@@ -7,9 +7,11 @@
 //! else is specialised with WGSL `override` constants.
 
 pub mod coop_emulation;
+pub mod decode;
 pub mod flash;
 pub mod layer_norm;
 pub mod loop_budget;
+pub mod loop_probe;
 pub mod matmul;
 pub mod mean_heads;
 pub mod pack_rows;
@@ -49,7 +51,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 25] = [
+pub const ALL_KERNELS: [Kernel; 27] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
@@ -60,6 +62,8 @@ pub const ALL_KERNELS: [Kernel; 25] = [
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,
+    decode::SPLIT,
+    decode::COMBINE,
     flash::REGISTERS,
     flash::SHARED,
     flash::SUBGROUP_64,

@@ -43,6 +43,8 @@ pub struct AttentionParams {
     /// previous range (see `kernels::loop_budget`).
     pub key_begin: u32,
     pub key_stop: u32,
+    /// Split-K decode: key splits, each a partial result (`flash_decode.wgsl`); 1 elsewhere.
+    pub splits: u32,
 }
 
 /// `mask_kind` values, as the WGSL constants `MASK_*`.

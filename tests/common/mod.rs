@@ -33,6 +33,25 @@ pub fn ctx() -> Option<&'static Context> {
     .as_ref()
 }
 
+/// A context that splits long key ranges as under Mesa 22's llvmpipe loop cap, on
+/// every adapter (`Context::limit_loop_iterations`), so the fused kernels' resume path
+/// runs everywhere: the shared context where its driver has that cap, else a second one.
+pub fn capped_ctx() -> Option<&'static Context> {
+    use wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
+    static CAPPED: OnceLock<Option<Context>> = OnceLock::new();
+    let shared = ctx()?;
+    if shared.loop_cap() == Some(LLVMPIPE_LOOP_CAP) {
+        return Some(shared);
+    }
+    CAPPED
+        .get_or_init(|| {
+            let mut capped = Context::new().expect("a second context on the same adapter");
+            capped.limit_loop_iterations(LLVMPIPE_LOOP_CAP);
+            Some(capped)
+        })
+        .as_ref()
+}
+
 /// Runs a case and panics with the seed and error report if it fails.
 pub fn assert_case(ctx: &Context, case: &CheckCase) {
     let outcome =

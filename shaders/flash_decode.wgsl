@@ -1,0 +1,247 @@
+// Split-K decode attention (FlashDecoding), for few query rows against many keys:
+// appended to attention_common.wgsl, whose masking and online-softmax rules it calls.
+//
+// Tiling. A workgroup of 64 invocations owns ROWS = 8 query rows that share one kv
+// head (GQA: the Hq / Hkv query heads of a kv head times Lq rows each, so K and V are
+// read once for all of them) and one split of the key range: workgroup (x, y) takes
+// split x of p.splits, and row block y of (batch, kv head, row block). Keys
+// are walked in tiles of 64:
+//   1. scores: invocation t takes key tile0 + t and computes its dot products with the
+//      8 Q rows (held in workgroup memory, read at the same address by every lane),
+//      masks them and stores them in `s_tile`;
+//   2. softmax: invocation r < 8 raises row r's running maximum over the tile, turns
+//      its 64 scores into probabilities and rescales its running sum;
+//   3. values: invocation t owns output columns t, t + 64, t + 128, t + 192 of all 8
+//      rows, rescales them and adds the tile's probabilities times V (lanes read
+//      consecutive V elements).
+// Each split writes its rows normalised, with their log-sum-exp, to `scores` (as
+// partials: [splits][B*Hq*Lq][Dv], then [splits][B*Hq*Lq]); `decode_combine` merges the
+// splits into the output and the lse. Splits past a row's last visible key (causal,
+// key lengths) end early; a split with nothing visible writes zeros and lse -inf.
+
+const DEC_LANES: u32 = 64u;
+const DEC_TILE: u32 = 64u;
+const DEC_ROWS: u32 = 8u;
+const DEC_MAX_VEC4: u32 = 64u; // head dims up to 256
+const DEC_MAX_COLS: u32 = 4u; // Dv up to 256 = 4 x 64 lanes
+
+var<workgroup> q_tile: array<vec4<f32>, 512>; // [DEC_ROWS][DEC_MAX_VEC4], pre-scaled
+var<workgroup> s_tile: array<vec4<f32>, 128>; // [DEC_ROWS][DEC_TILE / 4]
+var<workgroup> row_alpha: array<f32, 8>;
+var<workgroup> row_inv: array<f32, 8>;
+
+// Keys per split for `splits` splits of `keys` keys: whole tiles (the host's
+// kernels::decode::split_keys is the same formula).
+fn split_keys_for(keys: u32, splits: u32) -> u32 {
+    return ((keys + splits - 1u) / splits + DEC_TILE - 1u) / DEC_TILE * DEC_TILE;
+}
+
+struct DecodeRow {
+    valid: bool,
+    h: u32,
+    i: u32,
+    end: u32,
+}
+
+// Row r of row block `block` of (b, kv head hk): query head and index, and its end key.
+fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
+    let group = p.heads_q / p.heads_kv;
+    let n = group * p.len_q;
+    let x = block * DEC_ROWS + r;
+    let xc = min(x, n - 1u);
+    let h = hk * group + xc / p.len_q;
+    let i = xc % p.len_q;
+    return DecodeRow(x < n, h, i, select(0u, key_end(b, i), x < n));
+}
+
+@compute @workgroup_size(64)
+fn decode_split(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let group = p.heads_q / p.heads_kv;
+    let blocks = (group * p.len_q + DEC_ROWS - 1u) / DEC_ROWS;
+    let block = wid.y % blocks;
+    let hk = (wid.y / blocks) % p.heads_kv;
+    let b = wid.y / (blocks * p.heads_kv);
+    let split = wid.x;
+    let splits = p.splits;
+    let n_rows = p.batch * p.heads_q * p.len_q;
+    let d4 = (p.head_dim + 3u) / 4u;
+
+    // Q rows, scaled, zero past the head dim and for rows past the block's end.
+    for (var x = lid; x < DEC_ROWS * DEC_MAX_VEC4; x += DEC_LANES) {
+        let r = x / DEC_MAX_VEC4;
+        let t = x % DEC_MAX_VEC4;
+        let row = decode_row(b, hk, block, r);
+        var qv = vec4<f32>(0.0);
+        if row.valid && t < d4 {
+            let base = b * p.q_stride_b + row.h * p.q_stride_h + row.i * p.q_stride_s;
+            qv = qload4(base, t) * p.scale;
+        }
+        q_tile[x] = qv;
+    }
+    // The block's last visible key bounds every row's (key_end is monotone in i, but
+    // rows of different heads interleave, so take the maximum).
+    var block_end = 0u;
+    for (var r = 0u; r < DEC_ROWS; r++) {
+        block_end = max(block_end, decode_row(b, hk, block, r).end);
+    }
+    let per_split = split_keys_for(p.len_k, splits);
+    let split_begin = split * per_split;
+    let split_stop = min(split_begin + per_split, block_end);
+    workgroupBarrier();
+
+    // Invocation r < DEC_ROWS keeps row r's running state.
+    var row_max = neg_inf();
+    var row_sum = 0.0;
+    var acc: array<array<f32, 4>, 8>;
+    for (var r = 0u; r < DEC_ROWS; r++) {
+        for (var c = 0u; c < DEC_MAX_COLS; c++) {
+            acc[r][c] = 0.0;
+        }
+    }
+    let k_base = b * p.k_stride_b + hk * p.k_stride_h;
+    let v_base = b * p.v_stride_b + hk * p.v_stride_h;
+    let last_k = p.len_k - 1u;
+
+    for (var tile0 = split_begin; tile0 < split_stop; tile0 += DEC_TILE) {
+        // 1. Scores of key tile0 + lid against the 8 rows.
+        let j = tile0 + lid;
+        let k_row = k_base + min(j, last_k) * p.k_stride_s;
+        var raw: array<f32, 8>;
+        for (var r = 0u; r < DEC_ROWS; r++) {
+            raw[r] = 0.0;
+        }
+        for (var t = 0u; t < d4; t++) {
+            let kv = load4(true, k_row, t, p.head_dim);
+            for (var r = 0u; r < DEC_ROWS; r++) {
+                raw[r] += dot(q_tile[r * DEC_MAX_VEC4 + t], kv);
+            }
+        }
+        for (var r4 = 0u; r4 < DEC_ROWS; r4 += 4u) {
+            var in_range = vec4<bool>(false);
+            var words = vec4<u32>(1u);
+            for (var c = 0u; c < 4u; c++) {
+                let row = decode_row(b, hk, block, r4 + c);
+                in_range[c] = j < min(row.end, split_stop);
+                words[c] = mask_word(b, row.h, row.i, min(j, last_k));
+            }
+            let scaled = vec4<f32>(raw[r4], raw[r4 + 1u], raw[r4 + 2u], raw[r4 + 3u]);
+            let masked = apply_masks(scaled, in_range, words);
+            for (var c = 0u; c < 4u; c++) {
+                s_tile[(r4 + c) * (DEC_TILE / 4u) + lid / 4u][lid % 4u] = masked[c];
+            }
+        }
+        workgroupBarrier();
+
+        // 2. Row r's online-softmax step over the tile.
+        if lid < DEC_ROWS {
+            var tile_max = vec4<f32>(neg_inf());
+            for (var x = 0u; x < DEC_TILE / 4u; x++) {
+                tile_max = max(tile_max, s_tile[lid * (DEC_TILE / 4u) + x]);
+            }
+            let new_max = max(row_max, max(max(tile_max.x, tile_max.y), max(tile_max.z, tile_max.w)));
+            let alpha = softmax_rescale(vec4<f32>(row_max), vec4<f32>(new_max)).x;
+            var sum4 = vec4<f32>(0.0);
+            for (var x = 0u; x < DEC_TILE / 4u; x++) {
+                let pr = softmax_probs(s_tile[lid * (DEC_TILE / 4u) + x], vec4<f32>(new_max));
+                s_tile[lid * (DEC_TILE / 4u) + x] = pr;
+                sum4 += pr;
+            }
+            row_sum = row_sum * alpha + (sum4.x + sum4.y) + (sum4.z + sum4.w);
+            row_max = new_max;
+            row_alpha[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        // 3. Columns lid + 64 c of every row: rescale, then add P V over the tile.
+        for (var r = 0u; r < DEC_ROWS; r++) {
+            let alpha = row_alpha[r];
+            for (var c = 0u; c < DEC_MAX_COLS; c++) {
+                acc[r][c] *= alpha;
+            }
+        }
+        let tile_len = min(DEC_TILE, split_stop - tile0);
+        for (var jj = 0u; jj < tile_len; jj++) {
+            let v_row = v_base + (tile0 + jj) * p.v_stride_s;
+            for (var c = 0u; c < DEC_MAX_COLS; c++) {
+                let col = lid + c * DEC_LANES;
+                if col < p.head_dim_v {
+                    let vv = f32(v[v_row + col]);
+                    for (var r = 0u; r < DEC_ROWS; r++) {
+                        acc[r][c] += s_tile[r * (DEC_TILE / 4u) + jj / 4u][jj % 4u] * vv;
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // Partials: rows normalised, with their log-sum-exp over this split's keys.
+    let lse_base = splits * n_rows * p.head_dim_v;
+    if lid < DEC_ROWS {
+        row_inv[lid] = row_inv_sum(row_sum);
+        let row = decode_row(b, hk, block, lid);
+        if row.valid {
+            let g = (b * p.heads_q + row.h) * p.len_q + row.i;
+            scores[lse_base + split * n_rows + g] = row_lse(row_max, row_sum);
+        }
+    }
+    workgroupBarrier();
+    for (var r = 0u; r < DEC_ROWS; r++) {
+        let row = decode_row(b, hk, block, r);
+        if row.valid {
+            let g = (b * p.heads_q + row.h) * p.len_q + row.i;
+            let o_base = (split * n_rows + g) * p.head_dim_v;
+            for (var c = 0u; c < DEC_MAX_COLS; c++) {
+                let col = lid + c * DEC_LANES;
+                if col < p.head_dim_v {
+                    scores[o_base + col] = acc[r][c] * row_inv[r];
+                }
+            }
+        }
+    }
+}
+
+// Merges the splits of one output row: invocation x of workgroup (row, column block)
+// takes column 64 * wid.x + x of row wid.y + 65535 * wid.z. With each split's lse_s
+// and normalised row o_s: lse = log Σ exp(lse_s), out = Σ exp(lse_s − lse) o_s. Rows
+// no split saw are zeros with lse -inf.
+@compute @workgroup_size(64)
+fn decode_combine(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n_rows = p.batch * p.heads_q * p.len_q;
+    let g = wid.y + wid.z * 65535u;
+    if g >= n_rows {
+        return;
+    }
+    let splits = p.splits;
+    let lse_base = splits * n_rows * p.head_dim_v;
+    var m = neg_inf();
+    for (var s = 0u; s < splits; s++) {
+        m = max(m, scores[lse_base + s * n_rows + g]);
+    }
+    var total = 0.0;
+    for (var s = 0u; s < splits; s++) {
+        total += softmax_probs(vec4<f32>(scores[lse_base + s * n_rows + g]), vec4<f32>(m)).x;
+    }
+    let lse_g = row_lse(m, total);
+    let col = wid.x * DEC_LANES + lid;
+    let bh = g / p.len_q;
+    let i = g % p.len_q;
+    let b = bh / p.heads_q;
+    let h = bh % p.heads_q;
+    if col < p.head_dim_v {
+        var o = 0.0;
+        if total != 0.0 {
+            for (var s = 0u; s < splits; s++) {
+                let w = softmax_probs(vec4<f32>(scores[lse_base + s * n_rows + g]), vec4<f32>(lse_g)).x;
+                o += w * scores[(s * n_rows + g) * p.head_dim_v + col];
+            }
+        }
+        output[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + col] = elem(o);
+    }
+    if col == 0u {
+        lse[g] = lse_g;
+    }
+}

@@ -1,0 +1,195 @@
+//! Split-K decode (`shaders/flash_decode.wgsl`): attention for few query rows against
+//! many keys. The key range of each (batch, kv head) is cut into splits walked by
+//! separate workgroups, each writing normalised partial rows and their log-sum-exp;
+//! a combine pass merges them (docs/design.md, "Decode").
+
+use super::{dispatch, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::problem::AttentionShape;
+use crate::tensor::DType;
+
+const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
+
+/// One split of the key range for a block of up to 8 rows.
+pub const SPLIT: Kernel = Kernel {
+    file: "flash_decode.wgsl",
+    source: SOURCE,
+    entry: "decode_split",
+    slots: &[
+        Slot::Params,
+        Slot::Q,
+        Slot::K,
+        Slot::V,
+        Slot::Mask,
+        Slot::KeyLengths,
+        Slot::Scores,
+    ],
+    preludes: &[COMMON],
+    variant: "",
+};
+
+/// Merges the splits of each row into the output and the log-sum-exp.
+pub const COMBINE: Kernel = Kernel {
+    file: "flash_decode.wgsl",
+    source: SOURCE,
+    entry: "decode_combine",
+    slots: &[Slot::Params, Slot::Output, Slot::Scores, Slot::Lse],
+    preludes: &[COMMON],
+    variant: "",
+};
+
+/// Query rows one workgroup owns (`DEC_ROWS`), keys per tile (`DEC_TILE`) and lanes.
+pub const ROWS: usize = 8;
+pub const TILE: usize = 64;
+const LANES: usize = 64;
+
+/// Splits are no shorter than this many keys: below it the combine pass and the
+/// partials cost more than the parallelism gains.
+const MIN_SPLIT_KEYS: usize = 256;
+
+/// How the key range is split for one problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeSplit {
+    pub splits: usize,
+    /// Keys per split, whole tiles; the last split may be shorter or empty.
+    pub split_keys: usize,
+}
+
+impl DecodeSplit {
+    /// Bytes of the partial results: `splits` rows of Dv f32 and one lse per row.
+    pub fn partial_bytes(&self, s: &AttentionShape) -> u64 {
+        let rows = (s.batch * s.heads_q * s.len_q) as u64;
+        4 * self.splits as u64 * rows * (s.head_dim_v as u64 + 1)
+    }
+}
+
+/// Keys per split for `splits` splits of `keys` keys (`split_keys_for` in the WGSL).
+pub fn split_keys(keys: usize, splits: usize) -> usize {
+    keys.div_ceil(splits.max(1)).next_multiple_of(TILE)
+}
+
+/// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, 8 a block.
+pub fn row_blocks(s: &AttentionShape) -> usize {
+    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(ROWS)
+}
+
+/// Loop iterations of one invocation walking `keys` keys (every loop counted, the
+/// constant-trip ones too): per tile the 8-row score loop over the head dim (with
+/// load4's 4-trip tail), the mask loops, the row's softmax passes, the rescale and the
+/// P·V loop over 64 keys × 4 column slots × 8 rows; around it the Q load, the block
+/// end, the accumulator clear and the stores.
+pub fn iterations(s: &AttentionShape, keys: usize) -> u64 {
+    let d4 = (s.head_dim as u64).div_ceil(4);
+    let tiles = (keys as u64).div_ceil(TILE as u64);
+    let per_tile = 8 + d4 * (1 + 8 + 4) + 2 * (1 + 4) + 8 + 2 * 16 + 8 * (1 + 4) + TILE as u64 * (1 + 4 * (1 + 8)) + 4;
+    let around = 8 + 8 + 8 * (1 + 4) + 8 + 8 * (1 + 4) + 16;
+    tiles * per_tile + around
+}
+
+/// Workgroups that keep the adapter busy: GPUs run thousands of lanes, CPU adapters a
+/// few threads.
+fn target_workgroups(ctx: &Context) -> usize {
+    if ctx.is_cpu_adapter() {
+        32
+    } else {
+        2048
+    }
+}
+
+/// The split count for a problem: enough workgroups to fill the adapter, splits of at
+/// least [`MIN_SPLIT_KEYS`] keys, and each split within the driver's loop cap.
+pub fn choose_split(ctx: &Context, s: &AttentionShape) -> Result<DecodeSplit> {
+    let keys = s.len_k.max(1);
+    let blocks = s.batch * s.heads_kv * row_blocks(s);
+    let wanted = target_workgroups(ctx).div_ceil(blocks.max(1));
+    let most_useful = keys.div_ceil(MIN_SPLIT_KEYS);
+    let mut splits = wanted.min(most_useful).max(1);
+    if let Some(cap) = ctx.loop_cap() {
+        if iterations(s, TILE) > cap {
+            return Err(loop_budget::over_cap(
+                format!("decode attention (D {})", s.head_dim),
+                iterations(s, TILE),
+                cap,
+            ));
+        }
+        // The longest split (whole tiles) that fits the cap.
+        let mut fit = TILE;
+        while fit + TILE <= keys && iterations(s, fit + TILE) <= cap {
+            fit += TILE;
+        }
+        splits = splits.max(keys.div_ceil(fit));
+        while iterations(s, split_keys(keys, splits)) > cap {
+            splits += 1;
+        }
+    }
+    let max_groups = ctx.capabilities().max_workgroups_per_dim as usize;
+    if splits > max_groups {
+        return Err(Error::LimitExceeded {
+            what: format!("decode splits for {} keys", s.len_k),
+            limit: "max_compute_workgroups_per_dimension",
+            unit: "workgroups",
+            requested: splits as u64,
+            max: max_groups as u64,
+        });
+    }
+    Ok(DecodeSplit {
+        splits,
+        split_keys: split_keys(keys, splits),
+    })
+}
+
+/// Records the split pass and the combine pass. `bindings.scores` must hold the
+/// partials ([`DecodeSplit::partial_bytes`]); `params` covers every (batch, head).
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+    shape: &AttentionShape,
+    split: DecodeSplit,
+) -> Result<()> {
+    let max_groups = ctx.capabilities().max_workgroups_per_dim as usize;
+    let row_groups = shape.batch * shape.heads_kv * row_blocks(shape);
+    let rows = shape.batch * shape.heads_q * shape.len_q;
+    let combine_y = rows.min(65535);
+    let combine_z = rows.div_ceil(65535);
+    for (what, groups) in [
+        ("decode row blocks", row_groups),
+        ("decode combine rows", combine_y),
+        ("decode combine row groups", combine_z),
+    ] {
+        if groups > max_groups {
+            return Err(Error::LimitExceeded {
+                what: what.into(),
+                limit: "max_compute_workgroups_per_dimension",
+                unit: "workgroups",
+                requested: groups as u64,
+                max: max_groups as u64,
+            });
+        }
+    }
+    let split_pipeline = pipeline(ctx, &SPLIT, dtype, &[])?;
+    dispatch(
+        ctx,
+        encoder,
+        &split_pipeline,
+        &bindings.select(SPLIT.slots),
+        [split.splits as u32, row_groups as u32, 1],
+    );
+    let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;
+    dispatch(
+        ctx,
+        encoder,
+        &combine_pipeline,
+        &bindings.select(COMBINE.slots),
+        [
+            shape.head_dim_v.div_ceil(LANES) as u32,
+            combine_y as u32,
+            combine_z as u32,
+        ],
+    );
+    debug_assert_eq!(params.splits as usize, split.splits);
+    Ok(())
+}

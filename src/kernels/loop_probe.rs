@@ -1,0 +1,97 @@
+//! Observes whether the driver ends long loops early (`shaders/loop_probe.wgsl`).
+//!
+//! Mesa's llvmpipe up to 22.x stops every loop of an invocation after 65535 iterations
+//! in total and goes on with wrong results; Mesa 25's does not (measured: a loop of
+//! 2^24 trips makes them all). Which one a context runs on is not in its name or
+//! limits, so a CPU adapter's context runs this probe once when it is made, and
+//! [`super::loop_budget`] bounds the kernels by what it saw (docs/design.md, "Loop cap").
+
+use crate::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
+
+const SOURCE: &str = include_str!("../../shaders/loop_probe.wgsl");
+
+/// Trips asked of the probe loop: far beyond any cap the kernels' models must respect
+/// (a longer cap than this is never reached by their loops at supported sizes).
+pub const PROBE_TRIPS: u32 = 1 << 24;
+
+/// The loop iterations one invocation may run on this device, or `None` if it ran the
+/// probe's whole loop. If the probe itself fails, the known llvmpipe cap is assumed
+/// (splitting work that did not need it is slower, never wrong).
+pub fn probe(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<u64> {
+    match trips(device, queue, PROBE_TRIPS) {
+        Some(t) if t >= PROBE_TRIPS => None,
+        Some(t) => Some(u64::from(t)),
+        None => Some(LLVMPIPE_LOOP_CAP),
+    }
+}
+
+/// How many trips a loop of `n` made in one invocation; `None` if anything failed.
+pub fn trips(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> Option<u32> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("loop probe"),
+        source: wgpu::ShaderSource::Wgsl(SOURCE.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("loop probe"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let buffer = |usage, label| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: 8,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let io = buffer(
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        "loop probe io",
+    );
+    let readback = buffer(
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        "loop probe readback",
+    );
+    queue.write_buffer(&io, 0, bytemuck::cast_slice(&[n, 0u32]));
+    let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("loop probe"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: io.as_entire_binding(),
+        }],
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    encoder.copy_buffer_to_buffer(&io, 0, &readback, 0, 8);
+    let commands = encoder.finish();
+    if pollster::block_on(scope.pop()).is_some() {
+        return None;
+    }
+    queue.submit([commands]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r.is_ok());
+    });
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .ok()?;
+    if !rx.recv().unwrap_or(false) {
+        return None;
+    }
+    let view = readback.slice(..).get_mapped_range().ok()?;
+    let words: &[u32] = bytemuck::cast_slice(&view);
+    Some(words[1])
+}

@@ -1,0 +1,175 @@
+//! Split-K decode (`--kernel decode`) against the f64 reference: few query rows, key
+//! ranges cut into splits that a combine pass merges. Every mask, GQA, f16, lengths 0
+//! and 1 in a batch, Lk not a multiple of the split or the tile, many splits.
+
+mod common;
+use wgpu_attention::check::{random_bool_mask, run_case, CheckCase, Rng};
+use wgpu_attention::kernels::decode;
+use wgpu_attention::{
+    resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice, Layout, Mask,
+    ResolvedKernel,
+};
+
+fn decode_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {
+    CheckCase {
+        shape,
+        options: AttentionOptions {
+            kernel: KernelChoice::Decode,
+            ..options
+        },
+        dtype,
+        layout: Layout::Bhsd,
+        seed,
+        range: 1.0,
+    }
+}
+
+fn additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
+    let n: usize = shape.iter().product();
+    let values = (0..n)
+        .map(|_| {
+            if rng.uniform(0.0, 1.0) < 0.2 {
+                f32::NEG_INFINITY
+            } else {
+                rng.uniform(-2.0, 2.0)
+            }
+        })
+        .collect();
+    Mask::additive(&shape, values).expect("mask")
+}
+
+#[test]
+fn decode_matches_the_reference_with_every_mask() {
+    let Some(ctx) = common::ctx() else { return };
+    let mut seed = 300;
+    // 1000 keys: not a multiple of the 64-key tile nor of any split; key lengths 0 and 1
+    // in the batch (a row that sees nothing is zeros with lse -inf).
+    for (lq, hq, hkv) in [(1, 4, 2), (3, 8, 2), (16, 2, 2), (5, 3, 1)] {
+        let shape = AttentionShape::new(3, hq, hkv, lq, 1000, 40, 24);
+        let mut rng = Rng::new(seed);
+        let masks: Vec<(&str, AttentionOptions)> = vec![
+            ("none", AttentionOptions::default()),
+            (
+                "key lengths 0, 1, 700",
+                AttentionOptions {
+                    key_lengths: Some(vec![0, 1, 700]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "causal top-left",
+                AttentionOptions {
+                    causal: Some(CausalAlignment::TopLeft),
+                    ..Default::default()
+                },
+            ),
+            (
+                "causal bottom-right + key lengths",
+                AttentionOptions {
+                    causal: Some(CausalAlignment::BottomRight),
+                    key_lengths: Some(vec![1000, 513, 64]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bool mask per head",
+                AttentionOptions {
+                    mask: Some(random_bool_mask(&mut rng, [3, hq, lq, 1000])),
+                    ..Default::default()
+                },
+            ),
+            (
+                "additive mask, weights",
+                AttentionOptions {
+                    mask: Some(additive_mask(&mut rng, [1, 1, lq, 1000])),
+                    need_weights: true,
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (what, options) in masks {
+            for dtype in [DType::F32, DType::F16] {
+                if dtype == DType::F16 && !ctx.capabilities().f16 {
+                    continue;
+                }
+                seed += 1;
+                eprintln!("decode {shape:?} {what} {dtype:?} (seed {seed})");
+                common::assert_case(ctx, &decode_case(shape, options.clone(), dtype, seed));
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_covers_head_dims_layouts_and_lengths() {
+    let Some(ctx) = common::ctx() else { return };
+    for (i, (lk, d, dv)) in [(1, 8, 8), (65, 3, 5), (300, 256, 256), (2000, 128, 64), (129, 96, 200)]
+        .into_iter()
+        .enumerate()
+    {
+        let shape = AttentionShape::new(2, 4, 1, 2, lk, d, dv);
+        let mut c = decode_case(shape, AttentionOptions::default(), DType::F32, 400 + i as u64);
+        c.layout = if i % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+        common::assert_case(ctx, &c);
+        let outcome = run_case(ctx, &c).expect("runs");
+        assert_eq!(outcome.kernel, "decode", "the case ran another path");
+    }
+}
+
+#[test]
+fn many_splits_merge_exactly() {
+    // A forced loop cap makes every split short (a few tiles), so 5000 keys take dozens
+    // of splits; rising scores make later splits dominate, so the merge's rescaling
+    // matters.
+    let Some(shared) = common::ctx() else { return };
+    let mut ctx = wgpu_attention::Context::new().expect("a second context");
+    ctx.limit_loop_iterations(16_000);
+    let shape = AttentionShape::new(1, 4, 2, 1, 5000, 64, 64);
+    let split = decode::choose_split(&ctx, &shape).expect("fits");
+    assert!(split.splits >= 16, "{split:?}");
+    assert!(decode::iterations(&shape, split.split_keys) <= 16_000, "{split:?}");
+    for (i, dtype) in [DType::F32, DType::F16].into_iter().enumerate() {
+        if dtype == DType::F16 && !shared.capabilities().f16 {
+            continue;
+        }
+        let options = AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            key_lengths: Some(vec![4097]),
+            ..Default::default()
+        };
+        common::assert_case(&ctx, &decode_case(shape, options, dtype, 500 + i as u64));
+    }
+}
+
+#[test]
+fn auto_takes_decode_for_few_rows_and_many_keys() {
+    let Some(ctx) = common::ctx() else { return };
+    let auto = AttentionOptions::default();
+    let pick = |shape: AttentionShape| resolve_kernel(ctx, DType::F32, &auto, &shape).expect("resolves");
+    assert_eq!(
+        pick(AttentionShape::new(1, 32, 8, 1, 32768, 128, 128)),
+        ResolvedKernel::Decode
+    );
+    assert_eq!(
+        pick(AttentionShape::new(2, 8, 8, 16, 1024, 64, 64)),
+        ResolvedKernel::Decode
+    );
+    assert!(matches!(
+        pick(AttentionShape::new(1, 8, 8, 1, 512, 64, 64)),
+        ResolvedKernel::Fused(_)
+    ));
+    assert!(matches!(
+        pick(AttentionShape::new(1, 8, 8, 64, 4096, 64, 64)),
+        ResolvedKernel::Fused(_)
+    ));
+    // An explicit tiling asks for the fused kernel.
+    let tiled = AttentionOptions {
+        tiling: wgpu_attention::FusedTiling::Registers,
+        ..Default::default()
+    };
+    let shape = AttentionShape::new(1, 32, 8, 1, 32768, 128, 128);
+    assert!(matches!(
+        resolve_kernel(ctx, DType::F32, &tiled, &shape),
+        Ok(ResolvedKernel::Fused(_))
+    ));
+}
