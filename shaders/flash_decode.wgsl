@@ -1,18 +1,18 @@
 // Split-K decode attention (FlashDecoding), for few query rows against many keys:
 // appended to attention_common.wgsl, whose masking and online-softmax rules it calls.
 //
-// Tiling. A workgroup of 64 invocations owns ROWS = 8 query rows that share one kv
-// head (GQA: the Hq / Hkv query heads of a kv head times Lq rows each, so K and V are
-// read once for all of them) and one split of the key range: workgroup (x, y) takes
-// split x of p.splits, and row block y of (batch, kv head, row block). Keys
-// are walked in tiles of 64:
+// Tiling. A workgroup of 64 invocations owns DEC_ROWS query rows (4 or 8, a constant
+// the host prepends: kernels::decode::SPLIT_VARIANTS) that share one kv head (GQA: the
+// Hq / Hkv query heads of a kv head times Lq rows each, so K and V are read once for
+// all of them) and one split of the key range: workgroup (x, y) takes split x of
+// p.splits, and row block y of (batch, kv head, row block). Keys go in tiles of 64:
 //   1. scores: invocation t takes key tile0 + t and computes its dot products with the
-//      8 Q rows (held in workgroup memory, read at the same address by every lane),
+//      DEC_ROWS Q rows (in workgroup memory, read at the same address by every lane),
 //      masks them and stores them in `s_tile`;
-//   2. softmax: invocation r < 8 raises row r's running maximum over the tile, turns
-//      its 64 scores into probabilities and rescales its running sum;
-//   3. values: invocation t owns output columns t, t + 64, t + 128, t + 192 of all 8
-//      rows, rescales them and adds the tile's probabilities times V (lanes read
+//   2. softmax: invocation r < DEC_ROWS raises row r's running maximum over the tile,
+//      turns its 64 scores into probabilities and rescales its running sum;
+//   3. values: invocation t owns output columns t, t + 64, t + 128, t + 192 of every
+//      row, rescales them and adds the tile's probabilities times V (lanes read
 //      consecutive V elements).
 // Each split writes its rows normalised, with their log-sum-exp, to `scores` (as
 // partials: [splits][B*Hq*Lq][Dv], then [splits][B*Hq*Lq]); `decode_combine` merges the
@@ -21,14 +21,13 @@
 
 const DEC_LANES: u32 = 64u;
 const DEC_TILE: u32 = 64u;
-const DEC_ROWS: u32 = 8u;
 const DEC_MAX_VEC4: u32 = 64u; // head dims up to 256
 const DEC_MAX_COLS: u32 = 4u; // Dv up to 256 = 4 x 64 lanes
 
-var<workgroup> q_tile: array<vec4<f32>, 512>; // [DEC_ROWS][DEC_MAX_VEC4], pre-scaled
-var<workgroup> s_tile: array<vec4<f32>, 128>; // [DEC_ROWS][DEC_TILE / 4]
-var<workgroup> row_alpha: array<f32, 8>;
-var<workgroup> row_inv: array<f32, 8>;
+var<workgroup> q_tile: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>; // pre-scaled Q rows
+var<workgroup> s_tile: array<vec4<f32>, DEC_ROWS * DEC_TILE / 4u>; // scores, then probabilities
+var<workgroup> row_alpha: array<f32, DEC_ROWS>;
+var<workgroup> row_inv: array<f32, DEC_ROWS>;
 
 // Keys per split for `splits` splits of `keys` keys: whole tiles (the host's
 // kernels::decode::split_keys is the same formula).
@@ -95,7 +94,7 @@ fn decode_split(
     // Invocation r < DEC_ROWS keeps row r's running state.
     var row_max = neg_inf();
     var row_sum = 0.0;
-    var acc: array<array<f32, 4>, 8>;
+    var acc: array<array<f32, 4>, DEC_ROWS>;
     for (var r = 0u; r < DEC_ROWS; r++) {
         for (var c = 0u; c < DEC_MAX_COLS; c++) {
             acc[r][c] = 0.0;
@@ -106,10 +105,10 @@ fn decode_split(
     let last_k = p.len_k - 1u;
 
     for (var tile0 = split_begin; tile0 < split_stop; tile0 += DEC_TILE) {
-        // 1. Scores of key tile0 + lid against the 8 rows.
+        // 1. Scores of key tile0 + lid against the DEC_ROWS rows.
         let j = tile0 + lid;
         let k_row = k_base + min(j, last_k) * p.k_stride_s;
-        var raw: array<f32, 8>;
+        var raw: array<f32, DEC_ROWS>;
         for (var r = 0u; r < DEC_ROWS; r++) {
             raw[r] = 0.0;
         }

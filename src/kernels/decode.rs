@@ -11,36 +11,64 @@ use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
 
-/// One split of the key range for a block of up to 8 rows.
-pub const SPLIT: Kernel = Kernel {
-    file: "flash_decode.wgsl",
-    source: SOURCE,
-    entry: "decode_split",
-    slots: &[
-        Slot::Params,
-        Slot::Q,
-        Slot::K,
-        Slot::V,
-        Slot::Mask,
-        Slot::KeyLengths,
-        Slot::Scores,
-    ],
-    preludes: &[COMMON],
-    variant: "",
-};
+/// One split of the key range for a block of `rows` query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitVariant {
+    pub rows: usize,
+    pub kernel: Kernel,
+}
 
-/// Merges the splits of each row into the output and the log-sum-exp.
+const fn split_variant(rows: usize, preludes: &'static [&'static str], variant: &'static str) -> SplitVariant {
+    SplitVariant {
+        rows,
+        kernel: Kernel {
+            file: "flash_decode.wgsl",
+            source: SOURCE,
+            entry: "decode_split",
+            slots: &[
+                Slot::Params,
+                Slot::Q,
+                Slot::K,
+                Slot::V,
+                Slot::Mask,
+                Slot::KeyLengths,
+                Slot::Scores,
+            ],
+            preludes,
+            variant,
+        },
+    }
+}
+
+/// Row-block sizes, smallest first: 4 rows fit GQA groups of 4 at Lq = 1 (no lane
+/// computes a row that does not exist), 8 rows read K and V once for more rows.
+pub const SPLIT_VARIANTS: [SplitVariant; 2] = [
+    split_variant(4, &[COMMON, "const DEC_ROWS: u32 = 4u;\n"], "[4 rows]"),
+    split_variant(8, &[COMMON, "const DEC_ROWS: u32 = 8u;\n"], "[8 rows]"),
+];
+
+/// The variant for a problem: the smallest whose block holds one kv head's rows, else
+/// the widest.
+pub fn split_variant_for(s: &AttentionShape) -> SplitVariant {
+    let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
+    *SPLIT_VARIANTS
+        .iter()
+        .find(|v| v.rows >= rows)
+        .unwrap_or(&SPLIT_VARIANTS[SPLIT_VARIANTS.len() - 1])
+}
+
+/// Merges the splits of each row into the output and the log-sum-exp (`DEC_ROWS` is
+/// declared but unused there).
 pub const COMBINE: Kernel = Kernel {
     file: "flash_decode.wgsl",
     source: SOURCE,
     entry: "decode_combine",
     slots: &[Slot::Params, Slot::Output, Slot::Scores, Slot::Lse],
-    preludes: &[COMMON],
+    preludes: &[COMMON, "const DEC_ROWS: u32 = 4u;\n"],
     variant: "",
 };
 
-/// Query rows one workgroup owns (`DEC_ROWS`), keys per tile (`DEC_TILE`) and lanes.
-pub const ROWS: usize = 8;
+/// Keys per tile (`DEC_TILE`) and lanes per workgroup.
 pub const TILE: usize = 64;
 const LANES: usize = 64;
 
@@ -69,16 +97,18 @@ pub fn split_keys(keys: usize, splits: usize) -> usize {
     keys.div_ceil(splits.max(1)).next_multiple_of(TILE)
 }
 
-/// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, 8 a block.
+/// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, in
+/// blocks of the variant's rows.
 pub fn row_blocks(s: &AttentionShape) -> usize {
-    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(ROWS)
+    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(split_variant_for(s).rows)
 }
 
 /// Loop iterations of one invocation walking `keys` keys (every loop counted, the
-/// constant-trip ones too): per tile the 8-row score loop over the head dim (with
-/// load4's 4-trip tail), the mask loops, the row's softmax passes, the rescale and the
-/// P·V loop over 64 keys × 4 column slots × 8 rows; around it the Q load, the block
-/// end, the accumulator clear and the stores.
+/// constant-trip ones too), for the 8-row variant (the 4-row one needs fewer): per
+/// tile the 8-row score loop over the head dim (with load4's 4-trip tail), the mask
+/// loops, the row's softmax passes, the rescale and the P·V loop over 64 keys × 4
+/// column slots × 8 rows; around it the Q load, the block end, the accumulator clear
+/// and the stores.
 pub fn iterations(s: &AttentionShape, keys: usize) -> u64 {
     let d4 = (s.head_dim as u64).div_ceil(4);
     let tiles = (keys as u64).div_ceil(TILE as u64);
@@ -170,12 +200,13 @@ pub(crate) fn encode(
             });
         }
     }
-    let split_pipeline = pipeline(ctx, &SPLIT, dtype, &[])?;
+    let split_kernel = split_variant_for(shape).kernel;
+    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &[])?;
     dispatch(
         ctx,
         encoder,
         &split_pipeline,
-        &bindings.select(SPLIT.slots),
+        &bindings.select(split_kernel.slots),
         [split.splits as u32, row_groups as u32, 1],
     );
     let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;

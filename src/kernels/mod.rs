@@ -51,7 +51,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 27] = [
+pub const ALL_KERNELS: [Kernel; 28] = [
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
@@ -62,7 +62,8 @@ pub const ALL_KERNELS: [Kernel; 27] = [
     qk_scores::KERNEL,
     softmax_rows::KERNEL,
     weights_v::KERNEL,
-    decode::SPLIT,
+    decode::SPLIT_VARIANTS[0].kernel,
+    decode::SPLIT_VARIANTS[1].kernel,
     decode::COMBINE,
     flash::REGISTERS,
     flash::SHARED,
