@@ -350,6 +350,23 @@ impl Plan {
         };
         let scores = ctx.create_buffer("attention scores chunk", chunk_bytes, tensor_usage())?;
         let base_params = self.params(q, k, v, &out, options);
+        // The buffers every pass binds; each pass brings its own params and scores (a
+        // macro, not a closure: the two borrow buffers of different scopes).
+        macro_rules! bind {
+            ($params:expr, $scores:expr) => {
+                AttentionBindings {
+                    params: $params,
+                    q: q.buffer(),
+                    k: k.buffer(),
+                    v: v.buffer(),
+                    output: out.buffer(),
+                    mask: &mask,
+                    key_lengths: &key_lengths,
+                    scores: $scores,
+                    lse: lse.buffer(),
+                }
+            };
+        }
         if let Some(split) = self.decode_split {
             // One split pass and one combine over every (batch, head); partials in a
             // buffer of their own, so the weights pass below keeps its score chunks.
@@ -363,18 +380,8 @@ impl Plan {
                 bytemuck::bytes_of(&params),
                 wgpu::BufferUsages::UNIFORM,
             )?;
-            let bindings = AttentionBindings {
-                params: &params_buffer,
-                q: q.buffer(),
-                k: k.buffer(),
-                v: v.buffer(),
-                output: out.buffer(),
-                mask: &mask,
-                key_lengths: &key_lengths,
-                scores: &partials,
-                lse: lse.buffer(),
-            };
-            decode::encode(ctx, encoder, self.dtype, &bindings, &params, s, split)?;
+            let bindings = bind!(&params_buffer, &partials);
+            decode::encode(ctx, encoder, self.dtype, &bindings, s, split)?;
         }
 
         let total = s.batch_heads();
@@ -391,17 +398,7 @@ impl Plan {
                 bytemuck::bytes_of(&params),
                 wgpu::BufferUsages::UNIFORM,
             )?;
-            let bindings = AttentionBindings {
-                params: &params_buffer,
-                q: q.buffer(),
-                k: k.buffer(),
-                v: v.buffer(),
-                output: out.buffer(),
-                mask: &mask,
-                key_lengths: &key_lengths,
-                scores: &scores,
-                lse: lse.buffer(),
-            };
+            let bindings = bind!(&params_buffer, &scores);
             match self.kernel {
                 ResolvedKernel::Decode => {
                     if weights.is_some() {

@@ -3,11 +3,10 @@
 //! and 1 in a batch, Lk not a multiple of the split or the tile, many splits.
 
 mod common;
-use wgpu_attention::check::{random_bool_mask, run_case, CheckCase, Rng};
+use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::decode;
 use wgpu_attention::{
-    resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice, Layout, Mask,
-    ResolvedKernel,
+    resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice, Layout, ResolvedKernel,
 };
 
 fn decode_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {
@@ -22,20 +21,6 @@ fn decode_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, s
         seed,
         range: 1.0,
     }
-}
-
-fn additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
-    let n: usize = shape.iter().product();
-    let values = (0..n)
-        .map(|_| {
-            if rng.uniform(0.0, 1.0) < 0.2 {
-                f32::NEG_INFINITY
-            } else {
-                rng.uniform(-2.0, 2.0)
-            }
-        })
-        .collect();
-    Mask::additive(&shape, values).expect("mask")
 }
 
 #[test]
@@ -81,7 +66,7 @@ fn decode_matches_the_reference_with_every_mask() {
             (
                 "additive mask, weights",
                 AttentionOptions {
-                    mask: Some(additive_mask(&mut rng, [1, 1, lq, 1000])),
+                    mask: Some(random_additive_mask(&mut rng, [1, 1, lq, 1000])),
                     need_weights: true,
                     ..Default::default()
                 },

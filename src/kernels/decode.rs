@@ -3,7 +3,7 @@
 //! separate workgroups, each writing normalised partial rows and their log-sum-exp;
 //! a combine pass merges them (docs/design.md, "Decode").
 
-use super::{dispatch, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON};
+use super::{dispatch, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::problem::AttentionShape;
@@ -170,13 +170,13 @@ pub fn choose_split(ctx: &Context, s: &AttentionShape) -> Result<DecodeSplit> {
 }
 
 /// Records the split pass and the combine pass. `bindings.scores` must hold the
-/// partials ([`DecodeSplit::partial_bytes`]); `params` covers every (batch, head).
+/// partials ([`DecodeSplit::partial_bytes`]); `bindings.params` covers every (batch,
+/// head), with `splits` set to `split.splits`.
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,
-    params: &AttentionParams,
     shape: &AttentionShape,
     split: DecodeSplit,
 ) -> Result<()> {
@@ -221,6 +221,5 @@ pub(crate) fn encode(
             combine_z as u32,
         ],
     );
-    debug_assert_eq!(params.splits as usize, split.splits);
     Ok(())
 }

@@ -7,8 +7,19 @@
 //! [`super::loop_budget`] bounds the kernels by what it saw (docs/design.md, "Loop cap").
 
 use crate::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
+use crate::kernels::Kernel;
 
-const SOURCE: &str = include_str!("../../shaders/loop_probe.wgsl");
+/// The probe shader (standalone: no prelude, no attention bindings). Listed in
+/// `ALL_KERNELS` so naga validates it and writes it to SPIR-V in the tests; compiled
+/// here straight from its source, before the context (and its pipeline cache) exists.
+pub const KERNEL: Kernel = Kernel {
+    file: "loop_probe.wgsl",
+    source: include_str!("../../shaders/loop_probe.wgsl"),
+    entry: "main",
+    slots: &[],
+    preludes: &[],
+    variant: "",
+};
 
 /// Trips asked of the probe loop: far beyond any cap the kernels' models must respect
 /// (a longer cap than this is never reached by their loops at supported sizes).
@@ -30,13 +41,13 @@ pub fn trips(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> Option<u32> 
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("loop probe"),
-        source: wgpu::ShaderSource::Wgsl(SOURCE.into()),
+        source: wgpu::ShaderSource::Wgsl(KERNEL.source.into()),
     });
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some("loop probe"),
         layout: None,
         module: &module,
-        entry_point: Some("main"),
+        entry_point: Some(KERNEL.entry),
         compilation_options: Default::default(),
         cache: None,
     });

@@ -51,7 +51,8 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 28] = [
+pub const ALL_KERNELS: [Kernel; 29] = [
+    loop_probe::KERNEL,
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
