@@ -3,12 +3,15 @@
 // each kernel calls, and row loads. Each kernel file is appended to this one; a short
 // generated header before it defines `elem` (f32, or f16 with `enable f16;`).
 //
-// Masking rules (a position is masked if any rule says so, and then never contributes,
-// whatever its score; key_end and apply_masks below):
-//   causal:       key j is masked for query i when j > i + causal_offset
-//   key lengths:  key j is masked when j >= key_lengths[b]
+// Masking rules, with p(i) = i + pos_offset query i's aligned position (a position is
+// masked if any rule says so, and then never contributes, whatever its score;
+// key_start, key_end and apply_masks below):
+//   causal:       key j is masked when j > p(i)  (folded into the right edge)
+//   window:       key j is masked when j < p(i) - left or j > p(i) + right
+//   key lengths:  key j is masked when j >= key lengths[b]
 //   bool mask:    masked where the mask word is 0
-//   additive:     masked where the word is -inf; otherwise its value is added to the score
+//   additive:     masked where the word is -inf; otherwise its value is added
+// and the score of a visible position is softcap(scaled) - slope[h] * |p(i) - j| + additive.
 
 struct Params {
     batch: u32,
@@ -22,11 +25,13 @@ struct Params {
     q_stride_b: u32,
     q_stride_h: u32,
     q_stride_s: u32,
-    causal: u32,
+    // Keys j > p(i) + right are masked when has_right (causal: right = 0, folded with
+    // the window's right edge by the host); p(i) = i + pos_offset.
+    has_right: u32,
     k_stride_b: u32,
     k_stride_h: u32,
     k_stride_s: u32,
-    causal_offset: i32,
+    pos_offset: i32,
     v_stride_b: u32,
     v_stride_h: u32,
     v_stride_s: u32,
@@ -52,6 +57,15 @@ struct Params {
     // Split-K decode (flash_decode.wgsl): how many splits the key range is cut into,
     // each written as a partial result to `scores`; 1 for every other kernel.
     splits: u32,
+    right: u32,
+    // Keys j < p(i) - left are masked when has_left (sliding window).
+    has_left: u32,
+    left: u32,
+    // Scaled scores s become softcap * tanh(s / softcap); 0 for none.
+    softcap: f32,
+    // ALiBi: -slope[h] * |p(i) - j| is added; the slopes follow the key lengths in
+    // side_words.
+    has_alibi: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -60,7 +74,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v: array<elem>;
 @group(0) @binding(4) var<storage, read_write> output: array<elem>;
 @group(0) @binding(5) var<storage, read> mask_words: array<u32>;
-@group(0) @binding(6) var<storage, read> key_lengths: array<u32>;
+// Key lengths [B] (when has_key_lengths), then ALiBi slopes [Hq] as f32 bits (when
+// has_alibi): one binding, as WebGPU's default limit is 8 storage buffers per stage.
+@group(0) @binding(6) var<storage, read> side_words: array<u32>;
 // Scores or probabilities of the dispatched (batch, head) pairs: [bh_count, Lq, Lk].
 @group(0) @binding(7) var<storage, read_write> scores: array<f32>;
 // Log-sum-exp per row over all (batch, head) pairs: [B * Hq, Lq].
@@ -93,17 +109,46 @@ fn head_of(bh: u32) -> Head {
     return Head(b, h, h / (p.heads_q / p.heads_kv));
 }
 
-// Keys at or past this index are masked for query i by key lengths or causality.
-// Non-decreasing in i, so a block of rows can bound its loop by its last row.
+// Query i's aligned position p(i), the origin of the window and of ALiBi distances.
+// i32 is enough: the host refuses Lq + Lk above 2^30 with a window or ALiBi, and clamps
+// left and right to Lq + Lk.
+fn query_pos(i: u32) -> i32 {
+    return i32(i) + p.pos_offset;
+}
+
+// Keys before this index are masked for query i (the window's left edge). Non-decreasing
+// in i, so a block of rows can start its loop at its first row's (block_key_begin).
+fn key_start(i: u32) -> u32 {
+    if p.has_left == 0u {
+        return 0u;
+    }
+    return u32(clamp(query_pos(i) - i32(p.left), 0, i32(p.len_k)));
+}
+
+// Keys at or past this index are masked for query i by key lengths, causality or the
+// window's right edge. Non-decreasing in i, so a block of rows can bound its loop by
+// its last row.
 fn key_end(b: u32, i: u32) -> u32 {
     var end = p.len_k;
     if p.has_key_lengths != 0u {
-        end = min(end, key_lengths[b]);
+        end = min(end, side_words[b]);
     }
-    if p.causal != 0u {
-        end = u32(clamp(i32(i) + p.causal_offset + 1, 0, i32(end)));
+    if p.has_right != 0u {
+        end = u32(clamp(query_pos(i) + i32(p.right) + 1, 0, i32(end)));
     }
     return end;
+}
+
+// Whether keys j lie in the visible ranges start .. end (key_start, key_end).
+fn in_key_range(j: vec4<u32>, start: vec4<u32>, end: vec4<u32>) -> vec4<bool> {
+    return (j >= start) & (j < end);
+}
+
+// Where a block of rows starting at `first_row` begins its key loop in this dispatch:
+// tiles wholly left of its first row's window are skipped, not masked. A multiple of 4
+// (keys go in fours) when p.key_begin is.
+fn block_key_begin(first_row: u32) -> u32 {
+    return max(p.key_begin, key_start(first_row) / 4u * 4u);
 }
 
 // The explicit-mask word for (b, h, i, j); broadcast axes have stride 0.
@@ -148,15 +193,45 @@ fn keys4(j0: u32) -> vec4<u32> {
     return vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u);
 }
 
+// Gemma 2's soft cap, cap * tanh(s / cap), with tanh written out so that every driver
+// rounds it alike; exp's argument is never positive, so nothing overflows, and infinite
+// scores cap to +-cap.
+fn soft_cap(s: vec4<f32>) -> vec4<f32> {
+    let x = s / p.softcap;
+    let e = exp(-2.0 * abs(x));
+    return p.softcap * sign(x) * ((1.0 - e) / (1.0 + e));
+}
+
+// The ALiBi bias of query heads h, rows i and keys j: -slope[h] * |p(i) - j|.
+fn alibi_bias(h: vec4<u32>, i: vec4<u32>, j: vec4<u32>) -> vec4<f32> {
+    let slopes = bitcast<vec4<f32>>(vec4<u32>(
+        side_words[p.batch + h.x],
+        side_words[p.batch + h.y],
+        side_words[p.batch + h.z],
+        side_words[p.batch + h.w],
+    ));
+    let distance = abs(vec4<i32>(i) + vec4<i32>(p.pos_offset) - vec4<i32>(j));
+    return -slopes * vec4<f32>(distance);
+}
+
 // THE masking rule, the one place every attention kernel applies it (docs/design.md,
-// "Masks"): four scaled scores, whether each position lies before key_end (causal,
-// key lengths) and its explicit-mask word give the score the softmax sees: -inf where
-// any rule masks, else the score plus the additive bias. A masked position's own
-// score never reaches the result, so NaN or inf there is harmless.
-fn apply_masks(scaled: vec4<f32>, in_range: vec4<bool>, w: vec4<u32>) -> vec4<f32> {
+// "Masks"), for four positions (query heads h, rows i, keys j): the scaled scores,
+// whether each key lies in its row's visible range (key_start .. key_end: window,
+// causal, key lengths) and its explicit-mask word give the score the softmax sees:
+// -inf where any rule masks, else the soft-capped score plus the ALiBi and additive
+// biases. A masked position's own score never reaches the result, so NaN or inf there
+// is harmless.
+fn apply_masks(scaled: vec4<f32>, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>, in_range: vec4<bool>, w: vec4<u32>) -> vec4<f32> {
+    var s = scaled;
+    if p.softcap != 0.0 {
+        s = soft_cap(s);
+    }
+    if p.has_alibi != 0u {
+        s += alibi_bias(h, i, j);
+    }
     let allows = select(w != vec4<u32>(NEG_INF_BITS), w != vec4<u32>(0u), p.mask_kind == MASK_BOOL);
     let bias = select(vec4<f32>(0.0), bitcast<vec4<f32>>(w), p.mask_kind == MASK_ADDITIVE);
-    return select(vec4<f32>(neg_inf()), scaled + bias, in_range & allows);
+    return select(vec4<f32>(neg_inf()), s + bias, in_range & allows);
 }
 
 // Online-softmax rules, shared by every kernel that normalises scores (docs/design.md,

@@ -12,9 +12,10 @@
 //   flash_shared: a tile of keys of K and V is staged in workgroup memory (16 KiB) by
 //     the whole workgroup between barriers. For GPUs.
 //
-// Masks: the key loop ends at the last key the workgroup's last row can see (causal,
-// key lengths), so tiles wholly above the causal diagonal are never loaded; within
-// the loop each position is masked individually (mask4). The loop covers the keys
+// Masks: the key loop runs from the first key the workgroup's first row can see
+// (window) to the last key its last row can see (causal, window, key lengths), so
+// tiles wholly outside are never loaded; within the loop each position is masked
+// individually (mask4). The loop covers the keys
 // p.key_begin .. p.key_stop of this dispatch (all of them unless split, see
 // flash_common.wgsl).
 
@@ -23,7 +24,7 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
     let s = setup_row(lid.x, wid);
     let d4 = (p.head_dim + 3u) / 4u;
     let dv4 = (p.head_dim_v + 3u) / 4u;
-    for (var j0 = p.key_begin; j0 < s.block_end; j0 += 4u) {
+    for (var j0 = s.block_begin; j0 < s.block_end; j0 += 4u) {
         let kr = row_offsets(s.k_base, p.k_stride_s, j0);
         var raw = vec4<f32>(0.0);
         for (var t = 0u; t < d4; t++) {
@@ -58,7 +59,7 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     let tile_keys = (TILE_VEC4 / (d4 + dv4)) / 4u * 4u;
     let v_off = tile_keys * d4; // V rows follow the K rows in kv_tile
     let last_k = p.len_k - 1u;
-    for (var tile0 = p.key_begin; tile0 < s.block_end; tile0 += tile_keys) {
+    for (var tile0 = s.block_begin; tile0 < s.block_end; tile0 += tile_keys) {
         // Cooperative load: K rows then V rows of keys tile0 .. tile0 + tile_keys.
         for (var x = lid.x; x < tile_keys * (d4 + dv4); x += ROWS) {
             if x < v_off {

@@ -88,10 +88,12 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
         row_max[tid] = m;
         row_sum[tid] = resumed_sum(m);
     }
+    var starts: array<u32, MR>;
     var ends: array<u32, MR>;
     for (var r = 0u; r < MR; r++) {
         let row = min(row0 + tr * MR + r, last_q);
         // A tile may run past this dispatch's key range; its keys belong to the next.
+        starts[r] = key_start(row);
         ends[r] = min(key_end(hd.b, row), p.key_stop);
         let seen = resumed_sum(resumed_max(hd, row)) != 0.0;
         for (var u = 0u; u < OC; u++) {
@@ -109,9 +111,11 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
     }
     workgroupBarrier();
 
-    // Uniform across the workgroup: its last row sees the most keys.
+    // Uniform across the workgroup: from its first row's first key to the last key its
+    // last row sees.
+    let block_begin = block_key_begin(min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
-    for (var tile0 = p.key_begin; tile0 < block_end; tile0 += BC) {
+    for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         load_tile(true, k_base, p.k_stride_s, tile0, d4, p.head_dim, tid);
         workgroupBarrier();
 
@@ -145,7 +149,8 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
                     mask_word(hd.b, hd.h, row, kc.w),
                 );
             }
-            let masked = apply_masks(s_tile[r], keys < vec4<u32>(ends[r]), words);
+            let in_range = in_key_range(keys, vec4<u32>(starts[r]), vec4<u32>(ends[r]));
+            let masked = apply_masks(s_tile[r], vec4<u32>(hd.h), vec4<u32>(row), keys, in_range, words);
             for (var c = 0u; c < MC; c++) {
                 probs[(tr * MR + r) * BC + tc + c * TC] = masked[c];
             }

@@ -94,7 +94,7 @@ fn flash_coop(
     // as zeros, so that 0 x (whatever the buffer holds there) cannot reach the output.
     var kv_stop = p.len_k;
     if p.has_key_lengths != 0u {
-        kv_stop = min(kv_stop, key_lengths[hd.b]);
+        kv_stop = min(kv_stop, side_words[hd.b]);
     }
 
     // Q band, unscaled (f16 inputs stay exact); rows past the end are zeros.
@@ -147,9 +147,11 @@ fn flash_coop(
     }
     workgroupBarrier();
 
-    // Uniform across the workgroup: its last row sees the most keys.
+    // Uniform across the workgroup: from its first row's first key to the last key its
+    // last row sees.
+    let block_begin = block_key_begin(min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
-    for (var tile0 = p.key_begin; tile0 < block_end; tile0 += BC) {
+    for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         // 1. K tile.
         stage_kv(true, k_base, p.k_stride_s, tile0, p.head_dim, p.len_k, tid);
         workgroupBarrier();
@@ -175,13 +177,15 @@ fn flash_coop(
         // 3. Row owners: scale, mask, online-softmax step, P as f16. Everyone: V tile.
         for (var r = tid; r < BR; r += nt) {
             let i = min(row0 + r, last_q);
-            let end = min(key_end(hd.b, i), p.key_stop);
+            let start = vec4<u32>(key_start(i));
+            let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
             var tile_max = neg_inf();
             for (var j = 0u; j < BC; j += 4u) {
                 let at = r * LDS + j;
                 let raw = vec4<f32>(ss[at], ss[at + 1u], ss[at + 2u], ss[at + 3u]) * p.scale;
                 let keys = keys4(tile0 + j);
-                let s4 = apply_masks(raw, keys < vec4<u32>(end), mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
+                let in_range = in_key_range(keys, start, end);
+                let s4 = apply_masks(raw, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
                 ss[at] = s4.x;
                 ss[at + 1u] = s4.y;
                 ss[at + 2u] = s4.z;

@@ -16,8 +16,9 @@
 //      consecutive V elements).
 // Each split writes its rows normalised, with their log-sum-exp, to `scores` (as
 // partials: [splits][B*Hq*Lq][Dv], then [splits][B*Hq*Lq]); `decode_combine` merges the
-// splits into the output and the lse. Splits past a row's last visible key (causal,
-// key lengths) end early; a split with nothing visible writes zeros and lse -inf.
+// splits into the output and the lse. Splits outside a row block's visible keys
+// (window, causal, key lengths) end early; a split with nothing visible writes zeros
+// and lse -inf.
 
 const DEC_LANES: u32 = 64u;
 const DEC_TILE: u32 = 64u;
@@ -39,10 +40,12 @@ struct DecodeRow {
     valid: bool,
     h: u32,
     i: u32,
+    start: u32,
     end: u32,
 }
 
-// Row r of row block `block` of (b, kv head hk): query head and index, and its end key.
+// Row r of row block `block` of (b, kv head hk): query head and index, and its visible
+// keys start .. end (none for a row past the block's end).
 fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
     let group = p.heads_q / p.heads_kv;
     let n = group * p.len_q;
@@ -50,7 +53,7 @@ fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
     let xc = min(x, n - 1u);
     let h = hk * group + xc / p.len_q;
     let i = xc % p.len_q;
-    return DecodeRow(x < n, h, i, select(0u, key_end(b, i), x < n));
+    return DecodeRow(x < n, h, i, key_start(i), select(0u, key_end(b, i), x < n));
 }
 
 @compute @workgroup_size(64)
@@ -80,15 +83,21 @@ fn decode_split(
         }
         q_tile[x] = qv;
     }
-    // The block's last visible key bounds every row's (key_end is monotone in i, but
-    // rows of different heads interleave, so take the maximum).
+    // The block's visible keys bound every row's (key_start and key_end are monotone in
+    // i, but rows of different heads interleave, so take the extremes).
+    var block_start = p.len_k;
     var block_end = 0u;
     for (var r = 0u; r < DEC_ROWS; r++) {
-        block_end = max(block_end, decode_row(b, hk, block, r).end);
+        let row = decode_row(b, hk, block, r);
+        if row.valid {
+            block_start = min(block_start, row.start);
+            block_end = max(block_end, row.end);
+        }
     }
     let per_split = split_keys_for(p.len_k, splits);
-    let split_begin = split * per_split;
-    let split_stop = min(split_begin + per_split, block_end);
+    let split_stop = min(split * per_split + per_split, block_end);
+    // Tiles left of every row's window are skipped.
+    let split_begin = max(split * per_split, block_start / 4u * 4u);
     workgroupBarrier();
 
     // Invocation r < DEC_ROWS keeps row r's running state.
@@ -121,13 +130,17 @@ fn decode_split(
         for (var r4 = 0u; r4 < DEC_ROWS; r4 += 4u) {
             var in_range = vec4<bool>(false);
             var words = vec4<u32>(1u);
+            var heads = vec4<u32>(0u);
+            var rows = vec4<u32>(0u);
             for (var c = 0u; c < 4u; c++) {
                 let row = decode_row(b, hk, block, r4 + c);
-                in_range[c] = j < min(row.end, split_stop);
+                in_range[c] = j >= row.start && j < min(row.end, split_stop);
                 words[c] = mask_word(b, row.h, row.i, min(j, last_k));
+                heads[c] = row.h;
+                rows[c] = row.i;
             }
             let scaled = vec4<f32>(raw[r4], raw[r4 + 1u], raw[r4 + 2u], raw[r4 + 3u]);
-            let masked = apply_masks(scaled, in_range, words);
+            let masked = apply_masks(scaled, heads, rows, vec4<u32>(j), in_range, words);
             for (var c = 0u; c < 4u; c++) {
                 s_tile[(r4 + c) * (DEC_TILE / 4u) + lid / 4u][lid % 4u] = masked[c];
             }

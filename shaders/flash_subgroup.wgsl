@@ -59,8 +59,9 @@ fn v_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
 }
 
 // The scores of key j for the 4 rows, masked: -inf where a rule masks (row r, j).
-fn mask_column(hd: Head, rows: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>) -> vec4<f32> {
-    return apply_masks(s, vec4<u32>(j) < ends, mask_words_of_rows(hd.b, hd.h, rows, j));
+fn mask_column(hd: Head, rows: vec4<u32>, starts: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>) -> vec4<f32> {
+    let keys = vec4<u32>(j);
+    return apply_masks(s, vec4<u32>(hd.h), rows, keys, in_key_range(keys, starts, ends), mask_words_of_rows(hd.b, hd.h, rows, j));
 }
 
 // Online-softmax step over the 4 keys of the block, for all 4 rows at once: raises the
@@ -124,13 +125,16 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let rows = vec4<u32>(row0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * stride_r;
     let last_q = p.len_q - 1u;
     let clamped = min(rows, vec4<u32>(last_q));
+    let starts = vec4<u32>(key_start(clamped.x), key_start(clamped.y), key_start(clamped.z), key_start(clamped.w));
     let ends = vec4<u32>(
         key_end(hd.b, clamped.x),
         key_end(hd.b, clamped.y),
         key_end(hd.b, clamped.z),
         key_end(hd.b, clamped.w),
     );
-    // Uniform across the workgroup: its last row sees the most keys.
+    // Uniform across the workgroup: from its first row's first key to the last key its
+    // last row sees.
+    let block_begin = block_key_begin(min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, last_q)), p.key_stop);
 
     let d8 = (p.head_dim + 7u) / 8u;
@@ -147,7 +151,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
 
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
-    for (var j0 = p.key_begin; j0 < block_end; j0 += 4u) {
+    for (var j0 = block_begin; j0 < block_end; j0 += 4u) {
         for (var c = 0u; c < 4u; c++) {
             score[c] = vec4<f32>(0.0);
         }
@@ -165,10 +169,10 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             add_scores(d + 7u, subgroupBroadcast(x, 7u));
         }
         // Masks (q_t already carries the scale).
-        score[0] = mask_column(hd, clamped, ends, j0, score[0]);
-        score[1] = mask_column(hd, clamped, ends, j0 + 1u, score[1]);
-        score[2] = mask_column(hd, clamped, ends, j0 + 2u, score[2]);
-        score[3] = mask_column(hd, clamped, ends, j0 + 3u, score[3]);
+        score[0] = mask_column(hd, clamped, starts, ends, j0, score[0]);
+        score[1] = mask_column(hd, clamped, starts, ends, j0 + 1u, score[1]);
+        score[2] = mask_column(hd, clamped, starts, ends, j0 + 2u, score[2]);
+        score[3] = mask_column(hd, clamped, starts, ends, j0 + 3u, score[3]);
         online_step4();
         let vr = row_offsets(v_base, p.v_stride_s, j0);
         for (var t = 0u; t < dv8; t++) {

@@ -277,6 +277,16 @@ impl Plan {
         let [kb, kh, ks, _] = k.strides();
         let [vb, vh, vs, _] = v.strides();
         let [ob, oh, os, _] = out.strides();
+        // A causal mask is a window's right edge at 0 (docs/design.md, "Masks"); edges
+        // past Lq + Lk reach every key, and clamping them keeps the WGSL's i32 position
+        // arithmetic in range.
+        let reach = s.len_q + s.len_k;
+        let window = options.window.unwrap_or_default();
+        let right = match options.causal {
+            Some(_) => Some(0), // no window edge is tighter than 0
+            None => window.right.map(|r| r.min(reach)),
+        };
+        let left = window.left.map(|l| l.min(reach));
         let (mask_kind, m) = match &options.mask {
             None => (MASK_NONE, [0; 4]),
             Some(mask) => (
@@ -299,11 +309,11 @@ impl Plan {
             q_stride_b: qb as u32,
             q_stride_h: qh as u32,
             q_stride_s: qs as u32,
-            causal: options.causal.is_some() as u32,
+            has_right: right.is_some() as u32,
             k_stride_b: kb as u32,
             k_stride_h: kh as u32,
             k_stride_s: ks as u32,
-            causal_offset: options.causal.map_or(0, |a| a.offset(s.len_q, s.len_k)) as i32,
+            pos_offset: options.query_position_offset(s.len_q, s.len_k) as i32,
             v_stride_b: vb as u32,
             v_stride_h: vh as u32,
             v_stride_s: vs as u32,
@@ -321,6 +331,11 @@ impl Plan {
             key_begin: 0,
             key_stop: s.len_k as u32,
             splits: 1,
+            right: right.unwrap_or(0) as u32,
+            has_left: left.is_some() as u32,
+            left: left.unwrap_or(0) as u32,
+            softcap: options.softcap.unwrap_or(0.0),
+            has_alibi: options.alibi_slopes.is_some() as u32,
         }
     }
 
@@ -342,7 +357,7 @@ impl Plan {
             None
         };
         let mask = upload_words(ctx, "mask", &mask_words(options))?;
-        let key_lengths = upload_words(ctx, "key lengths", options.key_lengths.as_deref().unwrap_or(&[0]))?;
+        let side_words = upload_words(ctx, "key lengths and ALiBi slopes", &side_words(s, options))?;
         let chunk_bytes = if self.needs_scores {
             (4 * self.heads_per_chunk * s.len_q * s.len_k) as u64
         } else {
@@ -361,7 +376,7 @@ impl Plan {
                     v: v.buffer(),
                     output: out.buffer(),
                     mask: &mask,
-                    key_lengths: &key_lengths,
+                    side_words: &side_words,
                     scores: $scores,
                     lse: lse.buffer(),
                 }
@@ -537,6 +552,16 @@ fn mask_words(options: &AttentionOptions) -> Vec<u32> {
         Some(MaskValues::Bool(b)) => b.iter().map(|&x| x as u32).collect(),
         Some(MaskValues::Additive(a)) => a.iter().map(|x| x.to_bits()).collect(),
     }
+}
+
+/// The side words (`side_words` in attention_common.wgsl): key lengths `[B]` (zeros
+/// when there are none), then the ALiBi slopes `[Hq]` as f32 bits when given.
+fn side_words(s: &AttentionShape, options: &AttentionOptions) -> Vec<u32> {
+    let mut words = options.key_lengths.clone().unwrap_or_else(|| vec![0; s.batch]);
+    if let Some(slopes) = &options.alibi_slopes {
+        words.extend(slopes.iter().map(|x| x.to_bits()));
+    }
+    words
 }
 
 fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {

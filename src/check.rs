@@ -4,7 +4,7 @@
 use crate::attention::{resolve_kernel, sdpa};
 use crate::context::Context;
 use crate::error::Result;
-use crate::options::{AttentionOptions, CausalAlignment, Mask};
+use crate::options::{AttentionOptions, CausalAlignment, Mask, Window};
 use crate::problem::AttentionShape;
 use crate::reference::{self, ReferenceOutput};
 use crate::tensor::{relayout, DType, Layout, Tensor};
@@ -337,7 +337,7 @@ fn naive_f16_error(
                                         * input(k[((b * s.heads_kv + hk) * s.len_k + j) * s.head_dim + t])
                                 })
                                 .sum();
-                            r16(r16(dot) * scale + bias)
+                            r16(reference::soft_capped(options, r16(dot) * scale) + bias.total())
                         })
                     })
                     .collect();
@@ -364,7 +364,8 @@ fn naive_f16_error(
 
 /// The fixed grid of awkward cases `check` and the tests run: lengths 1, 7, 97, 239
 /// (and 1025 where cheap), head dims from docs/design.md, GQA, Lq != Lk both ways, every
-/// mask kind and both causal alignments, both layouts.
+/// mask kind and both causal alignments, sliding windows, ALiBi and soft-capping, both
+/// layouts.
 pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
     let mut rng = Rng::new(seed);
     let mut cases = Vec::new();
@@ -393,12 +394,31 @@ pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
             3 => Some(random_additive_mask(&mut rng, [1, shape.heads_q, 1, shape.len_k])),
             _ => None,
         };
+        // Sliding windows on a third of the shapes (one side unbounded in two of
+        // them), ALiBi and soft-capping on others, so every kernel meets each mixed
+        // with the rest.
+        let window = match n % 3 {
+            2 => Some(Window {
+                left: Some(rng.below(shape.len_k / 2 + 2)),
+                right: (n != 2).then(|| rng.below(shape.len_k / 4 + 2)),
+            }),
+            0 if n > 0 && n % 2 == 1 => Some(Window {
+                left: None,
+                right: Some(rng.below(3)),
+            }),
+            _ => None,
+        };
+        let alibi_slopes = (n % 4 == 2 || n == 9).then(|| alibi_slopes(shape.heads_q));
+        let softcap = (n % 3 == 1 || n == 5 || n == 6).then(|| rng.uniform(0.5, 3.0));
         cases.push(CheckCase {
             shape,
             options: AttentionOptions {
                 causal,
                 key_lengths,
                 mask,
+                window,
+                alibi_slopes,
+                softcap,
                 need_weights: n % 2 == 0,
                 ..Default::default()
             },
@@ -409,6 +429,14 @@ pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
         });
     }
     cases
+}
+
+/// The ALiBi slopes of the paper for `heads` heads: the geometric sequence
+/// `2^(-8/n), 2^(-16/n), ...` with n the next power of two (the interleaving for other
+/// head counts does not matter to a test).
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    let n = heads.next_power_of_two() as f32;
+    (1..=heads).map(|h| 2f32.powf(-8.0 * h as f32 / n)).collect()
 }
 
 /// A boolean mask of the given (broadcastable) shape, about 70% visible.

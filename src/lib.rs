@@ -42,7 +42,7 @@ pub use error::{Error, Result};
 pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
 pub use options::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,
-    MaskValues, Precision,
+    MaskValues, Precision, Window,
 };
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
 pub use tensor::{relayout, DType, Layout, Tensor};

@@ -23,6 +23,41 @@ impl CausalAlignment {
     }
 }
 
+/// A sliding window around each query's aligned position p(i) (flash-attn's
+/// `window_size`): query `i` sees keys `p(i) − left ≤ j ≤ p(i) + right`; `None` leaves
+/// that side unbounded. p(i) is `i + Lk − Lq`, or `i` under a top-left causal mask
+/// ([`AttentionOptions::query_position_offset`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Window {
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Parses `LEFT,RIGHT` as flash-attn spells it: a negative side is unbounded.
+    pub fn parse(what: &str, text: &str) -> Result<Self> {
+        let side = |x: &str| -> Result<Option<usize>> {
+            let n: i64 = x.trim().parse().map_err(|_| {
+                Error::invalid(
+                    what,
+                    format!("'{}' is not an integer (LEFT,RIGHT; -1 = unbounded)", x.trim()),
+                )
+            })?;
+            Ok(usize::try_from(n).ok())
+        };
+        match text.split(',').collect::<Vec<_>>()[..] {
+            [left, right] => Ok(Window {
+                left: side(left)?,
+                right: side(right)?,
+            }),
+            _ => Err(Error::invalid(
+                what,
+                format!("'{text}' is not LEFT,RIGHT (e.g. 1024,0)"),
+            )),
+        }
+    }
+}
+
 /// Values of an explicit mask tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MaskValues {
@@ -211,6 +246,15 @@ pub struct AttentionOptions {
     pub key_lengths: Option<Vec<u32>>,
     /// Explicit mask, broadcastable to `[B, Hq, Lq, Lk]`.
     pub mask: Option<Mask>,
+    /// Sliding window around each query's aligned position; keys outside it are masked
+    /// and their tiles skipped.
+    pub window: Option<Window>,
+    /// ALiBi: one slope per query head (`[Hq]`); `−slope · |p(i) − j|` is added to
+    /// the scaled score.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Soft-capping (Gemma 2): the scaled score `s` becomes `cap · tanh(s / cap)`
+    /// before ALiBi, the additive mask and the masks.
+    pub softcap: Option<f32>,
     /// Which kernel path to use.
     pub kernel: KernelChoice,
     /// Tiling of the fused kernel.
@@ -223,6 +267,15 @@ pub struct AttentionOptions {
     pub need_lse: bool,
     /// Layout of the output; defaults to the layout of `q`.
     pub output_layout: Option<Layout>,
+}
+
+impl AttentionOptions {
+    /// `o` such that query `i`'s aligned position is `p(i) = i + o`, the position the
+    /// window and ALiBi measure from (docs/design.md, "Masks"): the causal mask's
+    /// alignment if there is one, else bottom-right (`Lk − Lq`), as flash-attn.
+    pub fn query_position_offset(&self, len_q: usize, len_k: usize) -> i64 {
+        self.causal.unwrap_or(CausalAlignment::BottomRight).offset(len_q, len_k)
+    }
 }
 
 /// Builds per-batch key lengths from token ids `[B, S]` (C order), for padding at the end.

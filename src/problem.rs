@@ -6,6 +6,10 @@ use crate::options::AttentionOptions;
 /// Largest head dimension (`D` and `Dv`) the kernels accept.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// Largest `Lq + Lk` with a sliding window or ALiBi: positions and their distances
+/// stay within an i32 in the kernels.
+pub const MAX_POSITIONS: usize = 1 << 30;
+
 /// Sizes of one attention problem, in BHSD terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
@@ -172,6 +176,34 @@ impl AttentionShape {
         }
         if let Some(mask) = &options.mask {
             mask.check_broadcast(self.weights_shape())?;
+        }
+        if let Some(slopes) = &options.alibi_slopes {
+            if slopes.len() != self.heads_q {
+                return Err(Error::shape(
+                    "ALiBi slopes",
+                    format!("{} entries (one per query head)", self.heads_q),
+                    slopes.len(),
+                ));
+            }
+            if let Some((h, x)) = slopes.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(Error::invalid("ALiBi slopes", format!("entry {h} is {x}, not finite")));
+            }
+        }
+        if let Some(cap) = options.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(Error::invalid(
+                    "softcap",
+                    format!("{cap} is not a finite number above 0"),
+                ));
+            }
+        }
+        // The kernels measure positions p(i) − j in i32 (attention_common.wgsl).
+        if (options.window.is_some() || options.alibi_slopes.is_some()) && self.len_q + self.len_k > MAX_POSITIONS {
+            return Err(Error::unsupported(
+                "query length + key length with a window or ALiBi",
+                self.len_q + self.len_k,
+                format!("at most {MAX_POSITIONS}"),
+            ));
         }
         Ok(())
     }

@@ -16,15 +16,37 @@ pub struct ReferenceOutput {
     pub lse: Vec<f64>,
     /// Largest |scaled score + bias| over visible positions (rounding errors scale with it).
     pub max_abs_score: f64,
-    /// Largest `scale · Σ_t |q_t k_t| + |bias|` over visible positions: what bounds the
-    /// rounding error of a score computed in f32, which can exceed |score| many times
-    /// when the products cancel.
+    /// Largest `scale · Σ_t |q_t k_t| + |bias|` (+ the soft cap, whose tanh rounds in
+    /// proportion to it) over visible positions: what bounds the rounding error of a
+    /// score computed in f32, which can exceed |score| many times when the products
+    /// cancel.
     pub max_abs_product: f64,
     /// Largest |v| over all values (output errors scale with it).
     pub max_abs_value: f64,
 }
 
-/// Whether query `i` may attend key `j`, and the additive bias if so.
+/// What is added to a visible position's (soft-capped) scaled score.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bias {
+    /// `−slope · |p(i) − j|`, or 0 without ALiBi.
+    pub alibi: f64,
+    /// The additive mask's value, or 0.
+    pub mask: f64,
+}
+
+impl Bias {
+    pub fn total(self) -> f64 {
+        self.alibi + self.mask
+    }
+
+    /// `|alibi| + |mask|`: what the f32 rounding of the two terms and their sum scales with.
+    pub fn magnitude(self) -> f64 {
+        self.alibi.abs() + self.mask.abs()
+    }
+}
+
+/// Whether query `i` may attend key `j`, and if so the bias added to its (soft-capped)
+/// scaled score (docs/design.md, "Masks").
 pub fn visible(
     shape: &AttentionShape,
     options: &AttentionOptions,
@@ -32,20 +54,45 @@ pub fn visible(
     h: usize,
     i: usize,
     j: usize,
-) -> Option<f64> {
+) -> Option<Bias> {
+    let (i, j) = (i as i64, j as i64);
     if let Some(align) = options.causal {
-        if j as i64 > i as i64 + align.offset(shape.len_q, shape.len_k) {
+        if j > i + align.offset(shape.len_q, shape.len_k) {
+            return None;
+        }
+    }
+    let pos = i + options.query_position_offset(shape.len_q, shape.len_k);
+    if let Some(window) = options.window {
+        if window.left.is_some_and(|left| j < pos - left as i64)
+            || window.right.is_some_and(|right| j > pos + right as i64)
+        {
             return None;
         }
     }
     if let Some(lens) = &options.key_lengths {
-        if j >= lens[b] as usize {
+        if j >= i64::from(lens[b]) {
             return None;
         }
     }
-    match &options.mask {
-        Some(mask) => mask.bias_at(b, h, i, j).map(f64::from),
-        None => Some(0.0),
+    let alibi = options
+        .alibi_slopes
+        .as_ref()
+        .map_or(0.0, |slopes| -f64::from(slopes[h]) * (pos - j).abs() as f64);
+    let mask = match &options.mask {
+        Some(mask) => f64::from(mask.bias_at(b, h, i as usize, j as usize)?),
+        None => 0.0,
+    };
+    Some(Bias { alibi, mask })
+}
+
+/// The scaled score after soft-capping, `cap · tanh(s / cap)` (unchanged without a cap).
+pub fn soft_capped(options: &AttentionOptions, scaled: f64) -> f64 {
+    match options.softcap {
+        Some(cap) => {
+            let cap = f64::from(cap);
+            cap * (scaled / cap).tanh()
+        }
+        None => scaled,
     }
 }
 
@@ -87,8 +134,10 @@ pub fn attention<T: Copy + Into<f64>>(
                     *score = visible(shape, options, b, h, i, j).map(|bias| {
                         let products = (0..d).map(|t| q_head[i * d + t].into() * k_head[j * d + t].into());
                         let (dot, abs) = products.fold((0.0, 0.0), |(s, a): (f64, f64), x| (s + x, a + x.abs()));
-                        max_abs_product = max_abs_product.max(abs * scale + bias.abs());
-                        dot * scale + bias
+                        // The soft cap's own rounding scales with the cap.
+                        let cap = options.softcap.map_or(0.0, f64::from);
+                        max_abs_product = max_abs_product.max(abs * scale + bias.magnitude() + cap);
+                        soft_capped(options, dot * scale) + bias.total()
                     });
                 }
                 let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);

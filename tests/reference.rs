@@ -2,7 +2,7 @@
 
 use wgpu_attention::reference::attention;
 use wgpu_attention::{
-    key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, AttentionShape, CausalAlignment, Mask,
+    key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, AttentionShape, CausalAlignment, Mask, Window,
 };
 
 fn close(got: f64, want: f64) -> bool {
@@ -141,4 +141,166 @@ fn token_helpers_follow_seed_003() {
         key_lengths_from_tokens(&tokens, 3, 0).is_err(),
         "10 tokens do not split into 3 rows"
     );
+}
+
+/// Equal scores (q = k constant) so each row's visible keys share its weight equally:
+/// the weights show exactly which keys a window lets through.
+fn uniform_weights(len_q: usize, len_k: usize, options: &AttentionOptions) -> Vec<f64> {
+    let q = vec![0.5f32; len_q];
+    let k = vec![0.5f32; len_k];
+    let v: Vec<f32> = (0..len_k).map(|j| j as f32).collect();
+    let s = AttentionShape::new(1, 1, 1, len_q, len_k, 1, 1);
+    attention(&q, &k, &v, &s, options).expect("valid problem").weights
+}
+
+fn assert_rows(weights: &[f64], visible: &[&[usize]], len_k: usize) {
+    for (i, keys) in visible.iter().enumerate() {
+        let want: Vec<f64> = (0..len_k)
+            .map(|j| {
+                if keys.contains(&j) {
+                    1.0 / keys.len() as f64
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let got = &weights[i * len_k..][..len_k];
+        assert!(
+            got.iter().zip(&want).all(|(g, w)| close(*g, *w)),
+            "row {i}: {got:?}, want {want:?}"
+        );
+    }
+}
+
+#[test]
+fn sliding_window_with_and_without_causal() {
+    // Lq = 2, Lk = 5, no causal: p(i) = i + 3 (bottom-right), so window (1, 1) shows row
+    // 0 (p = 3) keys 2..=4 and row 1 (p = 4) keys 3..=4 (5 does not exist).
+    let window = Some(Window {
+        left: Some(1),
+        right: Some(1),
+    });
+    let options = AttentionOptions {
+        window,
+        ..Default::default()
+    };
+    assert_rows(&uniform_weights(2, 5, &options), &[&[2, 3, 4], &[3, 4]], 5);
+    // Top-left causal moves p(i) to i and cuts the right side at p(i): row 0 sees key
+    // 0 only, row 1 keys 0..=1.
+    let options = AttentionOptions {
+        window,
+        causal: Some(CausalAlignment::TopLeft),
+        ..Default::default()
+    };
+    assert_rows(&uniform_weights(2, 5, &options), &[&[0], &[0, 1]], 5);
+    // Left edge only (Mistral's window of 2 keys back, with causal bottom-right).
+    let options = AttentionOptions {
+        window: Some(Window {
+            left: Some(2),
+            right: None,
+        }),
+        causal: Some(CausalAlignment::BottomRight),
+        ..Default::default()
+    };
+    assert_rows(
+        &uniform_weights(3, 6, &options),
+        &[&[1, 2, 3], &[2, 3, 4], &[3, 4, 5]],
+        6,
+    );
+}
+
+#[test]
+fn alibi_adds_minus_slope_times_distance() {
+    // One query (p(0) = Lk - 1 = 2) against three keys with equal raw scores; slope ln 2
+    // gives biases -2 ln 2, -ln 2, 0: weights proportional to 1/4, 1/2, 1.
+    let slope = std::f32::consts::LN_2;
+    let options = AttentionOptions {
+        alibi_slopes: Some(vec![slope]),
+        ..Default::default()
+    };
+    let w = uniform_weights(1, 3, &options);
+    // The slope is an f32, as on the GPU.
+    let e = |d: f64| (-f64::from(slope) * d).exp();
+    let total = e(2.0) + e(1.0) + e(0.0);
+    let want = [e(2.0) / total, e(1.0) / total, e(0.0) / total];
+    assert!((want[0] - 1.0 / 7.0).abs() < 1e-6);
+    for (g, x) in w.iter().zip(want) {
+        assert!(close(*g, x), "{w:?} vs {want:?}");
+    }
+    // A wrong slope count is refused.
+    let options = AttentionOptions {
+        alibi_slopes: Some(vec![slope, slope]),
+        ..Default::default()
+    };
+    let s = AttentionShape::new(1, 1, 1, 1, 3, 1, 1);
+    assert!(attention(&[1.0f32], &[1.0f32; 3], &[1.0f32; 3], &s, &options).is_err());
+}
+
+#[test]
+fn softcap_comes_before_the_additive_mask() {
+    // Raw scores 3 and 0 (scale 1); cap 1 squashes 3 to tanh(3); the additive 2 on key 1
+    // is added after the cap (capping it too would give tanh(2)).
+    let s = AttentionShape::new(1, 1, 1, 1, 2, 1, 1);
+    let options = AttentionOptions {
+        scale: Some(1.0),
+        softcap: Some(1.0),
+        mask: Some(Mask::additive(&[2], vec![0.0, 2.0]).expect("mask")),
+        ..Default::default()
+    };
+    let r = attention(&[3.0f32], &[1.0f32, 0.0], &[1.0f32, 0.0], &s, &options).expect("valid problem");
+    let (s0, s1) = (3f64.tanh(), 2.0);
+    let w0 = 1.0 / (1.0 + (s1 - s0).exp());
+    assert!(close(r.weights[0], w0), "{:?} vs {w0}", r.weights);
+    assert!(close(r.lse[0], (s0.exp() + s1.exp()).ln()));
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let options = AttentionOptions {
+            softcap: Some(bad),
+            ..Default::default()
+        };
+        assert!(
+            attention(&[3.0f32], &[1.0f32, 0.0], &[1.0f32, 0.0], &s, &options).is_err(),
+            "cap {bad}"
+        );
+    }
+}
+
+#[test]
+fn window_parses_as_flash_attn_spells_it() {
+    assert_eq!(
+        Window::parse("--window", "1024,0").expect("valid"),
+        Window {
+            left: Some(1024),
+            right: Some(0)
+        }
+    );
+    assert_eq!(
+        Window::parse("--window", "-1, 3").expect("valid"),
+        Window {
+            left: None,
+            right: Some(3)
+        }
+    );
+    for bad in ["", "5", "1,2,3", "a,1", "1.5,2"] {
+        assert!(Window::parse("--window", bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn windows_and_alibi_refuse_positions_past_i32() {
+    let s = AttentionShape::new(1, 1, 1, 1 << 29, (1 << 29) + 1, 1, 1);
+    let window = AttentionOptions {
+        window: Some(Window {
+            left: Some(4),
+            right: None,
+        }),
+        ..Default::default()
+    };
+    let err = s.check_options(&window).expect_err("Lq + Lk > 2^30");
+    assert!(err.to_string().contains("window or ALiBi"), "{err}");
+    let alibi = AttentionOptions {
+        alibi_slopes: Some(vec![0.5]),
+        ..Default::default()
+    };
+    assert!(s.check_options(&alibi).is_err());
+    assert!(s.check_options(&AttentionOptions::default()).is_ok());
 }

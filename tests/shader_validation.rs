@@ -97,11 +97,11 @@ fn uniform_layout_matches_rust() {
         ("q_stride_b", offset_of!(AttentionParams, q_stride_b)),
         ("q_stride_h", offset_of!(AttentionParams, q_stride_h)),
         ("q_stride_s", offset_of!(AttentionParams, q_stride_s)),
-        ("causal", offset_of!(AttentionParams, causal)),
+        ("has_right", offset_of!(AttentionParams, has_right)),
         ("k_stride_b", offset_of!(AttentionParams, k_stride_b)),
         ("k_stride_h", offset_of!(AttentionParams, k_stride_h)),
         ("k_stride_s", offset_of!(AttentionParams, k_stride_s)),
-        ("causal_offset", offset_of!(AttentionParams, causal_offset)),
+        ("pos_offset", offset_of!(AttentionParams, pos_offset)),
         ("v_stride_b", offset_of!(AttentionParams, v_stride_b)),
         ("v_stride_h", offset_of!(AttentionParams, v_stride_h)),
         ("v_stride_s", offset_of!(AttentionParams, v_stride_s)),
@@ -119,6 +119,11 @@ fn uniform_layout_matches_rust() {
         ("key_begin", offset_of!(AttentionParams, key_begin)),
         ("key_stop", offset_of!(AttentionParams, key_stop)),
         ("splits", offset_of!(AttentionParams, splits)),
+        ("right", offset_of!(AttentionParams, right)),
+        ("has_left", offset_of!(AttentionParams, has_left)),
+        ("left", offset_of!(AttentionParams, left)),
+        ("softcap", offset_of!(AttentionParams, softcap)),
+        ("has_alibi", offset_of!(AttentionParams, has_alibi)),
     ];
     let wgsl: Vec<(&str, usize)> = members
         .iter()

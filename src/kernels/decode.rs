@@ -31,7 +31,7 @@ const fn split_variant(rows: usize, preludes: &'static [&'static str], variant: 
                 Slot::K,
                 Slot::V,
                 Slot::Mask,
-                Slot::KeyLengths,
+                Slot::SideWords,
                 Slot::Scores,
             ],
             preludes,

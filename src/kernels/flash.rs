@@ -21,7 +21,7 @@ const SLOTS: &[Slot] = &[
     Slot::V,
     Slot::Output,
     Slot::Mask,
-    Slot::KeyLengths,
+    Slot::SideWords,
     Slot::Lse,
 ];
 

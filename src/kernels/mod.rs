@@ -192,7 +192,8 @@ pub(crate) struct AttentionBindings<'a> {
     pub v: &'a wgpu::Buffer,
     pub output: &'a wgpu::Buffer,
     pub mask: &'a wgpu::Buffer,
-    pub key_lengths: &'a wgpu::Buffer,
+    /// Key lengths, then ALiBi slopes (`side_words` in the WGSL).
+    pub side_words: &'a wgpu::Buffer,
     pub scores: &'a wgpu::Buffer,
     pub lse: &'a wgpu::Buffer,
 }
@@ -206,7 +207,7 @@ pub enum Slot {
     V = 3,
     Output = 4,
     Mask = 5,
-    KeyLengths = 6,
+    SideWords = 6,
     Scores = 7,
     Lse = 8,
 }
@@ -221,7 +222,7 @@ impl Slot {
             Slot::V => "v",
             Slot::Output => "output",
             Slot::Mask => "mask_words",
-            Slot::KeyLengths => "key_lengths",
+            Slot::SideWords => "side_words",
             Slot::Scores => "scores",
             Slot::Lse => "lse",
         }
@@ -241,7 +242,7 @@ impl<'a> AttentionBindings<'a> {
                     Slot::V => self.v,
                     Slot::Output => self.output,
                     Slot::Mask => self.mask,
-                    Slot::KeyLengths => self.key_lengths,
+                    Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
                 };

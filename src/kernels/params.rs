@@ -19,11 +19,13 @@ pub struct AttentionParams {
     pub q_stride_b: u32,
     pub q_stride_h: u32,
     pub q_stride_s: u32,
-    pub causal: u32,
+    /// Keys `j > p(i) + right` are masked (a causal mask is `right = 0`).
+    pub has_right: u32,
     pub k_stride_b: u32,
     pub k_stride_h: u32,
     pub k_stride_s: u32,
-    pub causal_offset: i32,
+    /// Query `i`'s aligned position is `p(i) = i + pos_offset`.
+    pub pos_offset: i32,
     pub v_stride_b: u32,
     pub v_stride_h: u32,
     pub v_stride_s: u32,
@@ -45,6 +47,14 @@ pub struct AttentionParams {
     pub key_stop: u32,
     /// Split-K decode: key splits, each a partial result (`flash_decode.wgsl`); 1 elsewhere.
     pub splits: u32,
+    pub right: u32,
+    /// Keys `j < p(i) − left` are masked (sliding window).
+    pub has_left: u32,
+    pub left: u32,
+    /// Soft cap of the scaled scores; 0 for none.
+    pub softcap: f32,
+    /// ALiBi slopes follow the key lengths in the side words (`[B]` then `[Hq]`).
+    pub has_alibi: u32,
 }
 
 /// `mask_kind` values, as the WGSL constants `MASK_*`.

@@ -14,7 +14,7 @@ pub const KERNEL: Kernel = Kernel {
         Slot::Q,
         Slot::K,
         Slot::Mask,
-        Slot::KeyLengths,
+        Slot::SideWords,
         Slot::Scores,
     ],
     preludes: super::ATTENTION_PRELUDE,

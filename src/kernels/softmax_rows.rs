@@ -10,7 +10,7 @@ pub const KERNEL: Kernel = Kernel {
     file: "softmax_rows.wgsl",
     source: include_str!("../../shaders/softmax_rows.wgsl"),
     entry: "main",
-    slots: &[Slot::Params, Slot::KeyLengths, Slot::Scores, Slot::Lse],
+    slots: &[Slot::Params, Slot::SideWords, Slot::Scores, Slot::Lse],
     preludes: super::ATTENTION_PRELUDE,
     variant: "",
 };

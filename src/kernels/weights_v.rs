@@ -9,7 +9,7 @@ pub const KERNEL: Kernel = Kernel {
     file: "weights_v.wgsl",
     source: include_str!("../../shaders/weights_v.wgsl"),
     entry: "main",
-    slots: &[Slot::Params, Slot::V, Slot::Output, Slot::KeyLengths, Slot::Scores],
+    slots: &[Slot::Params, Slot::V, Slot::Output, Slot::SideWords, Slot::Scores],
     preludes: super::ATTENTION_PRELUDE,
     variant: "",
 };

@@ -58,7 +58,7 @@ pub fn assert_case(ctx: &Context, case: &CheckCase) {
         run_case(ctx, case).unwrap_or_else(|e| panic!("case failed to run (seed {}): {e}\n{case:?}", case.seed));
     assert!(
         outcome.passed,
-        "GPU result differs from the reference (seed {}): {}\ncase: {:?} {:?} {:?} causal={:?} key_lengths={:?} mask={} weights={}",
+        "GPU result differs from the reference (seed {}): {}\ncase: {:?} {:?} {:?} causal={:?} key_lengths={:?} mask={} window={:?} alibi={:?} softcap={:?} weights={}",
         case.seed,
         outcome.summary(),
         case.shape,
@@ -67,6 +67,9 @@ pub fn assert_case(ctx: &Context, case: &CheckCase) {
         case.options.causal,
         case.options.key_lengths,
         case.options.mask.is_some(),
+        case.options.window,
+        case.options.alibi_slopes,
+        case.options.softcap,
         case.options.need_weights,
     );
 }
