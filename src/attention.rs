@@ -189,7 +189,7 @@ impl Plan {
             ResolvedKernel::Decode => Some(decode::choose_split(ctx, &shape)?),
             _ => None,
         };
-        let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options.need_weights)?;
+        let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options)?;
         let caps = ctx.capabilities();
         let binding = caps.max_storage_binding;
         for (what, bytes) in [
@@ -481,12 +481,27 @@ impl Plan {
 /// `kernels::loop_budget`); there the fused kernels split the keys across dispatches
 /// and the materialized path, which cannot, refuses (as does the fused path's weights
 /// pass, the same softmax kernel).
+/// The most keys a block of `rows` query rows walks when a window bounds both sides of
+/// every row's range (the right side by causality or the window): `left + right + rows`
+/// plus 3 for the loop start's alignment to 4, plus a tile of slack for the last tile
+/// (the widest is 64 keys). `None` when a side is unbounded.
+fn window_walk(options: &AttentionOptions, rows: usize) -> Option<usize> {
+    let window = options.window?;
+    let left = window.left?;
+    let right = match options.causal {
+        Some(_) => 0,
+        None => window.right?,
+    };
+    Some(left + right + rows + 3 + 64)
+}
+
 fn key_range_per_dispatch(
     ctx: &Context,
     kernel: &ResolvedKernel,
     shape: &AttentionShape,
-    weights: bool,
+    options: &AttentionOptions,
 ) -> Result<usize> {
+    let weights = options.need_weights;
     let all = shape.len_k.max(1);
     let Some(cap) = ctx.loop_cap() else {
         return Ok(all);
@@ -512,6 +527,18 @@ fn key_range_per_dispatch(
                         needed,
                         cap,
                     ));
+                }
+            }
+            // A window bounded on both sides bounds the keys any block walks, whatever
+            // Lk: one dispatch then suffices (splitting it anyway halved the speed of a
+            // 1024-key window at Lk = 8192 on Mesa 22.3's lavapipe).
+            if let Some(walk) = window_walk(options, config.rows(shape, ctx.capabilities())) {
+                let walked = AttentionShape {
+                    len_k: walk.min(shape.len_k),
+                    ..*shape
+                };
+                if loop_budget::fused_iterations(config, &walked) <= cap {
+                    return Ok(all);
                 }
             }
             let most = loop_budget::keys_per_dispatch(config, shape, cap).ok_or_else(|| {

@@ -6,7 +6,7 @@ use common::cli::{bin, read_f32, scratch, write_npy, write_raw_npy};
 use std::path::Path;
 use wgpu_attention::check::Rng;
 use wgpu_attention::reference::attention;
-use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment};
+use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, Window};
 
 #[test]
 fn run_matches_the_reference_with_masks_and_gqa() {
@@ -71,6 +71,49 @@ fn run_matches_the_reference_with_masks_and_gqa() {
     }
 }
 
+#[test]
+fn run_takes_a_window_alibi_slopes_and_a_softcap() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("run-window");
+    let s = AttentionShape::new(1, 2, 1, 3, 40, 8, 8);
+    let mut rng = Rng::new(78);
+    let q = rng.vec(2 * 3 * 8, -2.0, 2.0);
+    let k = rng.vec(40 * 8, -2.0, 2.0);
+    let v = rng.vec(40 * 8, -1.0, 1.0);
+    let slopes = [0.25f32, 0.0625];
+    write_npy(&dir.join("q.npy"), &[1, 2, 3, 8], &q);
+    write_npy(&dir.join("k.npy"), &[1, 1, 40, 8], &k);
+    write_npy(&dir.join("v.npy"), &[1, 1, 40, 8], &v);
+    write_npy(&dir.join("slopes.npy"), &[2], &slopes);
+    let options = AttentionOptions {
+        window: Some(Window {
+            left: Some(9),
+            right: None,
+        }),
+        alibi_slopes: Some(slopes.to_vec()),
+        softcap: Some(1.5),
+        ..Default::default()
+    };
+    let want = attention(&q, &k, &v, &s, &options).expect("reference");
+    for kernel in ["fused", "materialized", "decode"] {
+        let status = bin()
+            .current_dir(&dir)
+            .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"])
+            .args(["--window", "9,-1", "--alibi-slopes", "slopes.npy", "--softcap", "1.5"])
+            .args(["--kernel", kernel])
+            .status()
+            .expect("runs");
+        assert!(status.success(), "{kernel}: {status}");
+        let (_, out) = read_f32(&dir.join("o.npy"));
+        use wgpu_attention::check::{ErrorStats, Tolerance};
+        let bound = Tolerance::F32.bound(&s, &want, 0.0);
+        let err = ErrorStats::of(&out, &want.out);
+        assert!(err.passes(bound), "{kernel}: output {err:?}, bound {bound:e}");
+    }
+}
+
 /// Runs the CLI expecting exit 2, one stderr line containing `needle`, and no output.
 fn expect_bad_input(dir: &Path, args: &[&str], needle: &str) {
     let out_file = dir.join("o.npy");
@@ -107,6 +150,7 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
     write_npy(&dir.join("lens.npy"), &[3], &[1i32, 2, 3]);
     write_npy(&dir.join("neg.npy"), &[1], &[-1i64]);
     write_npy(&dir.join("mask.npy"), &[4, 5], &[true; 20]);
+    write_npy(&dir.join("slopes3.npy"), &[3], &[0.5f32; 3]);
     std::fs::write(dir.join("garbage.npy"), b"not a numpy file").expect("write");
     let base = ["run", "--q", "q.npy", "--k", "k5.npy", "--out", "o.npy"];
     let with = |extra: &[&'static str]| -> Vec<&'static str> {
@@ -133,6 +177,18 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
     expect_bad_input(&dir, &with(&["--v", "k5.npy", "--key-lengths", "neg.npy"]), "negative");
     expect_bad_input(&dir, &with(&["--v", "k5.npy", "--mask", "mask.npy"]), "mask");
     expect_bad_input(&dir, &with(&["--v", "k5.npy", "--scale", "inf"]), "scale");
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--window", "7"]), "LEFT,RIGHT");
+    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--softcap", "0"]), "softcap");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--alibi-slopes", "slopes3.npy"]),
+        "ALiBi slopes",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--alibi-slopes", "mask.npy"]),
+        "mask.npy",
+    );
     expect_bad_input(
         &dir,
         &with(&["--v", "k5.npy", "--adapter", "no-such-gpu"]),

@@ -92,8 +92,9 @@ fn keys_outside_the_window_never_contribute_on_every_path() {
 #[test]
 fn windows_alibi_and_softcap_survive_resumed_dispatches() {
     // As gpu_special's split-dispatch test: D = 256 under a forced loop cap cuts 3000
-    // keys into several dispatches; windows on both sides put a row's first and last
-    // visible keys in different ranges, and whole ranges outside some rows' windows.
+    // keys into several dispatches (a window open on the right does not bound the keys
+    // a block walks), so a row's first and last visible keys lie in different ranges,
+    // and whole ranges lie left of some rows' windows.
     let Some(ctx) = common::capped_ctx() else { return };
     let shape = AttentionShape::new(1, 2, 1, 37, 3000, 256, 256);
     let mut rng = Rng::new(31);
@@ -114,7 +115,7 @@ fn windows_alibi_and_softcap_survive_resumed_dispatches() {
                 tiling: spec.tiling,
                 window: Some(Window {
                     left: Some(1400),
-                    right: Some(300),
+                    right: None,
                 }),
                 alibi_slopes: Some(vec![0.01, 0.002]),
                 softcap: Some(rng.uniform(1.0, 4.0)),
@@ -126,6 +127,30 @@ fn windows_alibi_and_softcap_survive_resumed_dispatches() {
             c.range = 2.0;
             common::assert_case(ctx, &c);
         }
+    }
+}
+
+#[test]
+fn a_window_bounded_on_both_sides_runs_in_one_dispatch_within_the_cap() {
+    // 6000 keys at D = 256 would take several dispatches under the cap, but a causal
+    // window of 900 bounds every block's walk to about 1000 keys, so the host issues
+    // one dispatch (attention.rs, window_walk). On Mesa 22.3, whose driver really stops
+    // loops at the cap, a kernel that walked more keys than that would be wrong here.
+    let Some(ctx) = common::capped_ctx() else { return };
+    let shape = AttentionShape::new(1, 2, 2, 300, 6000, 256, 256);
+    for spec in FUSED_TILINGS.iter().filter(|s| ctx.fused_config(s.tiling).is_ok()) {
+        let options = AttentionOptions {
+            kernel: KernelChoice::Fused,
+            tiling: spec.tiling,
+            causal: Some(CausalAlignment::BottomRight),
+            window: Some(Window {
+                left: Some(900),
+                right: Some(5),
+            }),
+            alibi_slopes: Some(alibi_slopes(2)),
+            ..Default::default()
+        };
+        common::assert_case(ctx, &case(shape, options, DType::F32, 33));
     }
 }
 

@@ -13,7 +13,7 @@ use wgpu_attention::bench::probe::Probe;
 use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
 use wgpu_attention::bench::{gflops, Clock};
 use wgpu_attention::mha::MhaConfig;
-use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision};
+use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision, Window};
 
 /// Version tag of the JSON this command writes.
 pub const SCHEMA: &str = "wgpu-attention-bench/1";
@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// With --shape: also run each shape causal (top-left).
     #[arg(long)]
     causal: bool,
+    /// With --shape: also run each shape with this sliding window LEFT,RIGHT (-1 =
+    /// unbounded), causal too when --causal is given; FLOPs count the visible pairs.
+    #[arg(long, allow_hyphen_values = true, value_parser = super::run::parse_window)]
+    window: Option<Window>,
     /// f32, f16 or both (f16 rows only where the adapter has SHADER_F16).
     #[arg(long, default_value = "both")]
     dtype: String,
@@ -91,6 +95,7 @@ struct Plan {
     suite: Option<Suite>,
     shapes: Vec<AttentionShape>,
     causal: bool,
+    window: Option<Window>,
     dtypes: Vec<DType>,
     kernels: Vec<BenchKernel>,
     precision: Precision,
@@ -146,6 +151,7 @@ impl Plan {
             suite,
             shapes,
             causal: args.causal,
+            window: args.window,
             dtypes,
             kernels,
             precision: args.precision,
@@ -159,13 +165,18 @@ impl Plan {
             Some(suite) => suite.cases(f16),
             None => {
                 let causal: &[bool] = if self.causal { &[false, true] } else { &[false] };
+                let mut masks: Vec<(bool, Option<Window>)> = causal.iter().map(|&c| (c, None)).collect();
+                if let Some(window) = self.window {
+                    masks.push((self.causal, Some(window)));
+                }
                 let mut out = Vec::new();
                 for &shape in &self.shapes {
                     for dtype in [DType::F32, DType::F16] {
-                        for &causal in causal {
+                        for &(causal, window) in &masks {
                             out.push(BenchCase {
                                 shape,
                                 causal,
+                                window,
                                 dtype,
                                 precision: self.precision,
                             });
@@ -219,7 +230,7 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
                 .map_or(0, |d| d.as_secs()),
             "suite": plan.suite.map(|s| s.name()),
             "reps": args.reps,
-            "flops": "2*B*Hq*Lq*Lk*(D+Dv), i.e. 4*B*Hq*Lq*Lk*D when Dv = D; halved for causal",
+            "flops": "2*B*Hq*Lq*Lk*(D+Dv), i.e. 4*B*Hq*Lq*Lk*D when Dv = D; halved for causal; with a window, 2*B*Hq*(D+Dv) per visible pair",
             "compulsory_bytes": "Q, K, V read once and O written once, at the row's dtype",
             "runs": runs,
         });
@@ -305,7 +316,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         rows.extend(case_rows);
     }
     progress.finish_and_clear();
-    println!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal; GB/s count Q, K, V, O once.");
+    println!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once.");
 
     let caps = ctx.capabilities();
     Ok(json!({
@@ -360,7 +371,7 @@ pub fn shape_text(s: &AttentionShape) -> String {
 
 fn print_header() {
     println!(
-        "{:<26} {:<15} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9}",
+        "{:<26} {:<29} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9}",
         "B,Hq,Hkv,Lq,Lk,D,Dv",
         "mask",
         "dtype",
@@ -381,7 +392,7 @@ fn print_header() {
 
 fn print_row(row: &BenchRow) {
     let head = format!(
-        "{:<26} {:<15} {:<5} {:<18}",
+        "{:<26} {:<29} {:<5} {:<18}",
         shape_text(&row.case.shape),
         row.case.mask_name(),
         row.case.dtype.name(),

@@ -4,7 +4,8 @@ use super::npy::{self, MaskArray};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use wgpu_attention::{
-    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Precision, Tensor,
+    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Precision,
+    Tensor, Window,
 };
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -59,6 +60,20 @@ pub struct MaskArgs {
     /// Score scale (default 1/sqrt(D)).
     #[arg(long, allow_hyphen_values = true)]
     scale: Option<f32>,
+    /// Sliding window LEFT,RIGHT around each query's aligned position (flash-attn's
+    /// window_size; -1 leaves a side unbounded), e.g. 1024,0.
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_window)]
+    window: Option<Window>,
+    /// ALiBi slopes, float32 [Hq]: -slope * |p(i) - j| is added to the scaled scores.
+    #[arg(long)]
+    alibi_slopes: Option<PathBuf>,
+    /// Soft-cap the scaled scores at CAP: s -> CAP * tanh(s / CAP) (Gemma 2).
+    #[arg(long)]
+    softcap: Option<f32>,
+}
+
+pub fn parse_window(text: &str) -> Result<Window, String> {
+    Window::parse("window", text).map_err(|e| e.to_string())
 }
 
 #[derive(clap::Args)]
@@ -152,8 +167,25 @@ impl MaskArgs {
                 MaskArray::Additive(a) => Mask::additive(&a.shape, a.data)?,
             }),
         };
+        let alibi_slopes = match &args.alibi_slopes {
+            None => None,
+            Some(path) => {
+                let a = npy::read_float(path)?;
+                if a.shape.len() != 1 {
+                    return Err(CliError::bad(format!(
+                        "{}: ALiBi slopes must be 1-D [Hq], got shape {:?}",
+                        path.display(),
+                        a.shape
+                    )));
+                }
+                Some(a.data)
+            }
+        };
         Ok(AttentionOptions {
             scale: args.scale,
+            window: args.window,
+            alibi_slopes,
+            softcap: args.softcap,
             causal: args.causal.map(|c| match c {
                 CausalArg::TopLeft => CausalAlignment::TopLeft,
                 CausalArg::BottomRight => CausalAlignment::BottomRight,

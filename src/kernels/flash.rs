@@ -472,6 +472,11 @@ impl FlashConfig {
     pub fn name(&self) -> &'static str {
         self.spec().name
     }
+
+    /// Query rows one workgroup owns for this problem's head dims on this adapter.
+    pub fn rows(&self, s: &AttentionShape, caps: &Capabilities) -> usize {
+        (self.spec().launch)(s.head_dim as u32, s.head_dim_v as u32, caps).rows as usize
+    }
 }
 
 pub(crate) fn encode(
