@@ -66,6 +66,8 @@ struct Params {
     // ALiBi: -slope[h] * |p(i) - j| is added; the slopes follow the key lengths in
     // side_words.
     has_alibi: u32,
+    // Positions measured from each batch element's key length (query_pos).
+    align_to_lengths: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -109,20 +111,25 @@ fn head_of(bh: u32) -> Head {
     return Head(b, h, h / (p.heads_q / p.heads_kv));
 }
 
-// Query i's aligned position p(i), the origin of the window and of ALiBi distances.
-// i32 is enough: the host refuses Lq + Lk above 2^30 with a window or ALiBi, and clamps
-// left and right to Lq + Lk.
-fn query_pos(i: u32) -> i32 {
+// Query i's aligned position p(i) in batch element b, the causal boundary and the
+// origin of the window and of ALiBi distances: i + pos_offset, or with
+// align_to_lengths (a KV cache) i + key lengths[b] - Lq. i32 is enough: the host
+// refuses Lq + Lk above 2^30 with a window or ALiBi, and clamps left and right to
+// Lq + Lk.
+fn query_pos(b: u32, i: u32) -> i32 {
+    if p.align_to_lengths != 0u {
+        return i32(i) + i32(side_words[b]) - i32(p.len_q);
+    }
     return i32(i) + p.pos_offset;
 }
 
 // Keys before this index are masked for query i (the window's left edge). Non-decreasing
 // in i, so a block of rows can start its loop at its first row's (block_key_begin).
-fn key_start(i: u32) -> u32 {
+fn key_start(b: u32, i: u32) -> u32 {
     if p.has_left == 0u {
         return 0u;
     }
-    return u32(clamp(query_pos(i) - i32(p.left), 0, i32(p.len_k)));
+    return u32(clamp(query_pos(b, i) - i32(p.left), 0, i32(p.len_k)));
 }
 
 // Keys at or past this index are masked for query i by key lengths, causality or the
@@ -134,7 +141,7 @@ fn key_end(b: u32, i: u32) -> u32 {
         end = min(end, side_words[b]);
     }
     if p.has_right != 0u {
-        end = u32(clamp(query_pos(i) + i32(p.right) + 1, 0, i32(end)));
+        end = u32(clamp(query_pos(b, i) + i32(p.right) + 1, 0, i32(end)));
     }
     return end;
 }
@@ -147,8 +154,8 @@ fn in_key_range(j: vec4<u32>, start: vec4<u32>, end: vec4<u32>) -> vec4<bool> {
 // Where a block of rows starting at `first_row` begins its key loop in this dispatch:
 // tiles wholly left of its first row's window are skipped, not masked. A multiple of 4
 // (keys go in fours) when p.key_begin is.
-fn block_key_begin(first_row: u32) -> u32 {
-    return max(p.key_begin, key_start(first_row) / 4u * 4u);
+fn block_key_begin(b: u32, first_row: u32) -> u32 {
+    return max(p.key_begin, key_start(b, first_row) / 4u * 4u);
 }
 
 // The explicit-mask word for (b, h, i, j); broadcast axes have stride 0.
@@ -202,32 +209,34 @@ fn soft_cap(s: vec4<f32>) -> vec4<f32> {
     return p.softcap * sign(x) * ((1.0 - e) / (1.0 + e));
 }
 
-// The ALiBi bias of query heads h, rows i and keys j: -slope[h] * |p(i) - j|.
-fn alibi_bias(h: vec4<u32>, i: vec4<u32>, j: vec4<u32>) -> vec4<f32> {
+// The ALiBi bias of query heads h, rows i and keys j of batch element b:
+// -slope[h] * |p(i) - j|.
+fn alibi_bias(b: u32, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>) -> vec4<f32> {
     let slopes = bitcast<vec4<f32>>(vec4<u32>(
         side_words[p.batch + h.x],
         side_words[p.batch + h.y],
         side_words[p.batch + h.z],
         side_words[p.batch + h.w],
     ));
-    let distance = abs(vec4<i32>(i) + vec4<i32>(p.pos_offset) - vec4<i32>(j));
+    let pos = vec4<i32>(query_pos(b, i.x), query_pos(b, i.y), query_pos(b, i.z), query_pos(b, i.w));
+    let distance = abs(pos - vec4<i32>(j));
     return -slopes * vec4<f32>(distance);
 }
 
 // THE masking rule, the one place every attention kernel applies it (docs/design.md,
-// "Masks"), for four positions (query heads h, rows i, keys j): the scaled scores,
+// "Masks"), for four positions (batch element b, query heads h, rows i, keys j): the scaled scores,
 // whether each key lies in its row's visible range (key_start .. key_end: window,
 // causal, key lengths) and its explicit-mask word give the score the softmax sees:
 // -inf where any rule masks, else the soft-capped score plus the ALiBi and additive
 // biases. A masked position's own score never reaches the result, so NaN or inf there
 // is harmless.
-fn apply_masks(scaled: vec4<f32>, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>, in_range: vec4<bool>, w: vec4<u32>) -> vec4<f32> {
+fn apply_masks(scaled: vec4<f32>, b: u32, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>, in_range: vec4<bool>, w: vec4<u32>) -> vec4<f32> {
     var s = scaled;
     if p.softcap != 0.0 {
         s = soft_cap(s);
     }
     if p.has_alibi != 0u {
-        s += alibi_bias(h, i, j);
+        s += alibi_bias(b, h, i, j);
     }
     let allows = select(w != vec4<u32>(NEG_INF_BITS), w != vec4<u32>(0u), p.mask_kind == MASK_BOOL);
     let bias = select(vec4<f32>(0.0), bitcast<vec4<f32>>(w), p.mask_kind == MASK_ADDITIVE);

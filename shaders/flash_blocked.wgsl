@@ -93,7 +93,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
     for (var r = 0u; r < MR; r++) {
         let row = min(row0 + tr * MR + r, last_q);
         // A tile may run past this dispatch's key range; its keys belong to the next.
-        starts[r] = key_start(row);
+        starts[r] = key_start(hd.b, row);
         ends[r] = min(key_end(hd.b, row), p.key_stop);
         let seen = resumed_sum(resumed_max(hd, row)) != 0.0;
         for (var u = 0u; u < OC; u++) {
@@ -113,7 +113,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
 
     // Uniform across the workgroup: from its first row's first key to the last key its
     // last row sees.
-    let block_begin = block_key_begin(min(row0, last_q));
+    let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
     for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         load_tile(true, k_base, p.k_stride_s, tile0, d4, p.head_dim, tid);
@@ -150,7 +150,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
                 );
             }
             let in_range = in_key_range(keys, vec4<u32>(starts[r]), vec4<u32>(ends[r]));
-            let masked = apply_masks(s_tile[r], vec4<u32>(hd.h), vec4<u32>(row), keys, in_range, words);
+            let masked = apply_masks(s_tile[r], hd.b, vec4<u32>(hd.h), vec4<u32>(row), keys, in_range, words);
             for (var c = 0u; c < MC; c++) {
                 probs[(tr * MR + r) * BC + tc + c * TC] = masked[c];
             }

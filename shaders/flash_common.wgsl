@@ -45,9 +45,9 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     return RowSetup(
         hd,
         i,
-        key_start(i),
+        key_start(hd.b, i),
         key_end(hd.b, i),
-        block_key_begin(row0),
+        block_key_begin(hd.b, row0),
         block_end,
         hd.b * p.k_stride_b + hd.hk * p.k_stride_h,
         hd.b * p.v_stride_b + hd.hk * p.v_stride_h,
@@ -77,7 +77,7 @@ fn resume_row(hd: Head, i: u32) {
 fn mask4(raw: vec4<f32>, s: RowSetup, j0: u32) -> vec4<f32> {
     let keys = keys4(j0);
     let in_range = in_key_range(keys, vec4<u32>(s.start), vec4<u32>(s.end));
-    return apply_masks(raw, vec4<u32>(s.hd.h), vec4<u32>(s.i), keys, in_range, mask_words_of_keys(s.hd.b, s.hd.h, s.i, j0));
+    return apply_masks(raw, s.hd.b, vec4<u32>(s.hd.h), vec4<u32>(s.i), keys, in_range, mask_words_of_keys(s.hd.b, s.hd.h, s.i, j0));
 }
 
 // Online-softmax step for four masked scores: raises the running max, rescales the

@@ -149,7 +149,7 @@ fn flash_coop(
 
     // Uniform across the workgroup: from its first row's first key to the last key its
     // last row sees.
-    let block_begin = block_key_begin(min(row0, last_q));
+    let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
     for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         // 1. K tile.
@@ -177,7 +177,7 @@ fn flash_coop(
         // 3. Row owners: scale, mask, online-softmax step, P as f16. Everyone: V tile.
         for (var r = tid; r < BR; r += nt) {
             let i = min(row0 + r, last_q);
-            let start = vec4<u32>(key_start(i));
+            let start = vec4<u32>(key_start(hd.b, i));
             let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
             var tile_max = neg_inf();
             for (var j = 0u; j < BC; j += 4u) {
@@ -185,7 +185,7 @@ fn flash_coop(
                 let raw = vec4<f32>(ss[at], ss[at + 1u], ss[at + 2u], ss[at + 3u]) * p.scale;
                 let keys = keys4(tile0 + j);
                 let in_range = in_key_range(keys, start, end);
-                let s4 = apply_masks(raw, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
+                let s4 = apply_masks(raw, hd.b, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
                 ss[at] = s4.x;
                 ss[at + 1u] = s4.y;
                 ss[at + 2u] = s4.z;

@@ -53,7 +53,7 @@ fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
     let xc = min(x, n - 1u);
     let h = hk * group + xc / p.len_q;
     let i = xc % p.len_q;
-    return DecodeRow(x < n, h, i, key_start(i), select(0u, key_end(b, i), x < n));
+    return DecodeRow(x < n, h, i, key_start(b, i), select(0u, key_end(b, i), x < n));
 }
 
 @compute @workgroup_size(64)
@@ -140,7 +140,7 @@ fn decode_split(
                 rows[c] = row.i;
             }
             let scaled = vec4<f32>(raw[r4], raw[r4 + 1u], raw[r4 + 2u], raw[r4 + 3u]);
-            let masked = apply_masks(scaled, heads, rows, vec4<u32>(j), in_range, words);
+            let masked = apply_masks(scaled, b, heads, rows, vec4<u32>(j), in_range, words);
             for (var c = 0u; c < 4u; c++) {
                 s_tile[(r4 + c) * (DEC_TILE / 4u) + lid / 4u][lid % 4u] = masked[c];
             }

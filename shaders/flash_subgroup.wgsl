@@ -61,7 +61,7 @@ fn v_column(rows: vec4<u32>, d: u32) -> vec4<f32> {
 // The scores of key j for the 4 rows, masked: -inf where a rule masks (row r, j).
 fn mask_column(hd: Head, rows: vec4<u32>, starts: vec4<u32>, ends: vec4<u32>, j: u32, s: vec4<f32>) -> vec4<f32> {
     let keys = vec4<u32>(j);
-    return apply_masks(s, vec4<u32>(hd.h), rows, keys, in_key_range(keys, starts, ends), mask_words_of_rows(hd.b, hd.h, rows, j));
+    return apply_masks(s, hd.b, vec4<u32>(hd.h), rows, keys, in_key_range(keys, starts, ends), mask_words_of_rows(hd.b, hd.h, rows, j));
 }
 
 // Online-softmax step over the 4 keys of the block, for all 4 rows at once: raises the
@@ -125,7 +125,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let rows = vec4<u32>(row0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * stride_r;
     let last_q = p.len_q - 1u;
     let clamped = min(rows, vec4<u32>(last_q));
-    let starts = vec4<u32>(key_start(clamped.x), key_start(clamped.y), key_start(clamped.z), key_start(clamped.w));
+    let starts = vec4<u32>(key_start(hd.b, clamped.x), key_start(hd.b, clamped.y), key_start(hd.b, clamped.z), key_start(hd.b, clamped.w));
     let ends = vec4<u32>(
         key_end(hd.b, clamped.x),
         key_end(hd.b, clamped.y),
@@ -134,7 +134,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     );
     // Uniform across the workgroup: from its first row's first key to the last key its
     // last row sees.
-    let block_begin = block_key_begin(min(row0, last_q));
+    let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, last_q)), p.key_stop);
 
     let d8 = (p.head_dim + 7u) / 8u;

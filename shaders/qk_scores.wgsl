@@ -18,8 +18,8 @@ fn store_scores(acc: vec4<f32>, hd: Head, bh_local: u32, i: u32, j0: u32) {
         return;
     }
     let keys = keys4(j0);
-    let in_range = in_key_range(keys, vec4<u32>(key_start(i)), vec4<u32>(key_end(hd.b, i)));
-    let s = apply_masks(acc * p.scale, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, j0));
+    let in_range = in_key_range(keys, vec4<u32>(key_start(hd.b, i)), vec4<u32>(key_end(hd.b, i)));
+    let s = apply_masks(acc * p.scale, hd.b, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, j0));
     let row = bh_local * p.len_q + i;
     for (var c = 0u; c < 4u; c++) {
         if j0 + c < p.len_k {
@@ -39,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     }
     // A block wholly outside its rows' visible ranges (window, causal, key lengths) is
     // all -inf.
-    let skip = j0 >= key_end(hd.b, min(i0 + 3u, p.len_q - 1u)) || j0 + 4u <= key_start(i0);
+    let skip = j0 >= key_end(hd.b, min(i0 + 3u, p.len_q - 1u)) || j0 + 4u <= key_start(hd.b, i0);
 
     let q_base = hd.b * p.q_stride_b + hd.h * p.q_stride_h;
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;

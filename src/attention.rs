@@ -336,6 +336,7 @@ impl Plan {
             left: left.unwrap_or(0) as u32,
             softcap: options.softcap.unwrap_or(0.0),
             has_alibi: options.alibi_slopes.is_some() as u32,
+            align_to_lengths: options.aligns_to_key_lengths() as u32,
         }
     }
 

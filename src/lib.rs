@@ -30,6 +30,7 @@ pub mod error;
 #[cfg(feature = "viz")]
 pub mod heatmap;
 pub mod kernels;
+pub mod kv_cache;
 pub mod mha;
 pub mod options;
 pub mod problem;
@@ -39,6 +40,7 @@ pub mod tensor;
 pub use attention::{encode_sdpa, resolve_kernel, sdpa, AttentionOutput, ResolvedKernel};
 pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context, CoopConfig};
 pub use error::{Error, Result};
+pub use kv_cache::KvCache;
 pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
 pub use options::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,

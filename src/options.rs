@@ -255,6 +255,12 @@ pub struct AttentionOptions {
     /// Soft-capping (Gemma 2): the scaled score `s` becomes `cap · tanh(s / cap)`
     /// before ALiBi, the additive mask and the masks.
     pub softcap: Option<f32>,
+    /// Measure bottom-right positions from each batch element's key length instead of
+    /// `Lk`: query `i` of batch element `b` sits at `len[b] − Lq + i`, for the causal
+    /// mask, the window and ALiBi alike (a KV cache whose sequences have different
+    /// lengths; flash-attn's `cache_seqlens`). Needs `key_lengths`; no effect under a
+    /// top-left causal mask.
+    pub align_to_key_lengths: bool,
     /// Which kernel path to use.
     pub kernel: KernelChoice,
     /// Tiling of the fused kernel.
@@ -275,6 +281,21 @@ impl AttentionOptions {
     /// alignment if there is one, else bottom-right (`Lk − Lq`), as flash-attn.
     pub fn query_position_offset(&self, len_q: usize, len_k: usize) -> i64 {
         self.causal.unwrap_or(CausalAlignment::BottomRight).offset(len_q, len_k)
+    }
+
+    /// Whether positions come from the key lengths ([`Self::align_to_key_lengths`] and
+    /// a bottom-right alignment).
+    pub fn aligns_to_key_lengths(&self) -> bool {
+        self.align_to_key_lengths && self.causal != Some(CausalAlignment::TopLeft)
+    }
+
+    /// Query `i`'s aligned position `p(i)` in batch element `b` (docs/design.md,
+    /// "Masks"): the causal boundary and the origin of the window and ALiBi distances.
+    pub fn query_position(&self, len_q: usize, len_k: usize, b: usize, i: usize) -> i64 {
+        match (&self.key_lengths, self.aligns_to_key_lengths()) {
+            (Some(lens), true) => i as i64 + i64::from(lens[b]) - len_q as i64,
+            _ => i as i64 + self.query_position_offset(len_q, len_k),
+        }
     }
 }
 

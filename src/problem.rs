@@ -189,6 +189,12 @@ impl AttentionShape {
                 return Err(Error::invalid("ALiBi slopes", format!("entry {h} is {x}, not finite")));
             }
         }
+        if options.align_to_key_lengths && options.key_lengths.is_none() {
+            return Err(Error::invalid(
+                "align_to_key_lengths",
+                "needs key lengths to measure positions from",
+            ));
+        }
         if let Some(cap) = options.softcap {
             if !(cap.is_finite() && cap > 0.0) {
                 return Err(Error::invalid(

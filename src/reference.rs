@@ -55,13 +55,11 @@ pub fn visible(
     i: usize,
     j: usize,
 ) -> Option<Bias> {
-    let (i, j) = (i as i64, j as i64);
-    if let Some(align) = options.causal {
-        if j > i + align.offset(shape.len_q, shape.len_k) {
-            return None;
-        }
+    let pos = options.query_position(shape.len_q, shape.len_k, b, i);
+    let j = j as i64;
+    if options.causal.is_some() && j > pos {
+        return None;
     }
-    let pos = i + options.query_position_offset(shape.len_q, shape.len_k);
     if let Some(window) = options.window {
         if window.left.is_some_and(|left| j < pos - left as i64)
             || window.right.is_some_and(|right| j > pos + right as i64)
@@ -79,7 +77,7 @@ pub fn visible(
         .as_ref()
         .map_or(0.0, |slopes| -f64::from(slopes[h]) * (pos - j).abs() as f64);
     let mask = match &options.mask {
-        Some(mask) => f64::from(mask.bias_at(b, h, i as usize, j as usize)?),
+        Some(mask) => f64::from(mask.bias_at(b, h, i, j as usize)?),
         None => 0.0,
     };
     Some(Bias { alibi, mask })

@@ -304,3 +304,25 @@ fn windows_and_alibi_refuse_positions_past_i32() {
     assert!(s.check_options(&alibi).is_err());
     assert!(s.check_options(&AttentionOptions::default()).is_ok());
 }
+
+#[test]
+fn positions_aligned_to_each_key_length() {
+    // Two batch elements holding 3 and 5 keys of Lk = 5; Lq = 2, causal bottom-right
+    // measured from each length: element 0's rows sit at 1 and 2, element 1's at 3, 4.
+    let s = AttentionShape::new(2, 1, 1, 2, 5, 1, 1);
+    let options = AttentionOptions {
+        causal: Some(CausalAlignment::BottomRight),
+        key_lengths: Some(vec![3, 5]),
+        align_to_key_lengths: true,
+        ..Default::default()
+    };
+    let r = attention(&[0.5f32; 4], &[0.5f32; 10], &[1.0f32; 10], &s, &options).expect("valid problem");
+    assert_rows(&r.weights[..10], &[&[0, 1], &[0, 1, 2]], 5);
+    assert_rows(&r.weights[10..], &[&[0, 1, 2, 3], &[0, 1, 2, 3, 4]], 5);
+    // Without key lengths there is nothing to align to.
+    let options = AttentionOptions {
+        align_to_key_lengths: true,
+        ..Default::default()
+    };
+    assert!(attention(&[0.5f32; 4], &[0.5f32; 10], &[1.0f32; 10], &s, &options).is_err());
+}

@@ -124,6 +124,7 @@ fn uniform_layout_matches_rust() {
         ("left", offset_of!(AttentionParams, left)),
         ("softcap", offset_of!(AttentionParams, softcap)),
         ("has_alibi", offset_of!(AttentionParams, has_alibi)),
+        ("align_to_lengths", offset_of!(AttentionParams, align_to_lengths)),
     ];
     let wgsl: Vec<(&str, usize)> = members
         .iter()

@@ -9,6 +9,7 @@
 pub mod coop_emulation;
 pub mod decode;
 pub mod flash;
+pub mod kv_append;
 pub mod layer_norm;
 pub mod loop_budget;
 pub mod loop_probe;
@@ -51,8 +52,9 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 29] = [
+pub const ALL_KERNELS: [Kernel; 30] = [
     loop_probe::KERNEL,
+    kv_append::KERNEL,
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,

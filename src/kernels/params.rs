@@ -55,6 +55,9 @@ pub struct AttentionParams {
     pub softcap: f32,
     /// ALiBi slopes follow the key lengths in the side words (`[B]` then `[Hq]`).
     pub has_alibi: u32,
+    /// Bottom-right positions measured from each batch element's key length (a KV
+    /// cache) instead of `Lk`.
+    pub align_to_lengths: u32,
 }
 
 /// `mask_kind` values, as the WGSL constants `MASK_*`.

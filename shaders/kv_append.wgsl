@@ -1,0 +1,43 @@
+// Appends new key or value rows to a KV cache in place (src/kv_cache.rs): row s of
+// (batch element b, kv head h) of the new rows becomes row starts[b] + s of the cache,
+// for s < counts[b] (rows past a batch element's count are not written). Source and
+// cache are addressed by strides, so either may be BHSD or BSHD; both hold `elem`.
+//
+// Tiling: workgroups of 64 invocations; workgroup row y is one (b, h) pair and the
+// invocations of a row stride over its new_len x dim elements (one element each per
+// trip), so any number of new rows fits one dispatch.
+
+struct AppendParams {
+    heads: u32,
+    new_len: u32,
+    dim: u32,
+    batch: u32,
+    src_b: u32,
+    src_h: u32,
+    src_s: u32,
+    dst_b: u32,
+    dst_h: u32,
+    dst_s: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> ap: AppendParams;
+@group(0) @binding(1) var<storage, read> src: array<elem>;
+@group(0) @binding(2) var<storage, read_write> dst: array<elem>;
+// starts[b] = rows_of[b], counts[b] = rows_of[batch + b].
+@group(0) @binding(3) var<storage, read> rows_of: array<u32>;
+
+@compute @workgroup_size(64, 1, 1)
+fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let b = gid.y / ap.heads;
+    let h = gid.y % ap.heads;
+    let start = rows_of[b];
+    let count = min(rows_of[ap.batch + b], ap.new_len);
+    let total = count * ap.dim;
+    for (var x = gid.x; x < total; x += groups.x * 64u) {
+        let s = x / ap.dim;
+        let d = x % ap.dim;
+        dst[b * ap.dst_b + h * ap.dst_h + (start + s) * ap.dst_s + d] = src[b * ap.src_b + h * ap.src_h + s * ap.src_s + d];
+    }
+}

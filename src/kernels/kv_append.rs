@@ -1,0 +1,99 @@
+//! `shaders/kv_append.wgsl`: new key or value rows written into a KV cache in place.
+
+use super::{dispatch, pipeline, Kernel};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use bytemuck::{Pod, Zeroable};
+
+pub const KERNEL: Kernel = Kernel {
+    file: "kv_append.wgsl",
+    source: include_str!("../../shaders/kv_append.wgsl"),
+    entry: "kv_append",
+    slots: &[],
+    preludes: &[],
+    variant: "",
+};
+
+/// Mirror of WGSL `AppendParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AppendParams {
+    pub heads: u32,
+    pub new_len: u32,
+    pub dim: u32,
+    pub batch: u32,
+    pub src_b: u32,
+    pub src_h: u32,
+    pub src_s: u32,
+    pub dst_b: u32,
+    pub dst_h: u32,
+    pub dst_s: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
+/// Records: rows `0 .. counts[b]` of `src` (`[B, H, n, dim]`, any layout) become rows
+/// `starts[b] ..` of `dst` (`[B, H, capacity, dim]`, any layout, the same dtype). The
+/// caller has checked shapes and that every row fits.
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &Tensor,
+    dst: &Tensor,
+    starts: &[u32],
+    counts: &[u32],
+) -> Result<()> {
+    let [batch, heads, new_len, dim] = src.shape();
+    let pairs = batch * heads;
+    let max = ctx.capabilities().max_workgroups_per_dim;
+    if pairs > max as usize {
+        return Err(Error::LimitExceeded {
+            what: format!("KV cache append over {batch} x {heads} (batch, head) pairs"),
+            limit: "max_compute_workgroups_per_dimension",
+            unit: "workgroups",
+            requested: pairs as u64,
+            max: u64::from(max),
+        });
+    }
+    let [sb, sh, ss, _] = src.strides();
+    let [db, dh, ds, _] = dst.strides();
+    let params = AppendParams {
+        heads: heads as u32,
+        new_len: new_len as u32,
+        dim: dim as u32,
+        batch: batch as u32,
+        src_b: sb as u32,
+        src_h: sh as u32,
+        src_s: ss as u32,
+        dst_b: db as u32,
+        dst_h: dh as u32,
+        dst_s: ds as u32,
+        ..Default::default()
+    };
+    let params = ctx.create_buffer_init(
+        "kv append params",
+        bytemuck::bytes_of(&params),
+        wgpu::BufferUsages::UNIFORM,
+    )?;
+    let rows_of: Vec<u32> = starts.iter().chain(counts).copied().collect();
+    let rows_of = ctx.create_buffer_init(
+        "kv append rows",
+        bytemuck::cast_slice(&rows_of),
+        wgpu::BufferUsages::STORAGE,
+    )?;
+    let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
+    // Enough workgroups per row that each invocation takes a handful of elements (the
+    // grid-stride loop stays far below llvmpipe's loop cap).
+    let per_pair = (new_len * dim).div_ceil(64).clamp(1, max as usize) as u32;
+    ctx.scoped("recording a KV cache append", || {
+        dispatch(
+            ctx,
+            encoder,
+            &pipeline,
+            &[(0, &params), (1, src.buffer()), (2, dst.buffer()), (3, &rows_of)],
+            [per_pair, pairs as u32, 1],
+        );
+        Ok(())
+    })
+}

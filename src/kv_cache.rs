@@ -1,0 +1,201 @@
+//! A KV cache for generating tokens: keys and values of one attention layer kept on
+//! the device with room to grow, one length per batch element, new rows written in
+//! place (docs/design.md, "KV cache").
+
+use crate::attention::{sdpa, AttentionOutput};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::kv_append;
+use crate::options::AttentionOptions;
+use crate::tensor::{DType, Layout, Tensor};
+
+/// Keys `[B, Hkv, capacity, D]` and values `[B, Hkv, capacity, Dv]` in one layout and
+/// dtype, of which batch element `b` holds its first `lengths()[b]` rows.
+///
+/// [`KvCache::append`] writes new rows after each element's last one, never
+/// reallocating; a cache that would overflow refuses and is left as it was, and
+/// [`KvCache::grow`] makes room explicitly. [`KvCache::attend`] runs attention of new
+/// queries against what each element holds, positions aligned bottom-right to each
+/// element's own length (the last query row sits at the last cached key).
+pub struct KvCache {
+    k: Tensor,
+    v: Tensor,
+    lengths: Vec<u32>,
+}
+
+impl KvCache {
+    /// An empty cache; `layout` and `dtype` are those of the rows it will be given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        batch: usize,
+        heads_kv: usize,
+        capacity: usize,
+        head_dim: usize,
+        head_dim_v: usize,
+        layout: Layout,
+        dtype: DType,
+    ) -> Result<Self> {
+        if capacity == 0 || capacity > u32::MAX as usize / 2 {
+            return Err(Error::unsupported("KV cache capacity", capacity, "1 to 2^31 - 1 rows"));
+        }
+        // Buffers start zeroed, so unwritten rows are finite, as masked value rows must be.
+        Ok(KvCache {
+            k: Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?,
+            v: Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?,
+            lengths: vec![0; batch],
+        })
+    }
+
+    /// Rows each batch element can hold.
+    pub fn capacity(&self) -> usize {
+        self.k.shape()[2]
+    }
+
+    /// Rows each batch element holds.
+    pub fn lengths(&self) -> &[u32] {
+        &self.lengths
+    }
+
+    /// The key tensor `[B, Hkv, capacity, D]`; rows past an element's length are not
+    /// part of its sequence.
+    pub fn keys(&self) -> &Tensor {
+        &self.k
+    }
+
+    /// The value tensor `[B, Hkv, capacity, Dv]`.
+    pub fn values(&self) -> &Tensor {
+        &self.v
+    }
+
+    /// Appends all `n` rows of `k_new` `[B, Hkv, n, D]` and `v_new` `[B, Hkv, n, Dv]`
+    /// (the cache's dtype, any layout) to every batch element.
+    pub fn append(&mut self, ctx: &Context, k_new: &Tensor, v_new: &Tensor) -> Result<()> {
+        let n = k_new.shape()[2];
+        let counts = vec![u32::try_from(n).unwrap_or(u32::MAX); self.lengths.len()];
+        self.append_rows(ctx, k_new, v_new, &counts)
+    }
+
+    /// Appends the first `counts[b]` of the `n` rows of `k_new` and `v_new` to batch
+    /// element `b` (sequences of a batch that grow unevenly, e.g. ragged prompts).
+    pub fn append_rows(&mut self, ctx: &Context, k_new: &Tensor, v_new: &Tensor, counts: &[u32]) -> Result<()> {
+        self.check_rows("k_new", k_new, self.k.shape()[3])?;
+        self.check_rows("v_new", v_new, self.v.shape()[3])?;
+        let n = k_new.shape()[2];
+        if v_new.shape()[2] != n {
+            return Err(Error::shape(
+                "rows of v_new",
+                format!("{n} (from k_new)"),
+                v_new.shape()[2],
+            ));
+        }
+        if counts.len() != self.lengths.len() {
+            return Err(Error::shape(
+                "append counts",
+                format!("{} entries (one per batch element)", self.lengths.len()),
+                counts.len(),
+            ));
+        }
+        for (b, (&count, &len)) in counts.iter().zip(&self.lengths).enumerate() {
+            if count as usize > n {
+                return Err(Error::invalid(
+                    "append counts",
+                    format!("entry {b} is {count}, more than the {n} rows given"),
+                ));
+            }
+            let needed = len as usize + count as usize;
+            if needed > self.capacity() {
+                return Err(Error::LimitExceeded {
+                    what: format!(
+                        "KV cache rows of batch element {b} ({len} held + {count} appended; KvCache::grow makes room)"
+                    ),
+                    limit: "the cache's capacity",
+                    unit: "rows",
+                    requested: needed as u64,
+                    max: self.capacity() as u64,
+                });
+            }
+        }
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &self.lengths, counts)?;
+        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &self.lengths, counts)?;
+        ctx.scoped("submitting a KV cache append", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        for (len, count) in self.lengths.iter_mut().zip(counts) {
+            *len += count;
+        }
+        Ok(())
+    }
+
+    /// Reallocates to hold `capacity` rows per batch element, keeping every held row.
+    pub fn grow(&mut self, ctx: &Context, capacity: usize) -> Result<()> {
+        let held = self.lengths.iter().copied().max().unwrap_or(0) as usize;
+        if capacity < held {
+            return Err(Error::invalid(
+                "KV cache capacity",
+                format!("{capacity} rows cannot keep the {held} a batch element holds"),
+            ));
+        }
+        let [b, h, _, d] = self.k.shape();
+        let dv = self.v.shape()[3];
+        let mut grown = KvCache::new(ctx, b, h, capacity, d, dv, self.k.layout(), self.k.dtype())?;
+        let from_start = vec![0; b];
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        kv_append::encode(ctx, &mut encoder, &self.k, &grown.k, &from_start, &self.lengths)?;
+        kv_append::encode(ctx, &mut encoder, &self.v, &grown.v, &from_start, &self.lengths)?;
+        ctx.scoped("submitting a KV cache growth", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        grown.lengths = std::mem::take(&mut self.lengths);
+        *self = grown;
+        Ok(())
+    }
+
+    /// Forgets every row (the buffers are kept).
+    pub fn clear(&mut self) {
+        self.lengths.fill(0);
+    }
+
+    /// Attention of `q` `[B, Hq, Lq, D]` against the rows each batch element holds:
+    /// keys past an element's length are masked, and positions are aligned bottom-right
+    /// to that length (query `i` of element `b` sits at `len[b] − Lq + i`) for the
+    /// causal mask, the window and ALiBi. Every other option applies as in
+    /// [`crate::sdpa`]; `key_lengths` must be left unset (the cache supplies them).
+    pub fn attend(&self, ctx: &Context, q: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
+        if options.key_lengths.is_some() {
+            return Err(Error::invalid(
+                "key lengths with a KV cache",
+                "the cache supplies them (its lengths); leave AttentionOptions::key_lengths unset",
+            ));
+        }
+        let options = AttentionOptions {
+            key_lengths: Some(self.lengths.clone()),
+            align_to_key_lengths: true,
+            ..options.clone()
+        };
+        sdpa(ctx, q, &self.k, &self.v, &options)
+    }
+
+    fn check_rows(&self, what: &str, t: &Tensor, dim: usize) -> Result<()> {
+        let [b, h, _, _] = self.k.shape();
+        let [tb, th, _, td] = t.shape();
+        if (tb, th, td) != (b, h, dim) {
+            return Err(Error::shape(
+                format!("{what} ([B, Hkv, n, dim] of the cache)"),
+                format!("[{b}, {h}, n, {dim}]"),
+                format!("{:?}", t.shape()),
+            ));
+        }
+        if t.dtype() != self.k.dtype() {
+            return Err(Error::shape(
+                format!("dtype of {what}"),
+                self.k.dtype().name(),
+                t.dtype().name(),
+            ));
+        }
+        Ok(())
+    }
+}
