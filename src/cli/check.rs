@@ -83,6 +83,16 @@ fn describe(case: &CheckCase) -> String {
             wgpu_attention::MaskValues::Additive(_) => "additive-mask".into(),
         });
     }
+    if let Some(w) = case.options.window {
+        let side = |x: Option<usize>| x.map_or("-1".to_string(), |n| n.to_string());
+        masks.push(format!("window {},{}", side(w.left), side(w.right)));
+    }
+    if case.options.alibi_slopes.is_some() {
+        masks.push("alibi".into());
+    }
+    if let Some(cap) = case.options.softcap {
+        masks.push(format!("softcap {cap:.2}"));
+    }
     format!(
         "B{} Hq{} Hkv{} Lq{} Lk{} D{} Dv{} {:?} {}",
         s.batch,
