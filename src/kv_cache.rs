@@ -163,7 +163,8 @@ impl KvCache {
     /// keys past an element's length are masked, and positions are aligned bottom-right
     /// to that length (query `i` of element `b` sits at `len[b] − Lq + i`) for the
     /// causal mask, the window and ALiBi. Every other option applies as in
-    /// [`crate::sdpa`]; `key_lengths` must be left unset (the cache supplies them).
+    /// [`crate::sdpa`] with `Lk` = the capacity (an explicit mask spans the capacity's
+    /// keys); `key_lengths` must be left unset (the cache supplies them).
     pub fn attend(&self, ctx: &Context, q: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
         if options.key_lengths.is_some() {
             return Err(Error::invalid(
