@@ -484,8 +484,9 @@ impl Plan {
 /// pass, the same softmax kernel).
 /// The most keys a block of `rows` query rows walks when a window bounds both sides of
 /// every row's range (the right side by causality or the window): `left + right + rows`
-/// plus 3 for the loop start's alignment to 4, plus a tile of slack for the last tile
-/// (the widest is 64 keys). `None` when a side is unbounded.
+/// plus 3 for the loop start's alignment to 4, plus 64 keys of margin (the iteration
+/// models already count whole tiles from the first key, so a block's tiles over this
+/// walk are never more than over `len_k = walk`). `None` when a side is unbounded.
 fn window_walk(options: &AttentionOptions, rows: usize) -> Option<usize> {
     let window = options.window?;
     let left = window.left?;

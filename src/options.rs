@@ -58,6 +58,14 @@ impl Window {
     }
 }
 
+/// `LEFT,RIGHT` as [`Window::parse`] reads it (-1 for an unbounded side).
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let side = |x: Option<usize>| x.map_or("-1".to_string(), |n| n.to_string());
+        write!(f, "{},{}", side(self.left), side(self.right))
+    }
+}
+
 /// Values of an explicit mask tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MaskValues {

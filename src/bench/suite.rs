@@ -141,10 +141,7 @@ impl BenchCase {
         let base = if self.causal { "causal-top-left" } else { "none" };
         match self.window {
             None => base.to_string(),
-            Some(w) => {
-                let side = |x: Option<usize>| x.map_or("-1".to_string(), |n| n.to_string());
-                format!("{base}+window={},{}", side(w.left), side(w.right))
-            }
+            Some(w) => format!("{base}+window={w}"),
         }
     }
 

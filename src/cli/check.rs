@@ -84,8 +84,7 @@ fn describe(case: &CheckCase) -> String {
         });
     }
     if let Some(w) = case.options.window {
-        let side = |x: Option<usize>| x.map_or("-1".to_string(), |n| n.to_string());
-        masks.push(format!("window {},{}", side(w.left), side(w.right)));
+        masks.push(format!("window {w}"));
     }
     if case.options.alibi_slopes.is_some() {
         masks.push("alibi".into());
