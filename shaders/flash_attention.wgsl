@@ -25,7 +25,7 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
     let d4 = (p.head_dim + 3u) / 4u;
     let dv4 = (p.head_dim_v + 3u) / 4u;
     for (var j0 = s.block_begin; j0 < s.block_end; j0 += 4u) {
-        let kr = row_offsets(s.k_base, p.k_stride_s, j0);
+        let kr = row_offsets(true, s.hd.b, s.k_base, j0);
         var raw = vec4<f32>(0.0);
         for (var t = 0u; t < d4; t++) {
             let qt = q_row[t];
@@ -37,7 +37,7 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
             );
         }
         let pr = online_step(mask4(raw, s, j0));
-        let vr = row_offsets(s.v_base, p.v_stride_s, j0);
+        let vr = row_offsets(false, s.hd.b, s.v_base, j0);
         for (var t = 0u; t < dv4; t++) {
             acc[t] += pr.x * load4(false, vr.x, t, p.head_dim_v) + pr.y * load4(false, vr.y, t, p.head_dim_v)
                 + pr.z * load4(false, vr.z, t, p.head_dim_v) + pr.w * load4(false, vr.w, t, p.head_dim_v);
@@ -64,11 +64,11 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
         for (var x = lid.x; x < tile_keys * (d4 + dv4); x += ROWS) {
             if x < v_off {
                 let key = min(tile0 + x / d4, last_k);
-                kv_tile[x] = load4(true, s.k_base + key * p.k_stride_s, x % d4, p.head_dim);
+                kv_tile[x] = load4(true, s.k_base + kv_offset(true, s.hd.b, key), x % d4, p.head_dim);
             } else {
                 let y = x - v_off;
                 let key = min(tile0 + y / dv4, last_k);
-                kv_tile[x] = load4(false, s.v_base + key * p.v_stride_s, y % dv4, p.head_dim_v);
+                kv_tile[x] = load4(false, s.v_base + kv_offset(false, s.hd.b, key), y % dv4, p.head_dim_v);
             }
         }
         workgroupBarrier();

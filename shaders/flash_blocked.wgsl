@@ -46,13 +46,13 @@ var<private> s_tile: array<vec4<f32>, MR>;
 
 // Copies rows tile0 .. tile0 + BC of K (or V) into `kv`: `d4` vec4s of `len` elements
 // each, zeros past the last key.
-fn load_tile(src_is_k: bool, base: u32, stride: u32, tile0: u32, d4: u32, len: u32, tid: u32) {
+fn load_tile(src_is_k: bool, b: u32, base: u32, tile0: u32, d4: u32, len: u32, tid: u32) {
     for (var x = tid; x < BC * d4; x += NT) {
         let j = x / d4;
         let t = x % d4;
         var value = vec4<f32>(0.0);
         if tile0 + j < p.len_k {
-            value = load4(src_is_k, base + (tile0 + j) * stride, t, len);
+            value = load4(src_is_k, base + kv_offset(src_is_k, b, tile0 + j), t, len);
         }
         kv[j * KS + t] = value;
     }
@@ -116,7 +116,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
     let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
     for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
-        load_tile(true, k_base, p.k_stride_s, tile0, d4, p.head_dim, tid);
+        load_tile(true, hd.b, k_base, tile0, d4, p.head_dim, tid);
         workgroupBarrier();
 
         // 2. Scores of rows tr * MR + r and keys tc + c * TC.
@@ -176,7 +176,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
             row_max[tid] = new_max;
             row_alpha[tid] = alpha;
         }
-        load_tile(false, v_base, p.v_stride_s, tile0, dv4, p.head_dim_v, tid);
+        load_tile(false, hd.b, v_base, tile0, dv4, p.head_dim_v, tid);
         workgroupBarrier();
 
         // 4. O micro-tile: rescale, then add probs x V.

@@ -57,13 +57,13 @@ var<workgroup> moved: atomic<u32>; // some row's reference maximum moved this ti
 
 // Stages rows tile0 .. tile0 + BC of K (or V) as f16, zeros past `stop` keys and
 // `len` head dims.
-fn stage_kv(src_is_k: bool, base: u32, stride: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
+fn stage_kv(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
     for (var x = tid; x < BC * DMAX; x += NSG * SG) {
         let j = x / DMAX;
         let d = x % DMAX;
         var value = f16(0.0);
         if tile0 + j < stop && d < len {
-            let at = base + (tile0 + j) * stride + d;
+            let at = base + kv_offset(src_is_k, b, tile0 + j) + d;
             if src_is_k {
                 value = f16(k[at]);
             } else {
@@ -153,7 +153,7 @@ fn flash_coop(
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
     for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         // 1. K tile.
-        stage_kv(true, k_base, p.k_stride_s, tile0, p.head_dim, p.len_k, tid);
+        stage_kv(true, hd.b, k_base, tile0, p.head_dim, p.len_k, tid);
         workgroupBarrier();
 
         // 2. This band's scores, unscaled.
@@ -221,7 +221,7 @@ fn flash_coop(
             row_max[r] = m;
             row_alpha[r] = alpha;
         }
-        stage_kv(false, v_base, p.v_stride_s, tile0, p.head_dim_v, kv_stop, tid);
+        stage_kv(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
         let rescale = workgroupUniformLoad(&moved);
 
         // Rare: some row's reference maximum moved; rescale every row's output tiles

@@ -8,7 +8,7 @@
 // p.splits, and row block y of (batch, kv head, row block). Keys go in tiles of 64:
 //   1. scores: invocation t takes key tile0 + t and computes its dot products with the
 //      DEC_ROWS Q rows (in workgroup memory, read at the same address by every lane),
-//      masks them and stores them in `s_tile`;
+//      masks them and stores them in `s_tile`, and the key's V row offset in `v_rows`;
 //   2. softmax: invocation r < DEC_ROWS raises row r's running maximum over the tile,
 //      turns its 64 scores into probabilities and rescales its running sum;
 //   3. values: invocation t owns output columns t, t + 64, t + 128, t + 192 of every
@@ -29,6 +29,9 @@ var<workgroup> q_tile: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>; // pre-scaled 
 var<workgroup> s_tile: array<vec4<f32>, DEC_ROWS * DEC_TILE / 4u>; // scores, then probabilities
 var<workgroup> row_alpha: array<f32, DEC_ROWS>;
 var<workgroup> row_inv: array<f32, DEC_ROWS>;
+// Offset of each tile key's V row, found once by the key's own lane (a paged cache
+// reads it through the block table) and read by all lanes in the values step.
+var<workgroup> v_rows: array<u32, DEC_TILE>;
 
 // Keys per split for `splits` splits of `keys` keys: whole tiles (the host's
 // kernels::decode::split_keys is the same formula).
@@ -116,7 +119,8 @@ fn decode_split(
     for (var tile0 = split_begin; tile0 < split_stop; tile0 += DEC_TILE) {
         // 1. Scores of key tile0 + lid against the DEC_ROWS rows.
         let j = tile0 + lid;
-        let k_row = k_base + min(j, last_k) * p.k_stride_s;
+        let k_row = k_base + kv_offset(true, b, min(j, last_k));
+        v_rows[lid] = v_base + kv_offset(false, b, min(j, last_k));
         var raw: array<f32, DEC_ROWS>;
         for (var r = 0u; r < DEC_ROWS; r++) {
             raw[r] = 0.0;
@@ -176,7 +180,7 @@ fn decode_split(
         }
         let tile_len = min(DEC_TILE, split_stop - tile0);
         for (var jj = 0u; jj < tile_len; jj++) {
-            let v_row = v_base + (tile0 + jj) * p.v_stride_s;
+            let v_row = v_rows[jj];
             for (var c = 0u; c < DEC_MAX_COLS; c++) {
                 let col = lid + c * DEC_LANES;
                 if col < p.head_dim_v {

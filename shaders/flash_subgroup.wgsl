@@ -155,7 +155,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         for (var c = 0u; c < 4u; c++) {
             score[c] = vec4<f32>(0.0);
         }
-        let kr = row_offsets(k_base, p.k_stride_s, j0);
+        let kr = row_offsets(true, hd.b, k_base, j0);
         for (var t = 0u; t < d8; t++) {
             let d = t * LANES;
             let x = k_column(kr, d + lane);
@@ -174,7 +174,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         score[2] = mask_column(hd, clamped, starts, ends, j0 + 2u, score[2]);
         score[3] = mask_column(hd, clamped, starts, ends, j0 + 3u, score[3]);
         online_step4();
-        let vr = row_offsets(v_base, p.v_stride_s, j0);
+        let vr = row_offsets(false, hd.b, v_base, j0);
         for (var t = 0u; t < dv8; t++) {
             let d = t * LANES;
             let y = v_column(vr, d + lane);

@@ -2,6 +2,9 @@
 // (batch element b, kv head h) of the new rows becomes row starts[b] + s of the cache,
 // for s < counts[b] (rows past a batch element's count are not written). Source and
 // cache are addressed by strides, so either may be BHSD or BSHD; both hold `elem`.
+// A paged cache (page_size > 0) is a pool of pages [P, H, page_size, dim]: cache row r
+// of element b is row r % page_size of page table[b][r / page_size], and dst_b is the
+// page stride.
 //
 // Tiling: workgroups of 64 invocations; workgroup row y is one (b, h) pair and the
 // invocations of a row stride over its new_len x dim elements (one element each per
@@ -18,15 +21,25 @@ struct AppendParams {
     dst_b: u32,
     dst_h: u32,
     dst_s: u32,
-    pad0: u32,
-    pad1: u32,
+    page_size: u32,
+    table_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> ap: AppendParams;
 @group(0) @binding(1) var<storage, read> src: array<elem>;
 @group(0) @binding(2) var<storage, read_write> dst: array<elem>;
-// starts[b] = rows_of[b], counts[b] = rows_of[batch + b].
+// starts[b] = rows_of[b], counts[b] = rows_of[batch + b]; a paged cache's block table
+// [batch, table_stride] follows.
 @group(0) @binding(3) var<storage, read> rows_of: array<u32>;
+
+// Offset of cache row r of batch element b (head 0, element 0).
+fn dst_row(b: u32, r: u32) -> u32 {
+    if ap.page_size == 0u {
+        return b * ap.dst_b + r * ap.dst_s;
+    }
+    let page = rows_of[2u * ap.batch + b * ap.table_stride + r / ap.page_size];
+    return page * ap.dst_b + (r % ap.page_size) * ap.dst_s;
+}
 
 @compute @workgroup_size(64, 1, 1)
 fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
@@ -38,6 +51,6 @@ fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     for (var x = gid.x; x < total; x += groups.x * 64u) {
         let s = x / ap.dim;
         let d = x % ap.dim;
-        dst[b * ap.dst_b + h * ap.dst_h + (start + s) * ap.dst_s + d] = src[b * ap.src_b + h * ap.src_h + s * ap.src_s + d];
+        dst[dst_row(b, start + s) + h * ap.dst_h + d] = src[b * ap.src_b + h * ap.src_h + s * ap.src_s + d];
     }
 }

@@ -49,10 +49,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let q1 = q_base + min(i0 + 1u, last_q) * p.q_stride_s;
     let q2 = q_base + min(i0 + 2u, last_q) * p.q_stride_s;
     let q3 = q_base + min(i0 + 3u, last_q) * p.q_stride_s;
-    let k0 = k_base + min(j0, last_k) * p.k_stride_s;
-    let k1 = k_base + min(j0 + 1u, last_k) * p.k_stride_s;
-    let k2 = k_base + min(j0 + 2u, last_k) * p.k_stride_s;
-    let k3 = k_base + min(j0 + 3u, last_k) * p.k_stride_s;
+    let k0 = k_base + kv_offset(true, hd.b, min(j0, last_k));
+    let k1 = k_base + kv_offset(true, hd.b, min(j0 + 1u, last_k));
+    let k2 = k_base + kv_offset(true, hd.b, min(j0 + 2u, last_k));
+    let k3 = k_base + kv_offset(true, hd.b, min(j0 + 3u, last_k));
 
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);

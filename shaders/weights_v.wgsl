@@ -44,7 +44,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
     for (var j = 0u; j < end; j++) {
-        let vr = v_base + j * p.v_stride_s;
+        let vr = v_base + kv_offset(false, hd.b, j);
         let vj = vec4<f32>(f32(v[vr + cx]), f32(v[vr + cy]), f32(v[vr + cz]), f32(v[vr + cw]));
         a0 += scores[p0 + j] * vj;
         a1 += scores[p1 + j] * vj;

@@ -8,6 +8,7 @@ use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
 use crate::kernels::{decode, loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
+use crate::paged_kv::PageTable;
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 
@@ -70,8 +71,48 @@ pub fn encode_sdpa(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
-    let plan = Plan::new(ctx, q, k, v, options)?;
+    let plan = Plan::new(ctx, q, k, v, None, options)?;
     ctx.scoped("recording attention", || plan.encode(ctx, encoder, q, k, v, options))
+}
+
+/// Attention against keys and values kept in pages (paged KV, docs/design.md "Paged
+/// KV"): `k_pages` `[P, Hkv, page_size, D]` and `v_pages` `[P, Hkv, page_size, Dv]`
+/// hold P pages of `page_size` rows, and `table` says which pages hold batch element
+/// `b`'s keys in order, so its key `j` is row `j % page_size` of page
+/// `table.pages(b)[j / page_size]`. `Lk` is `table.pages_per_sequence() · page_size`;
+/// every option applies as in [`sdpa`] (key lengths say how much of each element's
+/// last page is its own). Results equal [`sdpa`] over the gathered keys bit for bit.
+pub fn sdpa_paged(
+    ctx: &Context,
+    q: &Tensor,
+    k_pages: &Tensor,
+    v_pages: &Tensor,
+    table: &PageTable,
+    options: &AttentionOptions,
+) -> Result<AttentionOutput> {
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    let output = encode_sdpa_paged(ctx, &mut encoder, q, k_pages, v_pages, table, options)?;
+    ctx.scoped("submitting attention", || {
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    Ok(output)
+}
+
+/// Like [`sdpa_paged`], but records into the caller's encoder.
+pub fn encode_sdpa_paged(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    k_pages: &Tensor,
+    v_pages: &Tensor,
+    table: &PageTable,
+    options: &AttentionOptions,
+) -> Result<AttentionOutput> {
+    let plan = Plan::new(ctx, q, k_pages, v_pages, Some(table), options)?;
+    ctx.scoped("recording attention", || {
+        plan.encode(ctx, encoder, q, k_pages, v_pages, options)
+    })
 }
 
 /// The kernel path `options` resolve to on this context for a problem of `shape` with
@@ -167,11 +208,23 @@ struct Plan {
     needs_scores: bool,
     /// How split-K decode cuts the key range, when that is the path.
     decode_split: Option<decode::DecodeSplit>,
+    /// The block table, when K and V are paged.
+    pages: Option<PageTable>,
 }
 
 impl Plan {
-    fn new(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Result<Self> {
-        let shape = AttentionShape::from_qkv(q.shape(), k.shape(), v.shape())?;
+    fn new(
+        ctx: &Context,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        pages: Option<&PageTable>,
+        options: &AttentionOptions,
+    ) -> Result<Self> {
+        let shape = match pages {
+            None => AttentionShape::from_qkv(q.shape(), k.shape(), v.shape())?,
+            Some(table) => table.logical_shape(q.shape(), k.shape(), v.shape())?,
+        };
         if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
             return Err(Error::shape(
                 "dtype of k and v",
@@ -268,14 +321,17 @@ impl Plan {
             keys_per_dispatch,
             needs_scores,
             decode_split,
+            pages: pages.cloned(),
         })
     }
 
     fn params(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, options: &AttentionOptions) -> AttentionParams {
         let s = &self.shape;
         let [qb, qh, qs, _] = q.strides();
-        let [kb, kh, ks, _] = k.strides();
-        let [vb, vh, vs, _] = v.strides();
+        let [k_page, kh, ks, _] = k.strides();
+        let [v_page, vh, vs, _] = v.strides();
+        // Paged K and V: the batch element picks pages through the table, not a stride.
+        let (kb, vb) = if self.pages.is_some() { (0, 0) } else { (k_page, v_page) };
         let [ob, oh, os, _] = out.strides();
         // A causal mask is a window's right edge at 0 (docs/design.md, "Masks"); edges
         // past Lq + Lk reach every key, and clamping them keeps the WGSL's i32 position
@@ -337,6 +393,11 @@ impl Plan {
             softcap: options.softcap.unwrap_or(0.0),
             has_alibi: options.alibi_slopes.is_some() as u32,
             align_to_lengths: options.aligns_to_key_lengths() as u32,
+            page_size: self.pages.as_ref().map_or(0, |_| k.shape()[2] as u32),
+            table_offset: side_words_before_table(s, options) as u32,
+            table_stride: self.pages.as_ref().map_or(0, |t| t.pages_per_sequence() as u32),
+            k_page_stride: k_page as u32,
+            v_page_stride: v_page as u32,
         }
     }
 
@@ -358,7 +419,11 @@ impl Plan {
             None
         };
         let mask = upload_words(ctx, "mask", &mask_words(options))?;
-        let side_words = upload_words(ctx, "key lengths and ALiBi slopes", &side_words(s, options))?;
+        let side_words = upload_words(
+            ctx,
+            "key lengths, ALiBi slopes and block table",
+            &side_words(s, options, self.pages.as_ref()),
+        )?;
         let chunk_bytes = if self.needs_scores {
             (4 * self.heads_per_chunk * s.len_q * s.len_k) as u64
         } else {
@@ -584,13 +649,23 @@ fn mask_words(options: &AttentionOptions) -> Vec<u32> {
 }
 
 /// The side words (`side_words` in attention_common.wgsl): key lengths `[B]` (zeros
-/// when there are none), then the ALiBi slopes `[Hq]` as f32 bits when given.
-fn side_words(s: &AttentionShape, options: &AttentionOptions) -> Vec<u32> {
+/// when there are none), then the ALiBi slopes `[Hq]` as f32 bits when given, then the
+/// block table `[B, pages per sequence]` when K and V are paged.
+fn side_words(s: &AttentionShape, options: &AttentionOptions, pages: Option<&PageTable>) -> Vec<u32> {
     let mut words = options.key_lengths.clone().unwrap_or_else(|| vec![0; s.batch]);
     if let Some(slopes) = &options.alibi_slopes {
         words.extend(slopes.iter().map(|x| x.to_bits()));
     }
+    debug_assert_eq!(words.len(), side_words_before_table(s, options));
+    if let Some(table) = pages {
+        words.extend_from_slice(table.entries());
+    }
     words
+}
+
+/// Where the block table starts in the side words.
+fn side_words_before_table(s: &AttentionShape, options: &AttentionOptions) -> usize {
+    s.batch + options.alibi_slopes.as_ref().map_or(0, Vec::len)
 }
 
 fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {

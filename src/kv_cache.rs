@@ -117,8 +117,8 @@ impl KvCache {
             }
         }
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &self.lengths, counts)?;
-        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &self.lengths, counts)?;
+        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &self.lengths, counts, None)?;
+        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &self.lengths, counts, None)?;
         ctx.scoped("submitting a KV cache append", || {
             ctx.queue().submit([encoder.finish()]);
             Ok(())
@@ -143,8 +143,8 @@ impl KvCache {
         let mut grown = KvCache::new(ctx, b, h, capacity, d, dv, self.k.layout(), self.k.dtype())?;
         let from_start = vec![0; b];
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        kv_append::encode(ctx, &mut encoder, &self.k, &grown.k, &from_start, &self.lengths)?;
-        kv_append::encode(ctx, &mut encoder, &self.v, &grown.v, &from_start, &self.lengths)?;
+        kv_append::encode(ctx, &mut encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
+        kv_append::encode(ctx, &mut encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
         ctx.scoped("submitting a KV cache growth", || {
             ctx.queue().submit([encoder.finish()]);
             Ok(())

@@ -33,11 +33,14 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod mha;
 pub mod options;
+pub mod paged_kv;
 pub mod problem;
 pub mod reference;
 pub mod tensor;
 
-pub use attention::{encode_sdpa, resolve_kernel, sdpa, AttentionOutput, ResolvedKernel};
+pub use attention::{
+    encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_paged, AttentionOutput, ResolvedKernel,
+};
 pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context, CoopConfig};
 pub use error::{Error, Result};
 pub use kv_cache::KvCache;
@@ -46,6 +49,7 @@ pub use options::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,
     MaskValues, Precision, Window,
 };
+pub use paged_kv::{PageTable, PagedKvCache, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
 pub use tensor::{relayout, DType, Layout, Tensor};
 // One Context serves many threads (docs/design.md): this stops compiling if it no

@@ -5,6 +5,8 @@
 //! layouts and the GEMM epilogue; the tensor cores themselves only a GPU run checks.
 //! Shapes stay small: the emulation is slow and its loops count against llvmpipe's cap.
 
+mod common;
+use common::paged::{PagedInputs, D};
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use wgpu_attention::{
@@ -116,6 +118,32 @@ fn fused_coop_matches_the_reference_across_shapes_masks_and_dtypes() {
             }
         }
     }
+}
+
+#[test]
+fn fused_coop_reads_paged_keys_as_the_gathered_ones_bit_for_bit() {
+    // Pages of 5 rows: the 64-key staging tiles straddle pages (tests/paged_kv.rs runs
+    // the other paths).
+    let Some(ctx) = emulating() else { return };
+    let mut rng = Rng::new(77);
+    let (batch, heads_q, lq) = (3, 4, 21);
+    let paged = PagedInputs::new(&ctx, DType::F16, &mut rng, (batch, 17, 60));
+    let q: Vec<f32> = rng.vec(batch * heads_q * lq * D, -1.0, 1.0);
+    let q = Tensor::from_f32_as(&ctx, [batch, heads_q, lq, D], Layout::Bhsd, DType::F16, &q).expect("upload");
+    let options = AttentionOptions {
+        causal: Some(CausalAlignment::BottomRight),
+        key_lengths: Some(vec![85, 40, 3]),
+        align_to_key_lengths: true,
+        need_lse: true,
+        ..coop_case(
+            AttentionShape::new(1, 1, 1, 1, 1, 1, 1),
+            Default::default(),
+            DType::F16,
+            77,
+        )
+        .options
+    };
+    paged.assert_same(&ctx, &q, &options, "seed 77 fused/coop (emulated)");
 }
 
 #[test]

@@ -5,27 +5,13 @@
 //! cannot reach.
 
 mod common;
+use common::{dtypes, paths};
 use wgpu_attention::check::{alibi_slopes, random_additive_mask, random_qkv, run_case_with, CheckCase, Rng};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::kernels::loop_budget;
 use wgpu_attention::{
-    sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, FusedTiling, KernelChoice, Layout,
-    Tensor, Window,
+    sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, KernelChoice, Layout, Tensor, Window,
 };
-
-/// Every path this adapter can run: materialized, each fused tiling it meets the needs
-/// of, and split-K decode.
-fn paths(ctx: &Context) -> Vec<(KernelChoice, FusedTiling)> {
-    let fused = FUSED_TILINGS
-        .iter()
-        .filter(|s| ctx.fused_config(s.tiling).is_ok())
-        .map(|s| (KernelChoice::Fused, s.tiling));
-    [(KernelChoice::Materialized, FusedTiling::Auto)]
-        .into_iter()
-        .chain(fused)
-        .chain([(KernelChoice::Decode, FusedTiling::Auto)])
-        .collect()
-}
 
 fn case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {
     CheckCase {
@@ -35,14 +21,6 @@ fn case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u6
         layout: Layout::Bhsd,
         seed,
         range: 1.0,
-    }
-}
-
-fn dtypes(ctx: &Context) -> Vec<DType> {
-    if ctx.capabilities().f16 {
-        vec![DType::F32, DType::F16]
-    } else {
-        vec![DType::F32]
     }
 }
 

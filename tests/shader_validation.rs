@@ -125,6 +125,11 @@ fn uniform_layout_matches_rust() {
         ("softcap", offset_of!(AttentionParams, softcap)),
         ("has_alibi", offset_of!(AttentionParams, has_alibi)),
         ("align_to_lengths", offset_of!(AttentionParams, align_to_lengths)),
+        ("page_size", offset_of!(AttentionParams, page_size)),
+        ("table_offset", offset_of!(AttentionParams, table_offset)),
+        ("table_stride", offset_of!(AttentionParams, table_stride)),
+        ("k_page_stride", offset_of!(AttentionParams, k_page_stride)),
+        ("v_page_stride", offset_of!(AttentionParams, v_page_stride)),
     ];
     let wgsl: Vec<(&str, usize)> = members
         .iter()

@@ -3,6 +3,7 @@
 use super::{dispatch, pipeline, Kernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::paged_kv::PageTable;
 use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 
@@ -29,13 +30,16 @@ pub struct AppendParams {
     pub dst_b: u32,
     pub dst_h: u32,
     pub dst_s: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    /// Rows per page of a paged cache; 0 for a contiguous one.
+    pub page_size: u32,
+    /// Block table entries per batch element.
+    pub table_stride: u32,
 }
 
 /// Records: rows `0 .. counts[b]` of `src` (`[B, H, n, dim]`, any layout) become rows
-/// `starts[b] ..` of `dst` (`[B, H, capacity, dim]`, any layout, the same dtype). The
-/// caller has checked shapes and that every row fits.
+/// `starts[b] ..` of `dst` (`[B, H, capacity, dim]`, any layout, the same dtype), or,
+/// with a block table, of batch element `b`'s pages in the pool `dst` (`[P, H,
+/// page_size, dim]`). The caller has checked shapes and that every row fits.
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -43,6 +47,7 @@ pub(crate) fn encode(
     dst: &Tensor,
     starts: &[u32],
     counts: &[u32],
+    pages: Option<&PageTable>,
 ) -> Result<()> {
     let [batch, heads, new_len, dim] = src.shape();
     let pairs = batch * heads;
@@ -69,14 +74,16 @@ pub(crate) fn encode(
         dst_b: db as u32,
         dst_h: dh as u32,
         dst_s: ds as u32,
-        ..Default::default()
+        page_size: pages.map_or(0, |_| dst.shape()[2] as u32),
+        table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
     };
     let params = ctx.create_buffer_init(
         "kv append params",
         bytemuck::bytes_of(&params),
         wgpu::BufferUsages::UNIFORM,
     )?;
-    let rows_of: Vec<u32> = starts.iter().chain(counts).copied().collect();
+    let table = pages.map_or(&[][..], PageTable::entries);
+    let rows_of: Vec<u32> = starts.iter().chain(counts).chain(table).copied().collect();
     let rows_of = ctx.create_buffer_init(
         "kv append rows",
         bytemuck::cast_slice(&rows_of),

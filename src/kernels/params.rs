@@ -58,6 +58,15 @@ pub struct AttentionParams {
     /// Bottom-right positions measured from each batch element's key length (a KV
     /// cache) instead of `Lk`.
     pub align_to_lengths: u32,
+    /// Paged K and V: rows per page (0 for contiguous K and V). Key `j` of batch
+    /// element `b` is row `j % page_size` of page `table[b][j / page_size]`, the block
+    /// table being side words `table_offset ..` with `table_stride` entries per element.
+    pub page_size: u32,
+    pub table_offset: u32,
+    pub table_stride: u32,
+    /// Elements between consecutive pages of K and of V.
+    pub k_page_stride: u32,
+    pub v_page_stride: u32,
 }
 
 /// `mask_kind` values, as the WGSL constants `MASK_*`.

@@ -3,11 +3,13 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod paged;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use wgpu_attention::check::{run_case, CheckCase};
-use wgpu_attention::Context;
+use wgpu_attention::kernels::flash::FUSED_TILINGS;
+use wgpu_attention::{Context, DType, FusedTiling, KernelChoice};
 
 /// The shared context, or `None` (with a visible message) when no adapter exists and
 /// `WGPU_ATTENTION_REQUIRE_ADAPTER` is not `1`.
@@ -79,4 +81,27 @@ pub fn torch_fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/torch_mha")
         .join(name)
+}
+
+/// Every path this adapter can run: materialized, each fused tiling it meets the needs
+/// of, and split-K decode.
+pub fn paths(ctx: &Context) -> Vec<(KernelChoice, FusedTiling)> {
+    let fused = FUSED_TILINGS
+        .iter()
+        .filter(|s| ctx.fused_config(s.tiling).is_ok())
+        .map(|s| (KernelChoice::Fused, s.tiling));
+    [(KernelChoice::Materialized, FusedTiling::Auto)]
+        .into_iter()
+        .chain(fused)
+        .chain([(KernelChoice::Decode, FusedTiling::Auto)])
+        .collect()
+}
+
+/// The input dtypes this adapter can run.
+pub fn dtypes(ctx: &Context) -> Vec<DType> {
+    if ctx.capabilities().f16 {
+        vec![DType::F32, DType::F16]
+    } else {
+        vec![DType::F32]
+    }
 }

@@ -1,0 +1,390 @@
+//! Paged KV (vLLM-style): keys and values of many sequences kept in one pool of
+//! fixed-size pages, each sequence owning a list of pages in order (its block table), so
+//! sequences of different lengths share memory without reserving their longest length
+//! (docs/design.md, "Paged KV").
+//!
+//! [`PageTable`] is the table the kernels read through ([`crate::sdpa_paged`]);
+//! [`PagedKvCache`] owns a pool and hands its pages out to sequences as they grow.
+
+use crate::attention::{sdpa_paged, AttentionOutput};
+use crate::context::Context;
+use crate::error::{checked_product, Error, Result};
+use crate::kernels::kv_append;
+use crate::options::AttentionOptions;
+use crate::problem::AttentionShape;
+use crate::tensor::{DType, Layout, Tensor};
+
+/// Which pages of a pool hold each batch element's keys: `[B, pages_per_sequence]`
+/// page indices, row `b` listing element `b`'s pages in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageTable {
+    batch: usize,
+    pages_per_sequence: usize,
+    entries: Vec<u32>,
+}
+
+impl PageTable {
+    /// A table of `batch` rows of `pages_per_sequence` entries, row-major.
+    pub fn new(batch: usize, pages_per_sequence: usize, entries: Vec<u32>) -> Result<Self> {
+        if batch == 0 || pages_per_sequence == 0 {
+            return Err(Error::unsupported(
+                "block table",
+                format!("{batch} x {pages_per_sequence}"),
+                "at least one batch element and one page per sequence",
+            ));
+        }
+        let want = checked_product("block table entries", &[batch, pages_per_sequence])?;
+        if entries.len() != want {
+            return Err(Error::shape(
+                "block table entries",
+                format!("{want} ({batch} x {pages_per_sequence})"),
+                entries.len(),
+            ));
+        }
+        Ok(PageTable {
+            batch,
+            pages_per_sequence,
+            entries,
+        })
+    }
+
+    /// A table from each sequence's pages, shorter rows padded with their own last
+    /// page (page 0 for a sequence without pages): padding is read only as masked keys
+    /// (rows past the key lengths), and reading a sequence's own page keeps those rows
+    /// finite wherever the sequence's own values are.
+    pub fn from_sequences(sequences: &[&[u32]]) -> Result<Self> {
+        let width = sequences.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
+        let mut entries = Vec::with_capacity(sequences.len() * width);
+        for pages in sequences {
+            let pad = pages.last().copied().unwrap_or(0);
+            entries.extend_from_slice(pages);
+            entries.extend(std::iter::repeat_n(pad, width - pages.len()));
+        }
+        PageTable::new(sequences.len(), width, entries)
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub fn pages_per_sequence(&self) -> usize {
+        self.pages_per_sequence
+    }
+
+    /// All entries, row-major `[B, pages_per_sequence]`.
+    pub fn entries(&self) -> &[u32] {
+        &self.entries
+    }
+
+    /// Batch element `b`'s pages, in key order (`None` past the last element).
+    pub fn pages(&self, b: usize) -> Option<&[u32]> {
+        self.entries.chunks_exact(self.pages_per_sequence).nth(b)
+    }
+
+    /// The problem that attention of `q` `[B, Hq, Lq, D]` through this table over the
+    /// pools `k` `[P, Hkv, page_size, D]` and `v` `[P, Hkv, page_size, Dv]` solves:
+    /// keys `[B, Hkv, pages_per_sequence · page_size, D]`. Refuses pools that disagree
+    /// and entries naming no page.
+    pub(crate) fn logical_shape(&self, q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<AttentionShape> {
+        let [pages, heads_kv, page_size, d] = k;
+        if v[..3] != k[..3] {
+            return Err(Error::shape(
+                "pages, heads and page size of the value pool",
+                format!("{:?} (from the key pool)", &k[..3]),
+                format!("{:?}", &v[..3]),
+            ));
+        }
+        if q[0] != self.batch {
+            return Err(Error::shape(
+                "rows of the block table (one per batch element of q)",
+                q[0],
+                self.batch,
+            ));
+        }
+        if page_size == 0 {
+            return Err(Error::unsupported("page size", 0, "at least 1 row"));
+        }
+        if let Some((at, &page)) = self.entries.iter().enumerate().find(|(_, &e)| e as usize >= pages) {
+            return Err(Error::invalid(
+                "block table",
+                format!(
+                    "entry {} of batch element {} names page {page}, but the pool has {pages} pages",
+                    at % self.pages_per_sequence,
+                    at / self.pages_per_sequence
+                ),
+            ));
+        }
+        let len_k = checked_product(
+            "keys per sequence (pages per sequence x page size)",
+            &[self.pages_per_sequence, page_size],
+        )?;
+        AttentionShape::from_qkv(q, [self.batch, heads_kv, len_k, d], [self.batch, heads_kv, len_k, v[3]])
+    }
+}
+
+/// Identifies one sequence of a [`PagedKvCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SequenceId(usize);
+
+#[derive(Clone, Debug, Default)]
+struct Sequence {
+    pages: Vec<u32>,
+    len: u32,
+}
+
+/// One attention layer's keys and values for many sequences in a pool of pages: K
+/// `[P, Hkv, page_size, D]` and V `[P, Hkv, page_size, Dv]` in one layout and dtype
+/// (BSHD is vLLM's `[P, page_size, Hkv, D]`).
+///
+/// Sequences are added and removed at will; appending rows takes free pages as a
+/// sequence needs them (an append the free pages cannot hold is refused and changes
+/// nothing), and removing a sequence frees its pages for others. [`PagedKvCache::attend`]
+/// runs attention of a batch of sequences' new queries against what each holds, as
+/// [`crate::KvCache::attend`] does.
+pub struct PagedKvCache {
+    k: Tensor,
+    v: Tensor,
+    free: Vec<u32>,
+    sequences: Vec<Option<Sequence>>,
+}
+
+impl PagedKvCache {
+    /// An empty pool of `pages` pages of `page_size` rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        pages: usize,
+        page_size: usize,
+        heads_kv: usize,
+        head_dim: usize,
+        head_dim_v: usize,
+        layout: Layout,
+        dtype: DType,
+    ) -> Result<Self> {
+        if pages == 0 || pages > u32::MAX as usize / 2 {
+            return Err(Error::unsupported("KV pool pages", pages, "1 to 2^31 - 1"));
+        }
+        if page_size == 0 || page_size > u32::MAX as usize / 2 {
+            return Err(Error::unsupported("KV page size", page_size, "1 to 2^31 - 1 rows"));
+        }
+        // Buffers start zeroed: rows no sequence wrote are finite, as masked value rows
+        // must be.
+        Ok(PagedKvCache {
+            k: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?,
+            v: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?,
+            // Popped from the end: pages are handed out in ascending order.
+            free: (0..pages as u32).rev().collect(),
+            sequences: Vec::new(),
+        })
+    }
+
+    /// Rows per page.
+    pub fn page_size(&self) -> usize {
+        self.k.shape()[2]
+    }
+
+    /// Pages no sequence holds.
+    pub fn free_pages(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The key pool `[P, Hkv, page_size, D]`.
+    pub fn keys(&self) -> &Tensor {
+        &self.k
+    }
+
+    /// The value pool `[P, Hkv, page_size, Dv]`.
+    pub fn values(&self) -> &Tensor {
+        &self.v
+    }
+
+    /// A new, empty sequence.
+    pub fn add_sequence(&mut self) -> SequenceId {
+        match self.sequences.iter().position(Option::is_none) {
+            Some(slot) => {
+                self.sequences[slot] = Some(Sequence::default());
+                SequenceId(slot)
+            }
+            None => {
+                self.sequences.push(Some(Sequence::default()));
+                SequenceId(self.sequences.len() - 1)
+            }
+        }
+    }
+
+    /// Forgets a sequence and frees its pages.
+    pub fn remove_sequence(&mut self, id: SequenceId) -> Result<()> {
+        self.sequence(id)?;
+        let seq = self.sequences[id.0].take().unwrap_or_default();
+        self.free.extend(seq.pages.iter().rev());
+        Ok(())
+    }
+
+    /// Rows a sequence holds.
+    pub fn len(&self, id: SequenceId) -> Result<usize> {
+        Ok(self.sequence(id)?.len as usize)
+    }
+
+    /// A sequence's pages, in key order.
+    pub fn pages(&self, id: SequenceId) -> Result<&[u32]> {
+        Ok(&self.sequence(id)?.pages)
+    }
+
+    /// The block table of `ids`, one row each.
+    pub fn table(&self, ids: &[SequenceId]) -> Result<PageTable> {
+        let pages: Vec<&[u32]> = ids.iter().map(|&id| self.pages(id)).collect::<Result<_>>()?;
+        PageTable::from_sequences(&pages)
+    }
+
+    /// Appends all `n` rows of `k_new` `[N, Hkv, n, D]` and `v_new` `[N, Hkv, n, Dv]`
+    /// (the pool's dtype, any layout) to the sequences `ids` (N of them, distinct).
+    pub fn append(&mut self, ctx: &Context, ids: &[SequenceId], k_new: &Tensor, v_new: &Tensor) -> Result<()> {
+        let n = u32::try_from(k_new.shape()[2]).unwrap_or(u32::MAX);
+        self.append_rows(ctx, ids, k_new, v_new, &vec![n; ids.len()])
+    }
+
+    /// Appends the first `counts[i]` of the `n` rows of `k_new` and `v_new` to sequence
+    /// `ids[i]`.
+    pub fn append_rows(
+        &mut self,
+        ctx: &Context,
+        ids: &[SequenceId],
+        k_new: &Tensor,
+        v_new: &Tensor,
+        counts: &[u32],
+    ) -> Result<()> {
+        self.check_rows("k_new", k_new, ids.len(), self.k.shape()[3])?;
+        self.check_rows("v_new", v_new, ids.len(), self.v.shape()[3])?;
+        let n = k_new.shape()[2];
+        if v_new.shape()[2] != n {
+            return Err(Error::shape(
+                "rows of v_new",
+                format!("{n} (from k_new)"),
+                v_new.shape()[2],
+            ));
+        }
+        if counts.len() != ids.len() {
+            return Err(Error::shape(
+                "append counts",
+                format!("{} entries (one per sequence)", ids.len()),
+                counts.len(),
+            ));
+        }
+        // Every check before any change: new page lists are built aside and kept only
+        // once the writes are recorded and submitted.
+        let page_size = self.page_size();
+        let mut grown = Vec::with_capacity(ids.len());
+        let mut pages_needed = 0;
+        for (i, (&id, &count)) in ids.iter().zip(counts).enumerate() {
+            if ids[..i].contains(&id) {
+                return Err(Error::invalid(
+                    "sequences to append to",
+                    format!("{id:?} is listed twice"),
+                ));
+            }
+            if count as usize > n {
+                return Err(Error::invalid(
+                    "append counts",
+                    format!("entry {i} is {count}, more than the {n} rows given"),
+                ));
+            }
+            let seq = self.sequence(id)?;
+            let rows = seq.len as usize + count as usize;
+            if rows > u32::MAX as usize / 2 {
+                return Err(Error::unsupported("rows of one sequence", rows, "below 2^31"));
+            }
+            pages_needed += rows.div_ceil(page_size) - seq.pages.len();
+            grown.push((seq.clone(), rows));
+        }
+        if pages_needed > self.free.len() {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "KV pool pages for appends to {} sequences (remove_sequence frees pages)",
+                    ids.len()
+                ),
+                limit: "the pool's free pages",
+                unit: "pages",
+                requested: pages_needed as u64,
+                max: self.free.len() as u64,
+            });
+        }
+        let mut free = self.free.clone();
+        for (seq, rows) in &mut grown {
+            while seq.pages.len() * page_size < *rows {
+                seq.pages.extend(free.pop());
+            }
+        }
+        let starts: Vec<u32> = grown.iter().map(|(seq, _)| seq.len).collect();
+        let table = PageTable::from_sequences(&grown.iter().map(|(seq, _)| &seq.pages[..]).collect::<Vec<_>>())?;
+        let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &starts, counts, Some(&table))?;
+        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &starts, counts, Some(&table))?;
+        ctx.scoped("submitting a paged KV append", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        for (&id, (mut seq, rows)) in ids.iter().zip(grown) {
+            seq.len = rows as u32;
+            self.sequences[id.0] = Some(seq);
+        }
+        self.free = free;
+        Ok(())
+    }
+
+    /// Attention of `q` `[N, Hq, Lq, D]` against what the sequences `ids` (N of them)
+    /// hold: query `i` of sequence `ids[b]` sits at `len − Lq + i` for the causal mask,
+    /// the window and ALiBi, and keys past each length are masked. Every other option
+    /// applies as in [`crate::sdpa_paged`] (`Lk` = the longest sequence's pages times
+    /// the page size); `key_lengths` must be left unset.
+    pub fn attend(
+        &self,
+        ctx: &Context,
+        ids: &[SequenceId],
+        q: &Tensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        if options.key_lengths.is_some() {
+            return Err(Error::invalid(
+                "key lengths with a paged KV cache",
+                "the cache supplies them (its sequences' lengths); leave AttentionOptions::key_lengths unset",
+            ));
+        }
+        let lengths = ids
+            .iter()
+            .map(|&id| self.len(id).map(|n| n as u32))
+            .collect::<Result<_>>()?;
+        let options = AttentionOptions {
+            key_lengths: Some(lengths),
+            align_to_key_lengths: true,
+            ..options.clone()
+        };
+        sdpa_paged(ctx, q, &self.k, &self.v, &self.table(ids)?, &options)
+    }
+
+    fn sequence(&self, id: SequenceId) -> Result<&Sequence> {
+        self.sequences
+            .get(id.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::invalid("sequence", format!("{id:?} is not in this cache (removed?)")))
+    }
+
+    fn check_rows(&self, what: &str, t: &Tensor, sequences: usize, dim: usize) -> Result<()> {
+        let h = self.k.shape()[1];
+        let [tb, th, _, td] = t.shape();
+        if (tb, th, td) != (sequences, h, dim) {
+            return Err(Error::shape(
+                format!("{what} ([sequences, Hkv, n, dim])"),
+                format!("[{sequences}, {h}, n, {dim}]"),
+                format!("{:?}", t.shape()),
+            ));
+        }
+        if t.dtype() != self.k.dtype() {
+            return Err(Error::shape(
+                format!("dtype of {what}"),
+                self.k.dtype().name(),
+                t.dtype().name(),
+            ));
+        }
+        Ok(())
+    }
+}
