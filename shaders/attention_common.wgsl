@@ -49,7 +49,8 @@ struct Params {
     bh_start: u32,
     bh_count: u32,
     // The fused kernels walk keys key_begin .. key_stop only (both multiples of 4, or
-    // key_stop = len_k). With key_begin > 0 a dispatch resumes from the output rows and
+    // key_stop = len_k); split-K decode cuts 0 .. key_stop into its splits (the longest
+    // key length, when less than len_k). With key_begin > 0 a dispatch resumes from the output rows and
     // log-sum-exps the previous key range left (llvmpipe caps loop iterations per
     // invocation, so long key ranges are split across dispatches).
     key_begin: u32,

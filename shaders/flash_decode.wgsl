@@ -97,7 +97,8 @@ fn decode_split(
             block_end = max(block_end, row.end);
         }
     }
-    let per_split = split_keys_for(p.len_k, splits);
+    // Splits cover keys 0 .. key_stop: no key length reaches past it.
+    let per_split = split_keys_for(p.key_stop, splits);
     let split_stop = min(split * per_split + per_split, block_end);
     // Tiles left of every row's window are skipped.
     let split_begin = max(split * per_split, block_start / 4u * 4u);

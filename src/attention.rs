@@ -239,7 +239,11 @@ impl Plan {
         shape.check_options(options)?;
         let kernel = resolve_kernel(ctx, dtype, options, &shape)?;
         let decode_split = match kernel {
-            ResolvedKernel::Decode => Some(decode::choose_split(ctx, &shape)?),
+            ResolvedKernel::Decode => {
+                let longest = options.key_lengths.as_ref().and_then(|l| l.iter().max());
+                let keys = longest.map_or(shape.len_k, |&n| n as usize);
+                Some(decode::choose_split(ctx, &shape, keys)?)
+            }
             _ => None,
         };
         let keys_per_dispatch = key_range_per_dispatch(ctx, &kernel, &shape, options)?;
@@ -454,6 +458,7 @@ impl Plan {
             let partials = ctx.create_buffer("decode partials", split.partial_bytes(s), tensor_usage())?;
             let params = AttentionParams {
                 splits: split.splits as u32,
+                key_stop: split.keys as u32,
                 ..base_params
             };
             let params_buffer = ctx.create_buffer_init(

@@ -110,7 +110,7 @@ fn many_splits_merge_exactly() {
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.limit_loop_iterations(16_000);
     let shape = AttentionShape::new(1, 4, 2, 1, 5000, 64, 64);
-    let split = decode::choose_split(&ctx, &shape).expect("fits");
+    let split = decode::choose_split(&ctx, &shape, shape.len_k).expect("fits");
     assert!(split.splits >= 16, "{split:?}");
     assert!(decode::iterations(&shape, split.split_keys) <= 16_000, "{split:?}");
     for (i, dtype) in [DType::F32, DType::F16].into_iter().enumerate() {
@@ -124,6 +124,19 @@ fn many_splits_merge_exactly() {
         };
         common::assert_case(&ctx, &decode_case(shape, options, dtype, 500 + i as u64));
     }
+}
+
+#[test]
+fn splits_cover_only_keys_some_row_can_see() {
+    // A KV cache of 32768 rows holding 1000: the splits cut 1000 keys, not the capacity.
+    let Some(ctx) = common::ctx() else { return };
+    let shape = AttentionShape::new(1, 8, 2, 1, 32768, 64, 64);
+    let whole = decode::choose_split(ctx, &shape, shape.len_k).expect("fits");
+    let held = decode::choose_split(ctx, &shape, 1000).expect("fits");
+    assert_eq!(held.keys, 1000);
+    assert!(held.splits * held.split_keys >= 1000, "{held:?} misses keys");
+    assert!(held.split_keys < whole.split_keys, "{held:?} vs {whole:?}");
+    assert!(held.split_keys <= 1000usize.next_multiple_of(decode::TILE), "{held:?}");
 }
 
 #[test]

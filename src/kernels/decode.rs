@@ -79,6 +79,8 @@ const MIN_SPLIT_KEYS: usize = 256;
 /// How the key range is split for one problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeSplit {
+    /// Keys `0 .. keys` are split (the params' `key_stop`).
+    pub keys: usize,
     pub splits: usize,
     /// Keys per split, whole tiles; the last split may be shorter or empty.
     pub split_keys: usize,
@@ -127,10 +129,12 @@ fn target_workgroups(ctx: &Context) -> usize {
     }
 }
 
-/// The split count for a problem: enough workgroups to fill the adapter, splits of at
-/// least [`MIN_SPLIT_KEYS`] keys, and each split within the driver's loop cap.
-pub fn choose_split(ctx: &Context, s: &AttentionShape) -> Result<DecodeSplit> {
-    let keys = s.len_k.max(1);
+/// The split count for a problem whose rows see keys `0 .. keys` at most (`Lk`, or the
+/// longest key length: a KV cache's unused capacity gets no splits): enough workgroups
+/// to fill the adapter, splits of at least [`MIN_SPLIT_KEYS`] keys, and each split
+/// within the driver's loop cap.
+pub fn choose_split(ctx: &Context, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
+    let keys = keys.clamp(1, s.len_k.max(1));
     let blocks = s.batch * s.heads_kv * row_blocks(s);
     let wanted = target_workgroups(ctx).div_ceil(blocks.max(1));
     let most_useful = keys.div_ceil(MIN_SPLIT_KEYS);
@@ -164,6 +168,7 @@ pub fn choose_split(ctx: &Context, s: &AttentionShape) -> Result<DecodeSplit> {
         });
     }
     Ok(DecodeSplit {
+        keys,
         splits,
         split_keys: split_keys(keys, splits),
     })
