@@ -144,17 +144,15 @@ pub fn prefers_decode(shape: &AttentionShape) -> bool {
 impl Context {
     /// The fused tiling used when none is asked for, for inputs whose products may
     /// (`f16_products`) or may not be computed in f16: the tiling named by
-    /// `WGPU_ATTENTION_TILING` if set, else the first entry of
+    /// `WGPU_ATTENTION_TILING` when the context was made, else the first entry of
     /// [`flash::FUSED_TILINGS`] meant for this class of adapter whose needs it meets
     /// (CPU adapters: `subgroup`, then `registers`; GPUs: `coop` where f16 products
     /// are allowed, then `blocked`, then `shared`), else `registers`, which runs
     /// anywhere.
     pub fn default_fused_tiling(&self, f16_products: bool) -> Result<FusedTiling> {
-        if let Ok(name) = std::env::var("WGPU_ATTENTION_TILING") {
-            let tiling = flash::parse_tiling("WGPU_ATTENTION_TILING", &name)?;
-            if tiling != FusedTiling::Auto {
-                return Ok(tiling);
-            }
+        let tiling = self.env_tiling()?;
+        if tiling != FusedTiling::Auto {
+            return Ok(tiling);
         }
         let class = flash::AdapterClass::of(self.adapter_info());
         Ok(flash::default_tiling(class, self.capabilities(), f16_products))

@@ -1,6 +1,7 @@
 //! The GPU context: adapter, device, queue, detected capabilities and the pipeline cache.
 
 use crate::error::{Error, Result};
+use crate::options::FusedTiling;
 use crate::tensor::DType;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -230,6 +231,25 @@ pub struct Context {
     /// Set by wgpu's device-lost callback: every later call fails with an error that
     /// says so (wgpu itself would panic on some of them, e.g. mapping a new buffer).
     lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
+    /// or why it could not be parsed.
+    env_tiling: std::result::Result<FusedTiling, String>,
+}
+
+/// The environment variable that names the fused tiling when none is asked for.
+pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
+
+/// [`TILING_VAR`], parsed: read once per context, so a typo is one clear error when
+/// the context is made rather than a surprise at some later call.
+fn tiling_from_env() -> std::result::Result<FusedTiling, String> {
+    match std::env::var(TILING_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(FusedTiling::Auto),
+        Err(e) => Err(e.to_string()),
+        Ok(name) => crate::kernels::flash::parse_tiling(TILING_VAR, &name).map_err(|e| match e {
+            Error::Invalid { reason, .. } => reason,
+            e => e.to_string(),
+        }),
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -324,6 +344,7 @@ impl Context {
         device.on_uncaptured_error(Arc::new(|e| eprintln!("wgpu-attention: uncaptured wgpu error: {e}")));
         let mut ctx = Self::from_wgpu(info, device, queue);
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
+        ctx.env_tiling()?;
         Ok(ctx)
     }
 
@@ -388,7 +409,16 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             allocated: AtomicU64::new(0),
             lost,
+            env_tiling: tiling_from_env(),
         }
+    }
+
+    /// The tiling [`TILING_VAR`] named when this context was made (`Auto` when unset),
+    /// or the error it gave.
+    pub fn env_tiling(&self) -> Result<FusedTiling> {
+        self.env_tiling
+            .clone()
+            .map_err(|reason| Error::invalid(TILING_VAR, reason))
     }
 
     pub fn device(&self) -> &wgpu::Device {

@@ -178,7 +178,8 @@ pub enum KernelChoice {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FusedTiling {
     /// Chosen from the adapter (see [`crate::Context::default_fused_tiling`]), or from the
-    /// `WGPU_ATTENTION_TILING` environment variable (a tiling's name).
+    /// `WGPU_ATTENTION_TILING` environment variable (a tiling's name, read when the
+    /// context is made).
     #[default]
     Auto,
     /// Each invocation streams K/V straight from storage; no barriers. For CPU adapters.
