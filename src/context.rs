@@ -57,6 +57,12 @@ impl AdapterSelector {
     }
 }
 
+/// The largest binding the kernels can index: they address elements (2 or 4 bytes)
+/// with u32 arithmetic, so a binding under 2^32 bytes keeps every index, and the sum of
+/// two, below 2^32. Vulkan and DX12 report at most this; Metal reports its
+/// `maxBufferLength`, often more, which would wrap indices silently.
+pub const MAX_INDEXED_BINDING: u64 = u32::MAX as u64;
+
 /// What the device can do, detected once when the context is made.
 #[derive(Clone, Debug)]
 pub struct Capabilities {
@@ -68,7 +74,8 @@ pub struct Capabilities {
     pub timestamps: bool,
     /// Bytes of workgroup memory one workgroup may use.
     pub max_workgroup_storage: u32,
-    /// Largest storage buffer binding in bytes.
+    /// Largest storage buffer binding in bytes: the device's limit, capped at
+    /// [`MAX_INDEXED_BINDING`].
     pub max_storage_binding: u64,
     /// Largest buffer in bytes.
     pub max_buffer: u64,
@@ -171,7 +178,7 @@ impl Capabilities {
                 .then_some((info.subgroup_min_size, info.subgroup_max_size)),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
-            max_storage_binding: limits.max_storage_buffer_binding_size,
+            max_storage_binding: limits.max_storage_buffer_binding_size.min(MAX_INDEXED_BINDING),
             max_buffer: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
             max_invocations: limits.max_compute_invocations_per_workgroup,
