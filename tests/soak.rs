@@ -96,7 +96,7 @@ fn ten_thousand_calls_keep_memory_flat_and_results_stable() {
     // Even calls go through the block table, odd ones over the gathered keys.
     let call = |n: usize| {
         let case = &cases[(n / 2) % cases.len()];
-        let out = if n % 2 == 0 {
+        let out = if n.is_multiple_of(2) {
             sdpa_paged(
                 ctx,
                 &case.q,
@@ -115,7 +115,7 @@ fn ten_thousand_calls_keep_memory_flat_and_results_stable() {
     for n in 1..CALLS {
         let out = call(n);
         // Reading back now and then keeps the queue from running far ahead.
-        if n % 64 == 0 {
+        if n.is_multiple_of(64) {
             out.out.to_f32_vec(ctx).expect("read back");
         }
         drop(out);
