@@ -4,6 +4,7 @@
 //! criterion benches.
 
 pub mod mha;
+pub mod per_call;
 pub mod probe;
 pub mod suite;
 

@@ -72,6 +72,11 @@ pub struct BenchArgs {
     /// --kernel says otherwise); GB/s is the cache read against the copy probe.
     #[arg(long, value_name = "B,Hq,Hkv,Lk,D")]
     decode: Option<String>,
+    /// Instead of the attention suite: the host's cost of one call of a tiny problem
+    /// (1,1,1,1,1,64 f32; fused and decode), median over --reps calls (at least 100):
+    /// sdpa returning, and sdpa with the output read back.
+    #[arg(long)]
+    per_call: bool,
 }
 
 fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
@@ -200,6 +205,9 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
     }
     if let Some(sizes) = &args.mha {
         return mha_phases(adapter, args, sizes);
+    }
+    if args.per_call {
+        return per_call(adapter, args);
     }
     let plan = Plan::from_args(args)?;
     let contexts = if args.all_adapters {
@@ -575,6 +583,32 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
             ratios.len(),
             ratios[ratios.len() / 2],
             ratios.len()
+        );
+    }
+    Ok(())
+}
+
+/// `--per-call`: the host's cost of one tiny call, per path.
+fn per_call(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
+    use wgpu_attention::bench::per_call;
+    let ctx = adapter.context()?;
+    let info = ctx.adapter_info();
+    println!(
+        "adapter: {} ({:?}, {:?}), driver {} {}",
+        info.name, info.backend, info.device_type, info.driver, info.driver_info
+    );
+    let s = per_call::SHAPE;
+    let calls = args.reps.max(100);
+    println!(
+        "per call, {},{},{},{},{},{} f32, median of {calls}:",
+        s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim
+    );
+    for row in per_call::measure(&ctx, calls)? {
+        println!(
+            "  {:<18} sdpa returns {:>8.1} µs   with the output read back {:>8.1} µs",
+            row.kernel,
+            row.record_submit.as_secs_f64() * 1e6,
+            row.round_trip.as_secs_f64() * 1e6
         );
     }
     Ok(())
