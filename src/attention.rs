@@ -55,14 +55,13 @@ impl ResolvedKernel {
 pub fn sdpa(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let output = encode_sdpa(ctx, &mut encoder, q, k, v, options)?;
-    ctx.scoped("submitting attention", || {
-        ctx.queue().submit([encoder.finish()]);
-        Ok(())
-    })?;
+    ctx.submit_as("submitting attention", encoder)?;
     Ok(output)
 }
 
-/// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is submitted.
+/// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is
+/// submitted, which [`Context::submit`] does with any GPU error in the recorded work
+/// returned (wgpu validates much of a recording only when it is finished).
 pub fn encode_sdpa(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -92,10 +91,7 @@ pub fn sdpa_paged(
 ) -> Result<AttentionOutput> {
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
     let output = encode_sdpa_paged(ctx, &mut encoder, q, k_pages, v_pages, table, options)?;
-    ctx.scoped("submitting attention", || {
-        ctx.queue().submit([encoder.finish()]);
-        Ok(())
-    })?;
+    ctx.submit_as("submitting attention", encoder)?;
     Ok(output)
 }
 
@@ -229,6 +225,9 @@ impl Plan {
                 q.dtype().name(),
                 format!("k {}, v {}", k.dtype().name(), v.dtype().name()),
             ));
+        }
+        for (what, t) in [("q", q), ("k", k), ("v", v)] {
+            t.check_context(ctx, what)?;
         }
         let dtype = q.dtype();
         if dtype == DType::F16 {

@@ -238,10 +238,17 @@ pub struct Context {
     /// Set by wgpu's device-lost callback: every later call fails with an error that
     /// says so (wgpu itself would panic on some of them, e.g. mapping a new buffer).
     lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Unique per context in this process (tensors remember the one that made them).
+    id: u64,
+    /// A GPU error that escaped every error scope (work the caller submitted outside
+    /// one), kept for the next call to return.
+    escaped: Arc<Mutex<Option<String>>>,
     /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
     /// or why it could not be parsed.
     env_tiling: std::result::Result<FusedTiling, String>,
 }
+
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The environment variable that names the fused tiling when none is asked for.
 pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
@@ -346,10 +353,16 @@ impl Context {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        // Every operation runs inside error scopes; anything that escapes them is reported
-        // rather than aborting the process (wgpu's default handler panics).
-        device.on_uncaptured_error(Arc::new(|e| eprintln!("wgpu-attention: uncaptured wgpu error: {e}")));
-        let mut ctx = Self::from_wgpu(info, device, queue);
+        let mut ctx = Self::from_wgpu(info, device.clone(), queue);
+        // Every operation runs inside error scopes. An error that escapes them (work the
+        // caller recorded with an `encode_*` function and submitted outside a scope)
+        // is kept for the next call's `Result`, rather than aborting the process as
+        // wgpu's default handler does.
+        let escaped = ctx.escaped.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            eprintln!("wgpu-attention: uncaptured wgpu error: {e}");
+            *escaped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
         Ok(ctx)
@@ -416,6 +429,8 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             allocated: AtomicU64::new(0),
             lost,
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            escaped: Arc::new(Mutex::new(None)),
             env_tiling: tiling_from_env(),
         }
     }
@@ -426,6 +441,11 @@ impl Context {
         self.env_tiling
             .clone()
             .map_err(|reason| Error::invalid(TILING_VAR, reason))
+    }
+
+    /// This context's identity within the process.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn device(&self) -> &wgpu::Device {
@@ -485,6 +505,12 @@ impl Context {
         };
         if self.is_lost() {
             return Err(lost());
+        }
+        if let Some(message) = self.escaped.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(Error::Gpu {
+                during: format!("work submitted before {during}, outside an error scope (Context::submit scopes it)"),
+                message,
+            });
         }
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -583,6 +609,22 @@ impl Context {
     /// are not subtracted). The difference around a call is what that call allocated.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Finishes `encoder` and submits it, returning any GPU error in the recorded work
+    /// as [`Error::Gpu`]. wgpu validates much of a recording only when it is finished,
+    /// so work recorded by the `encode_*` functions should be submitted this way (or
+    /// finished and submitted inside the caller's own error scopes).
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.submit_as("submitting recorded work", encoder)
+    }
+
+    /// [`Context::submit`], naming what was recorded in an error.
+    pub(crate) fn submit_as(&self, during: &str, encoder: wgpu::CommandEncoder) -> Result<()> {
+        self.scoped(during, || {
+            self.queue.submit([encoder.finish()]);
+            Ok(())
+        })
     }
 
     /// Blocks until all submitted work is done.

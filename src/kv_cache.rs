@@ -119,10 +119,7 @@ impl KvCache {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         kv_append::encode(ctx, &mut encoder, k_new, &self.k, &self.lengths, counts, None)?;
         kv_append::encode(ctx, &mut encoder, v_new, &self.v, &self.lengths, counts, None)?;
-        ctx.scoped("submitting a KV cache append", || {
-            ctx.queue().submit([encoder.finish()]);
-            Ok(())
-        })?;
+        ctx.submit_as("submitting a KV cache append", encoder)?;
         for (len, count) in self.lengths.iter_mut().zip(counts) {
             *len += count;
         }
@@ -145,10 +142,7 @@ impl KvCache {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         kv_append::encode(ctx, &mut encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
         kv_append::encode(ctx, &mut encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
-        ctx.scoped("submitting a KV cache growth", || {
-            ctx.queue().submit([encoder.finish()]);
-            Ok(())
-        })?;
+        ctx.submit_as("submitting a KV cache growth", encoder)?;
         grown.lengths = std::mem::take(&mut self.lengths);
         *self = grown;
         Ok(())

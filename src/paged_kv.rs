@@ -319,10 +319,7 @@ impl PagedKvCache {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         kv_append::encode(ctx, &mut encoder, k_new, &self.k, &starts, counts, Some(&table))?;
         kv_append::encode(ctx, &mut encoder, v_new, &self.v, &starts, counts, Some(&table))?;
-        ctx.scoped("submitting a paged KV append", || {
-            ctx.queue().submit([encoder.finish()]);
-            Ok(())
-        })?;
+        ctx.submit_as("submitting a paged KV append", encoder)?;
         for (&id, (mut seq, rows)) in ids.iter().zip(grown) {
             seq.len = rows as u32;
             self.sequences[id.0] = Some(seq);

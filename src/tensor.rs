@@ -70,6 +70,8 @@ impl Layout {
 #[derive(Debug)]
 pub struct Tensor {
     buffer: wgpu::Buffer,
+    /// The context that made it ([`Context::id`]): a tensor works only with that one.
+    context: u64,
     shape: [usize; 4],
     layout: Layout,
     dtype: DType,
@@ -110,6 +112,7 @@ impl Tensor {
         let buffer = ctx.create_buffer_init("wgpu-attention tensor", &pad_to_4(bytes), tensor_usage())?;
         Ok(Tensor {
             buffer,
+            context: ctx.id(),
             shape,
             layout,
             dtype,
@@ -125,6 +128,7 @@ impl Tensor {
         let buffer = ctx.create_buffer("wgpu-attention output", bytes, tensor_usage())?;
         Ok(Tensor {
             buffer,
+            context: ctx.id(),
             shape,
             layout,
             dtype,
@@ -133,6 +137,7 @@ impl Tensor {
 
     /// Reads the tensor back as f32 in its layout's memory order.
     pub fn to_f32_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        self.check_context(ctx, "tensor to read back")?;
         let bytes = ctx.read_buffer(&self.buffer, self.byte_len())?;
         Ok(match self.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
@@ -141,6 +146,19 @@ impl Tensor {
                 .map(f16::to_f32)
                 .collect(),
         })
+    }
+
+    /// Refuses a tensor made by another context: wgpu does not catch the mix (each
+    /// context has its own wgpu instance, whose resource ids overlap another's, so a
+    /// foreign buffer resolves to one of this device's, or to none and a panic).
+    pub(crate) fn check_context(&self, ctx: &Context, what: &str) -> Result<()> {
+        if self.context != ctx.id() {
+            return Err(Error::invalid(
+                what,
+                "belongs to another Context (another device); a tensor works only with the context that made it",
+            ));
+        }
+        Ok(())
     }
 
     /// Logical shape `[B, H, S, D]`.

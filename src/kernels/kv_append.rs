@@ -49,6 +49,8 @@ pub(crate) fn encode(
     counts: &[u32],
     pages: Option<&PageTable>,
 ) -> Result<()> {
+    src.check_context(ctx, "new KV rows")?;
+    dst.check_context(ctx, "KV cache")?;
     let [batch, heads, new_len, dim] = src.shape();
     let pairs = batch * heads;
     let max = ctx.capabilities().max_workgroups_per_dim;

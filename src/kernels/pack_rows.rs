@@ -267,10 +267,7 @@ impl PackedRows {
     pub fn upload(ctx: &Context, dtype: DType, source: &RowSource) -> Result<PackedRows> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let packed = Self::encode(ctx, &mut encoder, dtype, source)?;
-        ctx.scoped("submitting a texture packing", || {
-            ctx.queue().submit([encoder.finish()]);
-            Ok(())
-        })?;
+        ctx.submit_as("submitting a texture packing", encoder)?;
         Ok(packed)
     }
 

@@ -182,10 +182,7 @@ impl MultiHeadAttention {
     pub fn forward(&self, ctx: &Context, inputs: Inputs, options: &MhaOptions) -> Result<MhaOutput> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         let output = self.encode_forward(ctx, &mut encoder, inputs, options)?;
-        ctx.scoped("submitting multi-head attention", || {
-            ctx.queue().submit([encoder.finish()]);
-            Ok(())
-        })?;
+        ctx.submit_as("submitting multi-head attention", encoder)?;
         Ok(output)
     }
 
@@ -236,6 +233,15 @@ impl MultiHeadAttention {
             Inputs::SelfAttention(x) => (x, x, x),
             Inputs::Cross { query, key, value } => (query, key, value),
         };
+        let weights = &self.output.weight;
+        for (what, t) in [
+            ("query", query),
+            ("key", key),
+            ("value", value),
+            ("the layer's weights", weights),
+        ] {
+            t.check_context(ctx, what)?;
+        }
         let [batch, len_q] = self.check_sequence("query", query, None, c.embed_dim)?;
         let [_, len_k] = self.check_sequence("key", key, Some(batch), c.kdim)?;
         self.check_sequence("value", value, Some(batch), c.vdim)?;
