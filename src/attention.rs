@@ -262,6 +262,8 @@ impl Plan {
                     .map_or(0, |m| 4 * m.shape().iter().product::<usize>() as u64),
             ),
             ("decode partials", decode_split.map_or(0, |d| d.partial_bytes(&shape))),
+            // f32 per row: larger than the output itself when Dv = 1 in f16.
+            ("lse", 4 * (shape.batch_heads() * shape.len_q) as u64),
         ] {
             if bytes > binding {
                 return Err(Error::LimitExceeded {

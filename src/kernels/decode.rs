@@ -213,7 +213,7 @@ pub(crate) fn encode(
         &split_pipeline,
         &bindings.select(split_kernel.slots),
         [split.splits as u32, row_groups as u32, 1],
-    );
+    )?;
     let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;
     dispatch(
         ctx,
@@ -225,6 +225,5 @@ pub(crate) fn encode(
             combine_y as u32,
             combine_z as u32,
         ],
-    );
-    Ok(())
+    )
 }

@@ -494,8 +494,7 @@ pub(crate) fn encode(
         params.bh_count,
         1,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(SLOTS), groups);
-    Ok(())
+    dispatch(ctx, encoder, &pipeline, &bindings.select(SLOTS), groups)
 }
 
 #[cfg(test)]

@@ -102,7 +102,6 @@ pub(crate) fn encode(
             &pipeline,
             &[(0, &params), (1, src.buffer()), (2, dst.buffer()), (3, &rows_of)],
             [per_pair, pairs as u32, 1],
-        );
-        Ok(())
+        )
     })
 }

@@ -73,7 +73,6 @@ pub fn encode_layer_norm(
         (5, norm.out),
     ];
     ctx.scoped("recording a layer norm", || {
-        dispatch(ctx, encoder, &pipeline, &bindings, [groups_for(norm.rows, 64), 1, 1]);
-        Ok(())
+        dispatch(ctx, encoder, &pipeline, &bindings, [groups_for(norm.rows, 64), 1, 1])
     })
 }

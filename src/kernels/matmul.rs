@@ -382,7 +382,6 @@ pub fn encode_linear(
         resource: buffer.as_entire_binding(),
     }));
     ctx.scoped("recording a linear layer", || {
-        dispatch_entries(ctx, encoder, &pipeline, &entries, groups);
-        Ok(())
+        dispatch_entries(ctx, encoder, &pipeline, &entries, groups)
     })
 }

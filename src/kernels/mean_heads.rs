@@ -53,7 +53,6 @@ pub fn encode_mean_heads(
             &pipeline,
             &[(0, &params), (1, per_head), (2, averaged)],
             groups,
-        );
-        Ok(())
+        )
     })
 }

@@ -22,7 +22,7 @@ pub(crate) mod softmax_rows;
 pub(crate) mod weights_v;
 
 use crate::context::{Context, PipelineKey};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::DType;
 
 pub use params::AttentionParams;
@@ -156,7 +156,7 @@ pub(crate) fn dispatch(
     pipeline: &wgpu::ComputePipeline,
     bindings: &[(u32, &wgpu::Buffer)],
     groups: [u32; 3],
-) {
+) -> Result<()> {
     let entries: Vec<wgpu::BindGroupEntry> = bindings
         .iter()
         .map(|&(binding, buffer)| wgpu::BindGroupEntry {
@@ -164,17 +164,49 @@ pub(crate) fn dispatch(
             resource: buffer.as_entire_binding(),
         })
         .collect();
-    dispatch_entries(ctx, encoder, pipeline, &entries, groups);
+    dispatch_entries(ctx, encoder, pipeline, &entries, groups)
 }
 
 /// Like [`dispatch`], for bindings that are not all whole buffers (textures).
+///
+/// The last guard before wgpu: the planners check sizes up front, and this checks the
+/// dispatch actually recorded (every bound buffer within the binding limit, every grid
+/// axis within the workgroup limit), so a planner that missed a case gives
+/// `LimitExceeded`, not a wgpu validation error or a silently wrapped index.
 pub(crate) fn dispatch_entries(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     pipeline: &wgpu::ComputePipeline,
     entries: &[wgpu::BindGroupEntry],
     groups: [u32; 3],
-) {
+) -> Result<()> {
+    let caps = ctx.capabilities();
+    for entry in entries {
+        if let wgpu::BindingResource::Buffer(binding) = &entry.resource {
+            let bytes = binding.size.map_or(binding.buffer.size() - binding.offset, |s| s.get());
+            if bytes > caps.max_storage_binding {
+                return Err(Error::LimitExceeded {
+                    what: format!("binding {} of a dispatch", entry.binding),
+                    limit: "max_storage_buffer_binding_size",
+                    unit: "bytes",
+                    requested: bytes,
+                    max: caps.max_storage_binding,
+                });
+            }
+        }
+    }
+    if let Some(&most) = groups.iter().max().filter(|&&g| g > caps.max_workgroups_per_dim) {
+        return Err(Error::LimitExceeded {
+            what: format!(
+                "workgroups of a dispatch ({} x {} x {})",
+                groups[0], groups[1], groups[2]
+            ),
+            limit: "max_compute_workgroups_per_dimension",
+            unit: "workgroups",
+            requested: most.into(),
+            max: caps.max_workgroups_per_dim.into(),
+        });
+    }
     let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
@@ -184,6 +216,7 @@ pub(crate) fn dispatch_entries(
     pass.set_pipeline(pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    Ok(())
 }
 
 /// Buffers bound at the fixed binding numbers of `attention_common.wgsl`.

@@ -257,8 +257,7 @@ impl PackedRows {
                     resource: wgpu::BindingResource::TextureView(&packed.view),
                 },
             ];
-            dispatch_entries(ctx, encoder, &pipeline, &entries, groups);
-            Ok(())
+            dispatch_entries(ctx, encoder, &pipeline, &entries, groups)
         })?;
         Ok(packed)
     }

@@ -30,6 +30,5 @@ pub(crate) fn encode(
     // The shader linearises a 2-D grid, so more than 65535 row groups still fit.
     let x = total.min(ctx.capabilities().max_workgroups_per_dim).max(1);
     let y = total.div_ceil(x);
-    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), [x, y, 1]);
-    Ok(())
+    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), [x, y, 1])
 }

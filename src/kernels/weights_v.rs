@@ -30,6 +30,5 @@ pub(crate) fn encode(
         groups_for(params.len_q as usize, TILE),
         params.bh_count,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), groups);
-    Ok(())
+    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), groups)
 }

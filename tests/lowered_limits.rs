@@ -1,0 +1,110 @@
+//! Limits checked against the work actually recorded (issue 17 §1.4, §1.6, §3): a
+//! device requested with lowered limits, so these refusals run on every adapter, not
+//! only where the real limits are small. Each case was a wgpu validation error (or
+//! worse) before the guards; each must now be `LimitExceeded`, and the context keeps
+//! working.
+
+mod common;
+use wgpu_attention::{sdpa, AttentionOptions, Context, DType, Error, FusedTiling, KernelChoice, Layout, Tensor};
+
+/// A context on the default adapter whose device has these lowered limits.
+fn lowered(binding: u64, workgroups: u32) -> Option<Context> {
+    let shared = common::ctx()?;
+    let instance = wgpu_attention::wgpu::Instance::default();
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
+    let adapter = adapters.into_iter().find(|a| {
+        a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
+    })?;
+    let limits = wgpu_attention::wgpu::Limits {
+        max_storage_buffer_binding_size: binding,
+        max_compute_workgroups_per_dimension: workgroups,
+        ..adapter.limits()
+    };
+    let desc = wgpu_attention::wgpu::DeviceDescriptor {
+        required_features: adapter.features() & wgpu_attention::wgpu::Features::SHADER_F16,
+        required_limits: limits,
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).expect("a device with lowered limits");
+    Some(Context::from_wgpu(adapter.get_info(), device, queue))
+}
+
+fn upload(ctx: &Context, shape: [usize; 4], dtype: DType) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_f32_as(ctx, shape, Layout::Bhsd, dtype, &vec![0.25; n]).expect("upload")
+}
+
+fn assert_limit(result: Result<wgpu_attention::AttentionOutput, Error>, limit_name: &str) {
+    match result {
+        Err(Error::LimitExceeded { limit, .. }) if limit == limit_name => {}
+        Err(e) => panic!("expected LimitExceeded on {limit_name}, got {e}"),
+        Ok(_) => panic!("expected LimitExceeded on {limit_name}, got a result"),
+    }
+}
+
+#[test]
+fn the_lse_binding_is_checked_when_it_outgrows_the_output() {
+    // f16 with D = Dv = 1: q and the output take 2 bytes per row, the lse 4.
+    let Some(ctx) = lowered(1 << 20, 65535) else { return };
+    if !ctx.capabilities().f16 {
+        eprintln!("SKIPPING: no f16");
+        return;
+    }
+    let rows = 300_000;
+    let q = upload(&ctx, [1, 1, rows, 1], DType::F16);
+    let (k, v) = (
+        upload(&ctx, [1, 1, 8, 1], DType::F16),
+        upload(&ctx, [1, 1, 8, 1], DType::F16),
+    );
+    assert_limit(
+        sdpa(&ctx, &q, &k, &v, &AttentionOptions::default()),
+        "max_storage_buffer_binding_size",
+    );
+    let q = upload(&ctx, [1, 1, 16, 1], DType::F16);
+    sdpa(&ctx, &q, &k, &v, &AttentionOptions::default()).expect("a small call still works");
+}
+
+#[test]
+fn every_dispatch_grid_is_checked() {
+    // 256 workgroups per axis and 5000 query rows: the planner's estimate (one
+    // workgroup per 32 rows) passes, but the registers tiling dispatches one per 16
+    // rows (313): the recorded grid is what gets checked. Every other path either runs
+    // or refuses the same way; none may end in a wgpu error.
+    let Some(ctx) = lowered(1 << 27, 256) else { return };
+    let q = upload(&ctx, [1, 1, 5000, 8], DType::F32);
+    let (k, v) = (
+        upload(&ctx, [1, 1, 40, 8], DType::F32),
+        upload(&ctx, [1, 1, 40, 8], DType::F32),
+    );
+    let registers = AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling: FusedTiling::Registers,
+        ..Default::default()
+    };
+    assert_limit(
+        sdpa(&ctx, &q, &k, &v, &registers),
+        "max_compute_workgroups_per_dimension",
+    );
+    for spec in wgpu_attention::kernels::flash::FUSED_TILINGS.iter() {
+        let options = AttentionOptions {
+            kernel: KernelChoice::Fused,
+            tiling: spec.tiling,
+            ..Default::default()
+        };
+        match sdpa(&ctx, &q, &k, &v, &options) {
+            Ok(out) => assert!(
+                out.out
+                    .to_f32_vec(&ctx)
+                    .expect("read back")
+                    .iter()
+                    .all(|x| (x - 0.25).abs() < 1e-6),
+                "{}: wrong output",
+                spec.name
+            ),
+            Err(Error::LimitExceeded { .. } | Error::MissingFeature { .. }) => {}
+            Err(e) => panic!("{}: {e}", spec.name),
+        }
+    }
+    let q = upload(&ctx, [1, 1, 100, 8], DType::F32);
+    sdpa(&ctx, &q, &k, &v, &AttentionOptions::default()).expect("a small call still works");
+}
