@@ -137,15 +137,87 @@ pub struct PanelGeometry {
     pub origin: (u32, u32),
     /// Side of one cell in pixels.
     pub cell: u32,
+    /// Query rows and key columns per drawn cell: (1, 1) unless the matrix was larger
+    /// than the panel and max-pooled to fit (see [`MAX_PANEL_CELLS`]).
+    pub pool: (usize, usize),
 }
 
 impl PanelGeometry {
-    /// The pixel at the centre of cell (query i, key j).
+    /// The pixel at the centre of the cell that shows (query i, key j).
     pub fn centre(&self, i: usize, j: usize) -> (u32, u32) {
+        let (i, j) = (i / self.pool.0, j / self.pool.1);
         (
             self.origin.0 + j as u32 * self.cell + self.cell / 2,
             self.origin.1 + i as u32 * self.cell + self.cell / 2,
         )
+    }
+}
+
+/// Most cells along one side of a single panel: a longer axis is max-pooled in blocks
+/// of ⌈len / MAX_PANEL_CELLS⌉ positions (the title says so), so images stay small
+/// however long the sequences, and a sharp peak stays visible.
+pub const MAX_PANEL_CELLS: usize = 480;
+
+/// Most cells along one side of each panel of a grid of `cols` columns.
+fn grid_panel_cells(cols: usize) -> usize {
+    (960 / cols.max(1)).clamp(64, MAX_PANEL_CELLS)
+}
+
+/// A panel max-pooled to at most `max_cells` cells a side (finite weights only; a
+/// block without any is 0), its title naming the pooling, and the labels that still
+/// apply (token labels of a pooled axis are dropped; numbers are kept).
+struct Pooled {
+    title: String,
+    weights: Vec<f32>,
+    len_q: usize,
+    len_k: usize,
+    pool: (usize, usize),
+    labels: Labels,
+}
+
+impl Pooled {
+    fn of(p: &Panel, labels: &Labels, max_cells: usize) -> Pooled {
+        let pool = (p.len_q.div_ceil(max_cells), p.len_k.div_ceil(max_cells));
+        let (len_q, len_k) = (p.len_q.div_ceil(pool.0), p.len_k.div_ceil(pool.1));
+        let weights = if pool == (1, 1) {
+            p.weights.to_vec()
+        } else {
+            let mut out = vec![0.0f32; len_q * len_k];
+            for (i, row) in p.weights.chunks_exact(p.len_k).enumerate() {
+                let pooled = &mut out[(i / pool.0) * len_k..][..len_k];
+                for (j, &w) in row.iter().enumerate() {
+                    if w.is_finite() {
+                        pooled[j / pool.1] = pooled[j / pool.1].max(w);
+                    }
+                }
+            }
+            out
+        };
+        let title = if pool == (1, 1) {
+            p.title.clone()
+        } else {
+            format!("{} (max of {}x{} blocks)", p.title, pool.0, pool.1)
+        };
+        Pooled {
+            title,
+            weights,
+            len_q,
+            len_k,
+            pool,
+            labels: Labels {
+                queries: labels.queries.clone().filter(|_| pool.0 == 1),
+                keys: labels.keys.clone().filter(|_| pool.1 == 1),
+            },
+        }
+    }
+
+    fn panel(&self) -> Panel<'_> {
+        Panel {
+            title: self.title.clone(),
+            weights: &self.weights,
+            len_q: self.len_q,
+            len_k: self.len_k,
+        }
     }
 }
 
@@ -209,9 +281,10 @@ struct PanelLayout {
     key_label_rows: u32,
 }
 
-fn panel_layout(p: &Panel, labels: &Labels) -> PanelLayout {
+/// The layout of `p`, pooled by `pool` (numbered ticks show original positions).
+fn panel_layout(p: &Panel, labels: &Labels, pool: (usize, usize)) -> PanelLayout {
     let cell = cell_size(p.len_q, p.len_k);
-    let left = label_width(&labels.queries, p.len_q) + PAD;
+    let left = label_width(&labels.queries, p.len_q * pool.0) + PAD;
     // Key labels are written vertically, one character per line, under each column.
     let key_label_rows = match &labels.keys {
         Some(l) if cell >= CHAR_W => l.iter().map(|s| s.chars().count()).max().unwrap_or(1) as u32,
@@ -230,13 +303,22 @@ fn panel_layout(p: &Panel, labels: &Labels) -> PanelLayout {
         geometry: PanelGeometry {
             origin: (left, top),
             cell,
+            pool: (1, 1),
         },
         key_label_rows,
     }
 }
 
-fn draw_panel(canvas: &mut Canvas, corner: (u32, u32), p: &Panel, labels: &Labels, vmax: f32) -> PanelGeometry {
-    let layout = panel_layout(p, labels);
+/// Draws `p` (already pooled by `pool`: tick numbers are the original positions).
+fn draw_panel(
+    canvas: &mut Canvas,
+    corner: (u32, u32),
+    p: &Panel,
+    labels: &Labels,
+    vmax: f32,
+    pool: (usize, usize),
+) -> PanelGeometry {
+    let layout = panel_layout(p, labels, pool);
     let g = layout.geometry;
     let (x0, y0) = (corner.0 + g.origin.0, corner.1 + g.origin.1);
     canvas.text(&p.title, corner.0 as i32, corner.1 as i32, Alignment::Left);
@@ -250,7 +332,10 @@ fn draw_panel(canvas: &mut Canvas, corner: (u32, u32), p: &Panel, labels: &Label
     // Query labels to the left of their rows.
     let q_step = tick_step(g.cell, CHAR_H);
     for i in (0..p.len_q).step_by(q_step) {
-        let text = labels.queries.as_ref().map_or(i.to_string(), |l| l[i].clone());
+        let text = labels
+            .queries
+            .as_ref()
+            .map_or((i * pool.0).to_string(), |l| l[i].clone());
         let y = y0 + i as u32 * g.cell + g.cell / 2;
         canvas.text(
             &text,
@@ -273,10 +358,10 @@ fn draw_panel(canvas: &mut Canvas, corner: (u32, u32), p: &Panel, labels: &Label
             }
         }
         _ => {
-            let widest = label_width(&None, p.len_k) + CHAR_W;
+            let widest = label_width(&None, p.len_k * pool.1) + CHAR_W;
             for j in (0..p.len_k).step_by(tick_step(g.cell, widest)) {
                 let x = x0 + j as u32 * g.cell + g.cell / 2;
-                canvas.text(&j.to_string(), x as i32, below as i32, Alignment::Center);
+                canvas.text(&(j * pool.1).to_string(), x as i32, below as i32, Alignment::Center);
             }
         }
     }
@@ -285,6 +370,7 @@ fn draw_panel(canvas: &mut Canvas, corner: (u32, u32), p: &Panel, labels: &Label
     PanelGeometry {
         origin: (x0, y0),
         cell: g.cell,
+        pool,
     }
 }
 
@@ -305,12 +391,14 @@ const BAR_SPACE: u32 = PAD + BAR_W + 3 + 5 * CHAR_W + PAD;
 /// name on top. Returns the image and where the cells are.
 pub fn render_panel(panel: &Panel, labels: &Labels) -> Result<(Canvas, PanelGeometry)> {
     check_panel(panel, labels)?;
-    let layout = panel_layout(panel, labels);
+    let pooled = Pooled::of(panel, labels, MAX_PANEL_CELLS);
+    let (panel, labels) = (&pooled.panel(), &pooled.labels);
+    let layout = panel_layout(panel, labels, pooled.pool);
     let header = CHAR_H + PAD;
     let mut canvas = Canvas::new(layout.width + BAR_SPACE, header + layout.height);
     canvas.text("rows: query position", 0, 0, Alignment::Left);
     let vmax = max_weight(panel.weights);
-    let geometry = draw_panel(&mut canvas, (0, header), panel, labels, vmax);
+    let geometry = draw_panel(&mut canvas, (0, header), panel, labels, vmax, pooled.pool);
     let grid_h = geometry.cell * panel.len_q as u32;
     draw_colour_bar(
         &mut canvas,
@@ -337,7 +425,13 @@ pub fn render_grid(panels: &[Panel], labels: &Labels) -> Result<(Canvas, Vec<Pan
     }
     let cols = (panels.len() as f64).sqrt().ceil() as u32;
     let rows = (panels.len() as u32).div_ceil(cols);
-    let layout = panel_layout(first, labels);
+    let pooled: Vec<Pooled> = panels
+        .iter()
+        .map(|p| Pooled::of(p, labels, grid_panel_cells(cols as usize)))
+        .collect();
+    let views: Vec<Panel> = pooled.iter().map(Pooled::panel).collect();
+    let (panels, first, labels) = (&views[..], &views[0], &pooled[0].labels);
+    let layout = panel_layout(first, labels, pooled[0].pool);
     let header = CHAR_H + PAD;
     let (cell_w, cell_h) = (layout.width + PAD, layout.height + PAD);
     let mut canvas = Canvas::new(cols * cell_w + BAR_SPACE, header + rows * cell_h);
@@ -348,7 +442,14 @@ pub fn render_grid(panels: &[Panel], labels: &Labels) -> Result<(Canvas, Vec<Pan
         .enumerate()
         .map(|(n, p)| {
             let (r, c) = (n as u32 / cols, n as u32 % cols);
-            draw_panel(&mut canvas, (c * cell_w, header + r * cell_h), p, labels, vmax)
+            draw_panel(
+                &mut canvas,
+                (c * cell_w, header + r * cell_h),
+                p,
+                labels,
+                vmax,
+                pooled[n].pool,
+            )
         })
         .collect();
     let bar_top = header + layout.geometry.origin.1;

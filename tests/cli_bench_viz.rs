@@ -291,3 +291,61 @@ fn bench_mha_prints_every_phase_and_the_paired_projection_ratio() {
         String::from_utf8_lossy(&bad.stdout)
     );
 }
+
+#[test]
+fn viz_max_pools_large_weights_into_a_bounded_image() {
+    // 3 heads of 2500 x 1700 weights (51 MB of f32): each panel is max-pooled to at
+    // most MAX_PANEL_CELLS cells a side (a grid's panels to fewer), so the images stay
+    // small, and one peak per head still shows at full colour.
+    use wgpu_attention::heatmap::MAX_PANEL_CELLS;
+    let dir = scratch("viz-large");
+    let (heads, lq, lk) = (3usize, 2500usize, 1700usize);
+    let mut rng = Rng::new(33);
+    let mut weights = rng.vec(heads * lq * lk, 0.0, 0.01);
+    let peaks = [(2499, 1699), (7, 1234), (1800, 0)];
+    for (h, &(i, j)) in peaks.iter().enumerate() {
+        weights[(h * lq + i) * lk + j] = 1.0;
+    }
+    write_npy(&dir.join("w.npy"), &[1, heads as u64, lq as u64, lk as u64], &weights);
+    let output = bin()
+        .current_dir(&dir)
+        .args(["viz", "--weights", "w.npy", "--out-dir", "png"])
+        .output()
+        .expect("runs");
+    ok(&output);
+    for (h, &(i, j)) in peaks.iter().enumerate() {
+        let panel = Panel {
+            title: format!("batch 0, head {h}"),
+            weights: &weights[h * lq * lk..][..lq * lk],
+            len_q: lq,
+            len_k: lk,
+        };
+        let (expected, geometry) = render_panel(&panel, &Labels::default()).expect("render");
+        assert_eq!(
+            geometry.pool,
+            (lq.div_ceil(MAX_PANEL_CELLS), lk.div_ceil(MAX_PANEL_CELLS))
+        );
+        assert!(
+            expected.width < 800 && expected.height < 800,
+            "{}x{}",
+            expected.width,
+            expected.height
+        );
+        let img = decode_png(&dir.join(format!("png/attention_b0_h{h}.png")));
+        assert_eq!((img.0, img.1), (expected.width, expected.height));
+        let (x, y) = geometry.centre(i, j);
+        assert_eq!(
+            pixel(&img, x, y),
+            colour(1.0),
+            "head {h}: the peak's block is not at full colour"
+        );
+        let (x, y) = geometry.centre((i + lq / 2) % lq, (j + lk / 2) % lk);
+        assert_ne!(
+            pixel(&img, x, y),
+            colour(1.0),
+            "head {h}: a block far from the peak is at full colour"
+        );
+    }
+    let grid = decode_png(&dir.join("png/attention_b0_heads.png"));
+    assert!(grid.0 < 1400 && grid.1 < 1400, "grid {}x{}", grid.0, grid.1);
+}
