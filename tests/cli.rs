@@ -285,3 +285,35 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
     assert!(dir.join("adir").is_dir());
     assert!(!dir.join("adir.partial").exists());
 }
+
+#[test]
+fn a_dash_writes_the_output_to_stdout() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("stdout");
+    let mut rng = Rng::new(78);
+    write_npy(&dir.join("q.npy"), &[1, 2, 3, 4], &rng.vec(24, -1.0, 1.0));
+    write_npy(&dir.join("k.npy"), &[1, 2, 5, 4], &rng.vec(40, -1.0, 1.0));
+    write_npy(&dir.join("v.npy"), &[1, 2, 5, 4], &rng.vec(40, -1.0, 1.0));
+    let run = |out: &str, extra: &[&str]| {
+        bin()
+            .current_dir(&dir)
+            .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", out])
+            .args(extra)
+            .output()
+            .expect("runs")
+    };
+    let piped = run("-", &[]);
+    assert!(piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+    assert!(run("o.npy", &[]).status.success());
+    assert_eq!(
+        piped.stdout,
+        std::fs::read(dir.join("o.npy")).expect("o.npy"),
+        "stdout differs from the file"
+    );
+    // Two outputs cannot share standard output.
+    let both = run("-", &["--lse-out", "-"]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(both.stdout.is_empty(), "something was written to stdout");
+}

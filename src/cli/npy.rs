@@ -166,9 +166,14 @@ enum Target {
     /// A symlink, device or FIFO (`/dev/stdout` in a pipeline): written through, since
     /// renaming over it would replace the link or the device node itself.
     Through,
+    /// `-`: standard output.
+    Stdout,
 }
 
 fn target(path: &Path) -> Result<Target, CliError> {
+    if path.as_os_str() == "-" {
+        return Ok(Target::Stdout);
+    }
     match std::fs::symlink_metadata(path) {
         Err(_) => Ok(Target::Replace),
         Ok(m) if m.file_type().is_file() => Ok(Target::Replace),
@@ -189,7 +194,9 @@ fn target(path: &Path) -> Result<Target, CliError> {
 /// Refuses, before any work is done, an output path that could not be written: a
 /// directory, or a new file in a directory that does not exist.
 pub fn check_writable(path: &Path) -> Result<(), CliError> {
-    target(path)?;
+    if let Target::Stdout = target(path)? {
+        return Ok(());
+    }
     if std::fs::symlink_metadata(path).is_err() {
         let parent = path
             .parent()
@@ -222,6 +229,9 @@ pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError>
         .iter()
         .map(|(path, _)| target(path.as_ref()))
         .collect::<Result<Vec<_>, _>>()?;
+    if targets.iter().filter(|t| matches!(t, Target::Stdout)).count() > 1 {
+        return Err(CliError::bad("only one output can be '-' (standard output)"));
+    }
     let mut temps = Vec::new();
     let cleanup = |temps: &[std::path::PathBuf]| {
         for t in temps {
@@ -241,6 +251,14 @@ pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError>
         }
     }
     for ((path, bytes), target) in files.iter().zip(&targets) {
+        if let Target::Stdout = target {
+            let mut out = std::io::stdout().lock();
+            let written = std::io::Write::write_all(&mut out, bytes).and_then(|()| std::io::Write::flush(&mut out));
+            if let Err(e) = written {
+                cleanup(&temps);
+                return Err(fail(path.as_ref(), e));
+            }
+        }
         if let Target::Through = target {
             // ENOSPC from /dev/full, EPIPE from a closed pipe: an error, not exit 0.
             // Truncate (a linked regular file longer than the output keeps no old tail)

@@ -87,7 +87,7 @@ pub struct RunArgs {
     /// Values, [B, Hkv, Lk, Dv].
     #[arg(long)]
     v: PathBuf,
-    /// Output file (float32, same layout as the inputs).
+    /// Output file (float32, same layout as the inputs); `-` writes it to standard output.
     #[arg(long)]
     out: PathBuf,
     #[command(flatten)]
