@@ -45,3 +45,50 @@ fn a_forced_cap_only_ever_lowers_the_drivers() {
     ctx.limit_loop_iterations(5000);
     assert_eq!(ctx.loop_cap(), Some(1000), "raised a forced cap");
 }
+
+#[test]
+fn every_tiling_is_exact_at_its_loop_budget() {
+    // On a driver that caps loops (Mesa 22's llvmpipe), one dispatch walking exactly
+    // the most keys a tiling's iteration model allows must still be exact: a model that
+    // undercounts some loop lets the driver cut the kernel short there, and the result
+    // is wrong. One more block of 4 keys must exceed the cap (the bound is tight).
+    use wgpu_attention::check::CheckCase;
+    use wgpu_attention::kernels::flash::FUSED_TILINGS;
+    use wgpu_attention::kernels::loop_budget::{fused_iterations, keys_per_dispatch};
+    use wgpu_attention::{AttentionOptions, AttentionShape, DType, KernelChoice, Layout};
+    let Some(ctx) = common::ctx() else { return };
+    let Some(cap) = ctx.loop_cap() else {
+        eprintln!("SKIPPING: this driver does not cap loops");
+        return;
+    };
+    for spec in FUSED_TILINGS.iter().filter(|s| ctx.fused_config(s.tiling).is_ok()) {
+        let config = ctx.fused_config(spec.tiling).expect("filtered");
+        for d in [64, 256] {
+            let unbounded = AttentionShape::new(1, 2, 1, 33, 1 << 20, d, d);
+            let most = keys_per_dispatch(&config, &unbounded, cap).expect("a block of keys fits");
+            let at = AttentionShape {
+                len_k: most,
+                ..unbounded
+            };
+            let past = AttentionShape {
+                len_k: most + 4,
+                ..unbounded
+            };
+            assert!(fused_iterations(&config, &at) <= cap && fused_iterations(&config, &past) > cap);
+            let case = CheckCase {
+                shape: at,
+                options: AttentionOptions {
+                    kernel: KernelChoice::Fused,
+                    tiling: spec.tiling,
+                    ..Default::default()
+                },
+                dtype: DType::F32,
+                layout: Layout::Bhsd,
+                seed: 91 + d as u64,
+                range: 1.0,
+            };
+            eprintln!("{}: D {d}, {most} keys in one dispatch", spec.name);
+            common::assert_case(ctx, &case);
+        }
+    }
+}
