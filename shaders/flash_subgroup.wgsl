@@ -16,22 +16,28 @@
 // (the key loop is uniform across the workgroup). A dispatch walks the keys
 // p.key_begin .. p.key_stop and may resume from an earlier one's results (resume_rows).
 
-// MAX_DIM (a multiple of 8, at least D and Dv) comes from a one-line prelude: the
-// host picks 64, 128 or 256, as smaller arrays compile much faster on llvmpipe.
+// Per invocation, the scaled Q rows and the unnormalised output rows are MAX_DIM
+// vec4s each (component r: row r), reached through q_octet/q_set and acc_get/acc_set,
+// which a prelude defines with MAX_DIM (a multiple of 8, at least D and Dv; the host
+// picks 64, 128 or 256). They live in workgroup memory, each invocation in its own
+// slot of MAX_DIM vec4s (`slot`), wherever 8 slots of both fit in 32 KiB: llvmpipe
+// turns every dynamically indexed access to a private array into a ladder of branches
+// over the whole array, which took minutes to compile and ran slower. At MAX_DIM = 256
+// only Q fits and the accumulator stays private.
 const LANES: u32 = 8u;
+// Invocations per workgroup (ROWS / 4): the host launches ROWS = 32, and the
+// workgroup arrays hold SLOTS slots.
+const SLOTS: u32 = 8u;
 override ROWS: u32 = 32u;
 
-// Component r of each vec4 belongs to this invocation's row r.
-var<private> q_t: array<vec4<f32>, MAX_DIM>; // q_t[d] = scale * Q[row][d]
-var<private> acc_t: array<vec4<f32>, MAX_DIM>; // unnormalised output rows
+var<private> slot: u32; // this invocation's first element in the workgroup arrays
 var<private> row_max: vec4<f32>;
 var<private> row_sum: vec4<f32>;
 var<private> score: array<vec4<f32>, 4>; // score[c]: key j0 + c
 var<private> prob: array<vec4<f32>, 4>;
 
 // kd[c] = K[j0 + c][d]
-fn add_scores(d: u32, kd: vec4<f32>) {
-    let qd = q_t[d];
+fn add_scores(qd: vec4<f32>, kd: vec4<f32>) {
     score[0] += qd * kd.x;
     score[1] += qd * kd.y;
     score[2] += qd * kd.z;
@@ -40,7 +46,7 @@ fn add_scores(d: u32, kd: vec4<f32>) {
 
 // vd[c] = V[j0 + c][d]
 fn add_values(d: u32, vd: vec4<f32>) {
-    acc_t[d] += prob[0] * vd.x + prob[1] * vd.y + prob[2] * vd.z + prob[3] * vd.w;
+    acc_set(d, acc_get(d) + prob[0] * vd.x + prob[1] * vd.y + prob[2] * vd.z + prob[3] * vd.w);
 }
 
 // Element d of four K rows (zero past the head dim).
@@ -78,14 +84,14 @@ fn online_step4() {
         let dv8 = (p.head_dim_v + 7u) / 8u;
         for (var t = 0u; t < dv8; t++) {
             let d = t * LANES;
-            acc_t[d] *= alpha;
-            acc_t[d + 1u] *= alpha;
-            acc_t[d + 2u] *= alpha;
-            acc_t[d + 3u] *= alpha;
-            acc_t[d + 4u] *= alpha;
-            acc_t[d + 5u] *= alpha;
-            acc_t[d + 6u] *= alpha;
-            acc_t[d + 7u] *= alpha;
+            acc_set(d, acc_get(d) * alpha);
+            acc_set(d + 1u, acc_get(d + 1u) * alpha);
+            acc_set(d + 2u, acc_get(d + 2u) * alpha);
+            acc_set(d + 3u, acc_get(d + 3u) * alpha);
+            acc_set(d + 4u, acc_get(d + 4u) * alpha);
+            acc_set(d + 5u, acc_get(d + 5u) * alpha);
+            acc_set(d + 6u, acc_get(d + 6u) * alpha);
+            acc_set(d + 7u, acc_get(d + 7u) * alpha);
         }
         row_max = new_max;
     }
@@ -112,7 +118,7 @@ fn resume_rows(hd: Head, rows: vec4<u32>, dims: u32) {
                 f32(output[o_base.w + d]),
             );
         }
-        acc_t[d] = select(vec4<f32>(0.0), o, seen);
+        acc_set(d, select(vec4<f32>(0.0), o, seen));
     }
 }
 
@@ -137,6 +143,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, last_q)), p.key_stop);
 
+    slot = lid.x * MAX_DIM;
     let d8 = (p.head_dim + 7u) / 8u;
     let dv8 = (p.head_dim_v + 7u) / 8u;
     let q_base = vec4<u32>(hd.b * p.q_stride_b + hd.h * p.q_stride_h) + clamped * p.q_stride_s;
@@ -145,7 +152,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         if d < p.head_dim {
             qd = vec4<f32>(f32(q[q_base.x + d]), f32(q[q_base.y + d]), f32(q[q_base.z + d]), f32(q[q_base.w + d]));
         }
-        q_t[d] = qd * p.scale;
+        q_set(d, qd * p.scale);
     }
     resume_rows(hd, clamped, dv8 * 8u);
 
@@ -159,16 +166,17 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         for (var t = 0u; t < d8; t++) {
             let d = t * LANES;
             let x = k_column(kr, d + lane);
-            add_scores(d, subgroupBroadcast(x, 0u));
-            add_scores(d + 1u, subgroupBroadcast(x, 1u));
-            add_scores(d + 2u, subgroupBroadcast(x, 2u));
-            add_scores(d + 3u, subgroupBroadcast(x, 3u));
-            add_scores(d + 4u, subgroupBroadcast(x, 4u));
-            add_scores(d + 5u, subgroupBroadcast(x, 5u));
-            add_scores(d + 6u, subgroupBroadcast(x, 6u));
-            add_scores(d + 7u, subgroupBroadcast(x, 7u));
+            let qo = q_octet(t);
+            add_scores(qo[0], subgroupBroadcast(x, 0u));
+            add_scores(qo[1], subgroupBroadcast(x, 1u));
+            add_scores(qo[2], subgroupBroadcast(x, 2u));
+            add_scores(qo[3], subgroupBroadcast(x, 3u));
+            add_scores(qo[4], subgroupBroadcast(x, 4u));
+            add_scores(qo[5], subgroupBroadcast(x, 5u));
+            add_scores(qo[6], subgroupBroadcast(x, 6u));
+            add_scores(qo[7], subgroupBroadcast(x, 7u));
         }
-        // Masks (q_t already carries the scale).
+        // Masks (Q already carries the scale).
         score[0] = mask_column(hd, clamped, starts, ends, j0, score[0]);
         score[1] = mask_column(hd, clamped, starts, ends, j0 + 1u, score[1]);
         score[2] = mask_column(hd, clamped, starts, ends, j0 + 2u, score[2]);
@@ -199,7 +207,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         }
         let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + row * p.o_stride_s;
         for (var d = 0u; d < p.head_dim_v; d++) {
-            output[o_base + d] = elem(acc_t[d][r] * inv[r]);
+            output[o_base + d] = elem(acc_get(d)[r] * inv[r]);
         }
         lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = lses[r];
     }
