@@ -12,7 +12,8 @@
 // Tiling: a workgroup owns ROWS query rows of one (batch, head), ROWS / 4 invocations;
 // invocation `lid` owns rows row0 + lid + r * ROWS / 4 for r = 0..3 (component r). Keys
 // are consumed in blocks of 4: 16 scores, one online-softmax step per row, then the V
-// update. No workgroup memory, no barriers. Lanes 0..7 of each subgroup must be active
+// update. No barriers (each invocation touches only its own slot of the workgroup
+// arrays below). Lanes 0..7 of each subgroup must be active
 // (the key loop is uniform across the workgroup). A dispatch walks the keys
 // p.key_begin .. p.key_stop and may resume from an earlier one's results (resume_rows).
 
@@ -23,7 +24,8 @@
 // slot of MAX_DIM vec4s (`slot`), wherever 8 slots of both fit in 32 KiB: llvmpipe
 // turns every dynamically indexed access to a private array into a ladder of branches
 // over the whole array, which took minutes to compile and ran slower. At MAX_DIM = 256
-// only Q fits and the accumulator stays private.
+// only the accumulator (accessed in more places) fits, and Q stays private, read by
+// octets.
 const LANES: u32 = 8u;
 // Invocations per workgroup (ROWS / 4): the host launches ROWS = 32, and the
 // workgroup arrays hold SLOTS slots.

@@ -412,7 +412,10 @@ impl Context {
 
     /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
     /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
-    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`.
+    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`. The device's uncaptured-error
+    /// handler stays the caller's: errors in work the caller submits outside an error
+    /// scope go there, not to this context's next call (as they do for contexts this
+    /// crate makes).
     pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let mut caps = Capabilities::detect(&device, &info);
         if is_cpu_adapter(&info) {
@@ -512,12 +515,18 @@ impl Context {
                 message,
             });
         }
+        // Internal errors too (a backend failing to translate a shader): one no scope
+        // caught would reach the uncaptured handler and be blamed on the next call.
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
-        let v = pollster::block_on(validation.pop());
-        let o = pollster::block_on(oom.pop());
-        if v.is_some() || o.is_some() || out.is_err() {
+        // Scopes pop in the reverse order of their pushes.
+        let validation_error = pollster::block_on(validation.pop());
+        let oom_error = pollster::block_on(oom.pop());
+        let internal_error = pollster::block_on(internal.pop());
+        let error = validation_error.or(oom_error).or(internal_error);
+        if error.is_some() || out.is_err() {
             // wgpu reports a loss through a callback it runs when polled: a failure is
             // the moment to ask, so the error names the cause rather than its symptom.
             let _ = self.device.poll(wgpu::PollType::Poll);
@@ -525,7 +534,7 @@ impl Context {
                 return Err(lost());
             }
         }
-        if let Some(e) = v.or(o) {
+        if let Some(e) = error {
             return Err(Error::Gpu {
                 during: during.into(),
                 message: e.to_string(),

@@ -122,12 +122,17 @@ impl PageTable {
     }
 }
 
-/// Identifies one sequence of a [`PagedKvCache`].
+/// Identifies one sequence of a [`PagedKvCache`]: a slot and the generation of its
+/// occupant, so the id of a removed sequence never names the one that reuses its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SequenceId(usize);
+pub struct SequenceId {
+    slot: usize,
+    generation: u64,
+}
 
 #[derive(Clone, Debug, Default)]
 struct Sequence {
+    generation: u64,
     pages: Vec<u32>,
     len: u32,
 }
@@ -146,6 +151,8 @@ pub struct PagedKvCache {
     v: Tensor,
     free: Vec<u32>,
     sequences: Vec<Option<Sequence>>,
+    /// Generations handed out so far.
+    generations: u64,
 }
 
 impl PagedKvCache {
@@ -167,14 +174,25 @@ impl PagedKvCache {
         if page_size == 0 || page_size > u32::MAX as usize / 2 {
             return Err(Error::unsupported("KV page size", page_size, "1 to 2^31 - 1 rows"));
         }
-        // Buffers start zeroed: rows no sequence wrote are finite, as masked value rows
-        // must be.
+        // Pages are cleared when handed out, by buffer clears, which need whole 4-byte words.
+        let odd = |dim: usize| !(heads_kv * page_size * dim * dtype.size()).is_multiple_of(4);
+        if odd(head_dim) || odd(head_dim_v) {
+            return Err(Error::unsupported(
+                "KV page size",
+                page_size,
+                "a page of f16 rows must hold an even number of elements (Hkv x page size x D and x Dv)",
+            ));
+        }
+        // Buffers start zeroed, and a page is cleared again whenever it is handed to a
+        // sequence: rows past a length are never another sequence's (masked value rows
+        // must be finite, and a freed page may hold anything its last owner wrote).
         Ok(PagedKvCache {
             k: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?,
             v: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?,
             // Popped from the end: pages are handed out in ascending order.
             free: (0..pages as u32).rev().collect(),
             sequences: Vec::new(),
+            generations: 0,
         })
     }
 
@@ -200,22 +218,29 @@ impl PagedKvCache {
 
     /// A new, empty sequence.
     pub fn add_sequence(&mut self) -> SequenceId {
-        match self.sequences.iter().position(Option::is_none) {
-            Some(slot) => {
-                self.sequences[slot] = Some(Sequence::default());
-                SequenceId(slot)
-            }
+        self.generations += 1;
+        let sequence = Sequence {
+            generation: self.generations,
+            ..Default::default()
+        };
+        let slot = match self.sequences.iter().position(Option::is_none) {
+            Some(slot) => slot,
             None => {
-                self.sequences.push(Some(Sequence::default()));
-                SequenceId(self.sequences.len() - 1)
+                self.sequences.push(None);
+                self.sequences.len() - 1
             }
+        };
+        self.sequences[slot] = Some(sequence);
+        SequenceId {
+            slot,
+            generation: self.generations,
         }
     }
 
     /// Forgets a sequence and frees its pages.
     pub fn remove_sequence(&mut self, id: SequenceId) -> Result<()> {
         self.sequence(id)?;
-        let seq = self.sequences[id.0].take().unwrap_or_default();
+        let seq = self.sequences[id.slot].take().unwrap_or_default();
         self.free.extend(seq.pages.iter().rev());
         Ok(())
     }
@@ -309,20 +334,31 @@ impl PagedKvCache {
             });
         }
         let mut free = self.free.clone();
+        let mut handed_out = Vec::new();
         for (seq, rows) in &mut grown {
             while seq.pages.len() * page_size < *rows {
-                seq.pages.extend(free.pop());
+                // Never empty: pages_needed was checked against the free pages above.
+                let Some(page) = free.pop() else { break };
+                seq.pages.push(page);
+                handed_out.push(page);
             }
         }
         let starts: Vec<u32> = grown.iter().map(|(seq, _)| seq.len).collect();
         let table = PageTable::from_sequences(&grown.iter().map(|(seq, _)| &seq.pages[..]).collect::<Vec<_>>())?;
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
+        for pool in [&self.k, &self.v] {
+            // A page is `[Hkv, page_size, dim]` contiguous elements in either layout.
+            let page_bytes = (pool.strides()[0] * pool.dtype().size()) as u64;
+            for &page in &handed_out {
+                encoder.clear_buffer(pool.buffer(), u64::from(page) * page_bytes, Some(page_bytes));
+            }
+        }
         kv_append::encode(ctx, &mut encoder, k_new, &self.k, &starts, counts, Some(&table))?;
         kv_append::encode(ctx, &mut encoder, v_new, &self.v, &starts, counts, Some(&table))?;
         ctx.submit_as("submitting a paged KV append", encoder)?;
         for (&id, (mut seq, rows)) in ids.iter().zip(grown) {
             seq.len = rows as u32;
-            self.sequences[id.0] = Some(seq);
+            self.sequences[id.slot] = Some(seq);
         }
         self.free = free;
         Ok(())
@@ -360,8 +396,9 @@ impl PagedKvCache {
 
     fn sequence(&self, id: SequenceId) -> Result<&Sequence> {
         self.sequences
-            .get(id.0)
+            .get(id.slot)
             .and_then(Option::as_ref)
+            .filter(|s| s.generation == id.generation)
             .ok_or_else(|| Error::invalid("sequence", format!("{id:?} is not in this cache (removed?)")))
     }
 

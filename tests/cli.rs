@@ -317,3 +317,19 @@ fn a_dash_writes_the_output_to_stdout() {
     assert_eq!(both.status.code(), Some(2));
     assert!(both.stdout.is_empty(), "something was written to stdout");
 }
+
+#[test]
+fn a_dash_is_refused_where_stdout_carries_a_report() {
+    // `check` and `bench` print their tables to stdout: a report there would be
+    // unreadable, so '-' is refused before any work.
+    for args in [
+        &["check", "--json", "-"][..],
+        &["bench", "--json", "-", "--shape", "1,1,1,4,4,8"],
+    ] {
+        let output = bin().args(args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("standard output"), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}: work was done");
+    }
+}

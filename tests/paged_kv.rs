@@ -229,6 +229,24 @@ fn sequences_share_one_pool_and_reuse_freed_pages() {
         cache.pages(new).expect("live").iter().all(|p| freed.contains(p)),
         "freed pages are reused first"
     );
+    // The new sequence took the removed one's slot; the removed id still names nothing.
+    assert!(cache.len(ids[1]).is_err(), "a stale id names the sequence in its slot");
+    assert!(
+        cache.remove_sequence(ids[1]).is_err(),
+        "a stale id removed another sequence"
+    );
+    // A reused page was cleared: the rows past the new sequence's 11 (its last page
+    // holds rows 10..15) are zero, not the removed sequence's.
+    let last_page = *cache.pages(new).expect("live").last().expect("3 pages") as usize;
+    for (pool, dim) in [(cache.keys(), D), (cache.values(), DV)] {
+        let data = pool.to_f32_vec(ctx).expect("read back"); // BSHD: [P, PAGE, HKV, dim]
+        let page = &data[last_page * PAGE * HKV * dim..][..PAGE * HKV * dim];
+        assert!(
+            page[HKV * dim..].iter().all(|&x| x == 0.0),
+            "rows past the length hold a removed sequence's values"
+        );
+        assert!(page[..HKV * dim].iter().any(|&x| x != 0.0), "row 10 was written");
+    }
     let live = [ids[0], new, ids[2]];
     assert_attends(ctx, &cache, &live, &[&held[0], &new_held[0], &held[2]], 721);
 }

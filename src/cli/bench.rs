@@ -203,6 +203,9 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
     if !args.compare.is_empty() {
         return super::bench_compare::run(&args.compare[0], &args.compare[1]);
     }
+    if let Some(path) = &args.json {
+        super::npy::check_outputs(&[path.as_path()], false)?;
+    }
     if let Some(sizes) = &args.mha {
         return mha_phases(adapter, args, sizes);
     }

@@ -114,9 +114,8 @@ fn describe(case: &CheckCase) -> String {
 /// (also when cases fail: that is when CI needs them) and exits 1 if any case failed or
 /// errored. A case that returns an error is reported and the run goes on.
 pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
-    for path in args.json.iter().chain(&args.junit) {
-        super::npy::check_writable(path)?;
-    }
+    let outputs: Vec<&std::path::Path> = args.json.iter().chain(&args.junit).map(|p| p.as_path()).collect();
+    super::npy::check_outputs(&outputs, false)?;
     let ctx = adapter.context()?;
     let mut report = Report::new(ctx.adapter_info().clone(), args.seed);
     println!("adapter: {}", report.adapter_line());

@@ -85,6 +85,11 @@ fn load_sequence(ctx: &Context, path: &Path, width: usize, what: &str, dtype: DT
 }
 
 pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
+    let outputs: Vec<&std::path::Path> = std::iter::once(&args.out)
+        .chain(&args.weights_out)
+        .map(|p| p.as_path())
+        .collect();
+    npy::check_outputs(&outputs, true)?;
     let bytes = std::fs::read(&args.weights)
         .map_err(|e| CliError::bad(format!("{}: cannot read weights: {e}", args.weights.display())))?;
     let mut loaded = load_safetensors(&bytes, args.num_heads, args.num_kv_heads, &args.prefix)

@@ -191,6 +191,22 @@ fn target(path: &Path) -> Result<Target, CliError> {
     }
 }
 
+/// Checks a command's output paths before any work: each must be writable
+/// ([`check_writable`]), and `-` (standard output) may name one of them, and only where
+/// the command prints nothing else there (`stdout_free`).
+pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError> {
+    let dashes = paths.iter().filter(|p| p.as_os_str() == "-").count();
+    if dashes > 0 && !stdout_free {
+        return Err(CliError::bad(
+            "'-' (standard output) cannot take an output here: this command prints its report there",
+        ));
+    }
+    if dashes > 1 {
+        return Err(CliError::bad("only one output can be '-' (standard output)"));
+    }
+    paths.iter().try_for_each(|p| check_writable(p))
+}
+
 /// Refuses, before any work is done, an output path that could not be written: a
 /// directory, or a new file in a directory that does not exist.
 pub fn check_writable(path: &Path) -> Result<(), CliError> {

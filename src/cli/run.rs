@@ -229,6 +229,12 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
 }
 
 pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
+    let outputs: Vec<&std::path::Path> = std::iter::once(&args.out)
+        .chain(&args.weights_out)
+        .chain(&args.lse_out)
+        .map(|p| p.as_path())
+        .collect();
+    npy::check_outputs(&outputs, true)?;
     let ctx = adapter.context()?;
     let dtype = args.dtype.into();
     let layout = match args.layout {

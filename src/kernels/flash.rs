@@ -50,8 +50,8 @@ pub const SHARED: Kernel = Kernel {
 /// (`MAX_DIM`): per invocation, Q and the accumulator take MAX_DIM vec4s each, in
 /// workgroup memory where 8 invocations' fit in 32 KiB (llvmpipe compiles dynamically
 /// indexed private arrays into branch ladders: the 128 variant took 15 s to compile
-/// cold on Mesa 22.3, 0.6 s now, and runs ~10% faster); at 256 the accumulator stays
-/// private.
+/// cold on Mesa 22.3, 0.6 s now, and runs ~10% faster); at 256 only the accumulator
+/// fits, and Q stays private.
 pub const SUBGROUP_64: Kernel = subgroup_variant(
     &[
         COMMON,
@@ -81,7 +81,9 @@ pub const SUBGROUP_256: Kernel = subgroup_variant(
 );
 
 /// Workgroup memory the subgroup tiling needs (its 128 variant: Q and the accumulator
-/// of 8 invocations; the 256 variant's Q alone is as large).
+/// of 8 invocations; the 256 variant's accumulator alone is as large; the 64 variant
+/// needs half, but the tiling is declared by its largest: it is meant for CPU
+/// adapters, which have 32 KiB).
 pub const SUBGROUP_WORKGROUP_BYTES: u32 = 2 * 8 * 128 * 16;
 
 /// `flash_subgroup.wgsl`'s Q rows, in workgroup memory (one slot per invocation).

@@ -309,6 +309,13 @@ impl MultiHeadAttention {
         query: &Tensor,
         precision: Precision,
     ) -> Result<Tensor> {
+        for (what, t) in [
+            ("attended", attended),
+            ("query", query),
+            ("the layer's weights", &self.output.weight),
+        ] {
+            t.check_context(ctx, what)?;
+        }
         let e = self.config.embed_dim;
         let [batch, _, len_q, _] = attended.shape();
         let rows = batch * len_q;
