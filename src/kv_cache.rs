@@ -176,21 +176,30 @@ impl KvCache {
 
     fn check_rows(&self, what: &str, t: &Tensor, dim: usize) -> Result<()> {
         let [b, h, _, _] = self.k.shape();
-        let [tb, th, _, td] = t.shape();
-        if (tb, th, td) != (b, h, dim) {
-            return Err(Error::shape(
-                format!("{what} ([B, Hkv, n, dim] of the cache)"),
-                format!("[{b}, {h}, n, {dim}]"),
-                format!("{:?}", t.shape()),
-            ));
-        }
-        if t.dtype() != self.k.dtype() {
-            return Err(Error::shape(
-                format!("dtype of {what}"),
-                self.k.dtype().name(),
-                t.dtype().name(),
-            ));
-        }
-        Ok(())
+        check_new_rows(what, t, ("B", b), h, dim, self.k.dtype())
     }
+}
+
+/// New rows `t` for a cache must be `[batch, heads, n, dim]` in the cache's dtype;
+/// `batch` is named (`B`, `sequences`) for the error.
+pub(crate) fn check_new_rows(
+    what: &str,
+    t: &Tensor,
+    (batch_name, batch): (&str, usize),
+    heads: usize,
+    dim: usize,
+    dtype: DType,
+) -> Result<()> {
+    let [tb, th, _, td] = t.shape();
+    if (tb, th, td) != (batch, heads, dim) {
+        return Err(Error::shape(
+            format!("{what} ([{batch_name}, Hkv, n, dim] of the cache)"),
+            format!("[{batch}, {heads}, n, {dim}]"),
+            format!("{:?}", t.shape()),
+        ));
+    }
+    if t.dtype() != dtype {
+        return Err(Error::shape(format!("dtype of {what}"), dtype.name(), t.dtype().name()));
+    }
+    Ok(())
 }

@@ -10,6 +10,7 @@ use crate::attention::{sdpa_paged, AttentionOutput};
 use crate::context::Context;
 use crate::error::{checked_product, Error, Result};
 use crate::kernels::kv_append;
+use crate::kv_cache::check_new_rows;
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
@@ -403,22 +404,7 @@ impl PagedKvCache {
     }
 
     fn check_rows(&self, what: &str, t: &Tensor, sequences: usize, dim: usize) -> Result<()> {
-        let h = self.k.shape()[1];
-        let [tb, th, _, td] = t.shape();
-        if (tb, th, td) != (sequences, h, dim) {
-            return Err(Error::shape(
-                format!("{what} ([sequences, Hkv, n, dim])"),
-                format!("[{sequences}, {h}, n, {dim}]"),
-                format!("{:?}", t.shape()),
-            ));
-        }
-        if t.dtype() != self.k.dtype() {
-            return Err(Error::shape(
-                format!("dtype of {what}"),
-                self.k.dtype().name(),
-                t.dtype().name(),
-            ));
-        }
-        Ok(())
+        let heads = self.k.shape()[1];
+        check_new_rows(what, t, ("sequences", sequences), heads, dim, self.k.dtype())
     }
 }
