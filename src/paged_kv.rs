@@ -176,7 +176,10 @@ impl PagedKvCache {
             return Err(Error::unsupported("KV page size", page_size, "1 to 2^31 - 1 rows"));
         }
         // Pages are cleared when handed out, by buffer clears, which need whole 4-byte words.
-        let odd = |dim: usize| !(heads_kv * page_size * dim * dtype.size()).is_multiple_of(4);
+        let odd = |dim: usize| {
+            let bytes = heads_kv as u128 * page_size as u128 * dim as u128 * dtype.size() as u128;
+            !bytes.is_multiple_of(4)
+        };
         if odd(head_dim) || odd(head_dim_v) {
             return Err(Error::unsupported(
                 "KV page size",
