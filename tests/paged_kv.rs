@@ -90,6 +90,10 @@ fn bad_tables_and_pools_are_refused() {
     assert!(matches!(err, Error::Shape { .. }), "{err}");
     assert!(PageTable::new(2, 2, vec![0, 1, 2]).is_err(), "3 entries for 2 x 2");
     assert!(PageTable::new(0, 2, vec![]).is_err(), "an empty table");
+    // f16 pages of an odd number of elements cannot be cleared by buffer clears.
+    let odd = PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F16);
+    assert!(matches!(odd, Err(Error::Unsupported { .. })), "{:?}", odd.err());
+    assert!(PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F32).is_ok());
 }
 
 /// Host copy of what each sequence holds: rows of [Hkv, len, dim] per head, BHSD.
