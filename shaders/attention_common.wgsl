@@ -309,6 +309,16 @@ fn kv_offset(src_is_k: bool, b: u32, j: u32) -> u32 {
     return page * select(p.v_page_stride, p.k_page_stride, src_is_k) + (j % p.page_size) * row_stride;
 }
 
+// The first key after j whose row does not follow j's in memory: the end of j's page,
+// or len_k for contiguous K and V. Loops over consecutive keys step a row offset by
+// the row stride up to here, rather than asking kv_offset for every key.
+fn kv_run_end(j: u32) -> u32 {
+    if p.page_size == 0u {
+        return p.len_k;
+    }
+    return (j / p.page_size + 1u) * p.page_size;
+}
+
 // Offsets of the rows of keys j0..j0+3 of batch element b in K or V (clamped to the
 // last key: rows past the end are loaded but always masked).
 fn row_offsets(src_is_k: bool, b: u32, base: u32, j0: u32) -> vec4<u32> {

@@ -53,10 +53,9 @@ impl ResolvedKernel {
 /// Computes `softmax(Q Kᵀ · scale + mask) V` and waits for nothing: results are ready
 /// once the queue has run (reading them back waits).
 pub fn sdpa(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let output = encode_sdpa(ctx, &mut encoder, q, k, v, options)?;
-    ctx.submit_as("submitting attention", encoder)?;
-    Ok(output)
+    ctx.record_and_submit("submitting attention", |encoder| {
+        encode_sdpa(ctx, encoder, q, k, v, options)
+    })
 }
 
 /// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is
@@ -89,10 +88,9 @@ pub fn sdpa_paged(
     table: &PageTable,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    let output = encode_sdpa_paged(ctx, &mut encoder, q, k_pages, v_pages, table, options)?;
-    ctx.submit_as("submitting attention", encoder)?;
-    Ok(output)
+    ctx.record_and_submit("submitting attention", |encoder| {
+        encode_sdpa_paged(ctx, encoder, q, k_pages, v_pages, table, options)
+    })
 }
 
 /// Like [`sdpa_paged`], but records into the caller's encoder.

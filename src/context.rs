@@ -628,8 +628,21 @@ impl Context {
         self.submit_as("submitting recorded work", encoder)
     }
 
+    /// Records work into a new encoder with `record` and submits it as
+    /// [`Context::submit`] does; returns what `record` returned.
+    pub(crate) fn record_and_submit<T>(
+        &self,
+        during: &str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
+    ) -> Result<T> {
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        let out = record(&mut encoder)?;
+        self.submit_as(during, encoder)?;
+        Ok(out)
+    }
+
     /// [`Context::submit`], naming what was recorded in an error.
-    pub(crate) fn submit_as(&self, during: &str, encoder: wgpu::CommandEncoder) -> Result<()> {
+    fn submit_as(&self, during: &str, encoder: wgpu::CommandEncoder) -> Result<()> {
         self.scoped(during, || {
             self.queue.submit([encoder.finish()]);
             Ok(())

@@ -116,10 +116,10 @@ impl KvCache {
                 });
             }
         }
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &self.lengths, counts, None)?;
-        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &self.lengths, counts, None)?;
-        ctx.submit_as("submitting a KV cache append", encoder)?;
+        ctx.record_and_submit("submitting a KV cache append", |encoder| {
+            kv_append::encode(ctx, encoder, k_new, &self.k, &self.lengths, counts, None)?;
+            kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None)
+        })?;
         for (len, count) in self.lengths.iter_mut().zip(counts) {
             *len += count;
         }
@@ -139,10 +139,10 @@ impl KvCache {
         let dv = self.v.shape()[3];
         let mut grown = KvCache::new(ctx, b, h, capacity, d, dv, self.k.layout(), self.k.dtype())?;
         let from_start = vec![0; b];
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        kv_append::encode(ctx, &mut encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
-        kv_append::encode(ctx, &mut encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
-        ctx.submit_as("submitting a KV cache growth", encoder)?;
+        ctx.record_and_submit("submitting a KV cache growth", |encoder| {
+            kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
+            kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None)
+        })?;
         grown.lengths = std::mem::take(&mut self.lengths);
         *self = grown;
         Ok(())

@@ -349,17 +349,17 @@ impl PagedKvCache {
         }
         let starts: Vec<u32> = grown.iter().map(|(seq, _)| seq.len).collect();
         let table = PageTable::from_sequences(&grown.iter().map(|(seq, _)| &seq.pages[..]).collect::<Vec<_>>())?;
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        for pool in [&self.k, &self.v] {
-            // A page is `[Hkv, page_size, dim]` contiguous elements in either layout.
-            let page_bytes = (pool.strides()[0] * pool.dtype().size()) as u64;
-            for &page in &handed_out {
-                encoder.clear_buffer(pool.buffer(), u64::from(page) * page_bytes, Some(page_bytes));
+        ctx.record_and_submit("submitting a paged KV append", |encoder| {
+            for pool in [&self.k, &self.v] {
+                // A page is `[Hkv, page_size, dim]` contiguous elements in either layout.
+                let page_bytes = (pool.strides()[0] * pool.dtype().size()) as u64;
+                for &page in &handed_out {
+                    encoder.clear_buffer(pool.buffer(), u64::from(page) * page_bytes, Some(page_bytes));
+                }
             }
-        }
-        kv_append::encode(ctx, &mut encoder, k_new, &self.k, &starts, counts, Some(&table))?;
-        kv_append::encode(ctx, &mut encoder, v_new, &self.v, &starts, counts, Some(&table))?;
-        ctx.submit_as("submitting a paged KV append", encoder)?;
+            kv_append::encode(ctx, encoder, k_new, &self.k, &starts, counts, Some(&table))?;
+            kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table))
+        })?;
         for (&id, (mut seq, rows)) in ids.iter().zip(grown) {
             seq.len = rows as u32;
             self.sequences[id.slot] = Some(seq);

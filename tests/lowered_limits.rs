@@ -12,9 +12,14 @@ fn lowered(binding: u64, workgroups: u32) -> Option<Context> {
     let shared = common::ctx()?;
     let instance = wgpu_attention::wgpu::Instance::default();
     let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
-    let adapter = adapters.into_iter().find(|a| {
-        a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
-    })?;
+    // The shared context's adapter must be found again: skipping here would let these
+    // tests pass without running.
+    let adapter = adapters
+        .into_iter()
+        .find(|a| {
+            a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
+        })
+        .expect("the shared context's adapter, enumerated again");
     let limits = wgpu_attention::wgpu::Limits {
         max_storage_buffer_binding_size: binding,
         max_compute_workgroups_per_dimension: workgroups,

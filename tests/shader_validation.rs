@@ -238,22 +238,40 @@ fn linear_and_packing_uniforms_match_rust() {
     assert_eq!(wgsl[..named.len()], named[..], "PackParams members before the padding");
 }
 
+/// Bytes of workgroup memory a kernel's WGSL declares.
+fn declared_workgroup_bytes(kernel: &wgpu_attention::kernels::Kernel) -> u32 {
+    let source = shader_source(kernel, DType::F32);
+    let module = validate(&source).expect("valid shader");
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).expect("layout");
+    module
+        .global_variables
+        .iter()
+        .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, g)| layouter[g.ty].size)
+        .sum()
+}
+
+#[test]
+fn subgroup_variants_fit_the_workgroup_memory_the_tiling_declares() {
+    // The subgroup tiling's need is one figure for all its variants (the picker checks
+    // it); no variant may declare more, or it would fail on an adapter that meets it.
+    use wgpu_attention::kernels::flash::{SUBGROUP_128, SUBGROUP_256, SUBGROUP_64, SUBGROUP_WORKGROUP_BYTES};
+    let declared: Vec<u32> = [SUBGROUP_64, SUBGROUP_128, SUBGROUP_256]
+        .iter()
+        .map(declared_workgroup_bytes)
+        .collect();
+    assert!(declared.iter().all(|&b| b <= SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
+    assert_eq!(declared.iter().max(), Some(&SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
+}
+
 #[test]
 fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
     // The host picks a variant by BlockVariant::workgroup_bytes; it must be what the
     // WGSL declares, or a variant could exceed the adapter's limit.
     use wgpu_attention::kernels::flash::{BLOCKED_VARIANTS, COOP_VARIANTS};
     for variant in BLOCKED_VARIANTS.into_iter().chain(COOP_VARIANTS) {
-        let source = shader_source(&variant.kernel, DType::F32);
-        let module = validate(&source).expect("valid shader");
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).expect("layout");
-        let declared: u32 = module
-            .global_variables
-            .iter()
-            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, g)| layouter[g.ty].size)
-            .sum();
+        let declared = declared_workgroup_bytes(&variant.kernel);
         assert_eq!(
             declared, variant.workgroup_bytes,
             "{} {}",

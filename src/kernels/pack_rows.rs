@@ -264,10 +264,9 @@ impl PackedRows {
 
     /// Packs `source` and submits the work (for weights packed once, ahead of use).
     pub fn upload(ctx: &Context, dtype: DType, source: &RowSource) -> Result<PackedRows> {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let packed = Self::encode(ctx, &mut encoder, dtype, source)?;
-        ctx.submit_as("submitting a texture packing", encoder)?;
-        Ok(packed)
+        ctx.record_and_submit("submitting a texture packing", |encoder| {
+            Self::encode(ctx, encoder, dtype, source)
+        })
     }
 
     pub fn rows(&self) -> usize {

@@ -180,10 +180,9 @@ impl MultiHeadAttention {
 
     /// Runs the layer; results are ready once the queue has run (reading them waits).
     pub fn forward(&self, ctx: &Context, inputs: Inputs, options: &MhaOptions) -> Result<MhaOutput> {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let output = self.encode_forward(ctx, &mut encoder, inputs, options)?;
-        ctx.submit_as("submitting multi-head attention", encoder)?;
-        Ok(output)
+        ctx.record_and_submit("submitting multi-head attention", |encoder| {
+            self.encode_forward(ctx, encoder, inputs, options)
+        })
     }
 
     /// Like [`forward`](Self::forward), recorded into the caller's encoder.
