@@ -50,8 +50,8 @@ pub const SHARED: Kernel = Kernel {
 /// (`MAX_DIM`): per invocation, Q and the accumulator take MAX_DIM vec4s each, in
 /// workgroup memory where 8 invocations' fit in 32 KiB (llvmpipe compiles dynamically
 /// indexed private arrays into branch ladders: the 128 variant took 15 s to compile
-/// cold on Mesa 22.3, 0.6 s now; (1,8,2048,64) runs 1.12x faster on Mesa 22.3 and
-/// 1.48x on Mesa 25); at 256 only the accumulator fits, and Q stays private.
+/// cold on Mesa 22.3 with private arrays, 2 s now); at 256 only the accumulator fits,
+/// and Q is read from the Q buffer at every block (25 s to compile as a private array).
 pub const SUBGROUP_64: Kernel = subgroup_variant(
     &[
         COMMON,
@@ -74,7 +74,7 @@ pub const SUBGROUP_256: Kernel = subgroup_variant(
     &[
         COMMON,
         "const MAX_DIM: u32 = 256u;\n",
-        SUBGROUP_Q_PRIVATE,
+        SUBGROUP_Q_STORAGE,
         SUBGROUP_ACC_SHARED,
     ],
     "[256]",
@@ -92,19 +92,47 @@ fn q_octet(t: u32) -> array<vec4<f32>, 8> {
     let b = slot + t * 8u;
     return array<vec4<f32>, 8>(q_w[b], q_w[b + 1u], q_w[b + 2u], q_w[b + 3u], q_w[b + 4u], q_w[b + 5u], q_w[b + 6u], q_w[b + 7u]);
 }
-fn q_set(d: u32, x: vec4<f32>) { q_w[slot + d] = x; }
+fn q_set_octet(t: u32, o: array<vec4<f32>, 8>) {
+    let b = slot + t * 8u;
+    q_w[b] = o[0];
+    q_w[b + 1u] = o[1];
+    q_w[b + 2u] = o[2];
+    q_w[b + 3u] = o[3];
+    q_w[b + 4u] = o[4];
+    q_w[b + 5u] = o[5];
+    q_w[b + 6u] = o[6];
+    q_w[b + 7u] = o[7];
+}
 ";
 /// Its accumulator, in workgroup memory.
 const SUBGROUP_ACC_SHARED: &str = "var<workgroup> acc_w: array<vec4<f32>, SLOTS * MAX_DIM>;
 fn acc_get(d: u32) -> vec4<f32> { return acc_w[slot + d]; }
 fn acc_set(d: u32, x: vec4<f32>) { acc_w[slot + d] = x; }
+fn acc_octet(t: u32) -> array<vec4<f32>, 8> {
+    let b = slot + t * 8u;
+    return array<vec4<f32>, 8>(acc_w[b], acc_w[b + 1u], acc_w[b + 2u], acc_w[b + 3u], acc_w[b + 4u], acc_w[b + 5u], acc_w[b + 6u], acc_w[b + 7u]);
+}
+fn acc_set_octet(t: u32, a: array<vec4<f32>, 8>) {
+    let b = slot + t * 8u;
+    acc_w[b] = a[0];
+    acc_w[b + 1u] = a[1];
+    acc_w[b + 2u] = a[2];
+    acc_w[b + 3u] = a[3];
+    acc_w[b + 4u] = a[4];
+    acc_w[b + 5u] = a[5];
+    acc_w[b + 6u] = a[6];
+    acc_w[b + 7u] = a[7];
+}
 ";
-/// Its Q rows, private (where workgroup memory cannot hold them with the
-/// accumulator), read by octets: one dynamically indexed access per octet instead of
-/// eight, each a branch ladder on llvmpipe.
-const SUBGROUP_Q_PRIVATE: &str = "var<private> q_p: array<array<vec4<f32>, 8>, MAX_DIM / 8u>;
-fn q_octet(t: u32) -> array<vec4<f32>, 8> { return q_p[t]; }
-fn q_set(d: u32, x: vec4<f32>) { q_p[d / 8u][d % 8u] = x; }
+/// Its Q rows, read from the Q buffer at every block (where workgroup memory cannot
+/// hold them with the accumulator): a private array indexed by octet compiled for a
+/// minute on llvmpipe (a ladder of branches per access).
+const SUBGROUP_Q_STORAGE: &str = "fn q_octet(t: u32) -> array<vec4<f32>, 8> {
+    let d = t * 8u;
+    return array<vec4<f32>, 8>(q_element(q_rows, d), q_element(q_rows, d + 1u), q_element(q_rows, d + 2u), q_element(q_rows, d + 3u),
+        q_element(q_rows, d + 4u), q_element(q_rows, d + 5u), q_element(q_rows, d + 6u), q_element(q_rows, d + 7u));
+}
+fn q_set_octet(t: u32, o: array<vec4<f32>, 8>) {}
 ";
 
 const fn subgroup_variant(preludes: &'static [&'static str], variant: &'static str) -> Kernel {

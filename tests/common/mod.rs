@@ -54,6 +54,27 @@ pub fn capped_ctx() -> Option<&'static Context> {
         .as_ref()
 }
 
+/// A context whose fused kernels walk short key ranges: a forced loop cap of
+/// [`SHORT_RANGE_CAP`] (below Mesa 22's, which a forced cap can only lower), so that
+/// the split-dispatch tests cut their keys into several ranges for every tiling, on
+/// every adapter. Under Mesa 22's own cap the subgroup tiling walks ~55K keys at D 64
+/// and ~15K at D 256 in one dispatch, more than those tests hold.
+pub fn short_ranges_ctx() -> Option<&'static Context> {
+    static SHORT: OnceLock<Option<Context>> = OnceLock::new();
+    ctx()?;
+    SHORT
+        .get_or_init(|| {
+            let mut short = Context::new().expect("a second context on the same adapter");
+            short.limit_loop_iterations(SHORT_RANGE_CAP);
+            Some(short)
+        })
+        .as_ref()
+}
+
+/// The loop cap of [`short_ranges_ctx`]: the subgroup tiling then walks about 2500
+/// keys per dispatch at D 256 and 9800 at D 64.
+pub const SHORT_RANGE_CAP: u64 = 12_000;
+
 /// Runs a case and panics with the seed and error report if it fails.
 pub fn assert_case(ctx: &Context, case: &CheckCase) {
     let outcome =
