@@ -58,6 +58,18 @@ pub fn sdpa(ctx: &Context, q: &Tensor, k: &Tensor, v: &Tensor, options: &Attenti
     })
 }
 
+/// [`sdpa`] with its GPU errors awaited rather than blocked on. On the web, where
+/// nothing may block, this is the form that reports them (docs/design.md, "The web").
+pub async fn sdpa_async(
+    ctx: &Context,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<AttentionOutput> {
+    ctx.scoped_async("attention", || sdpa(ctx, q, k, v, options)).await
+}
+
 /// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is
 /// submitted, which [`Context::submit`] does with any GPU error in the recorded work
 /// returned (wgpu validates much of a recording only when it is finished).

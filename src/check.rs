@@ -1,7 +1,7 @@
 //! Checking a GPU path against the CPU reference: seeded random problems, named
 //! tolerances and error reports. Used by the test suite and by `wgpu-attention check`.
 
-use crate::attention::{resolve_kernel, sdpa};
+use crate::attention::{resolve_kernel, sdpa_async};
 use crate::context::Context;
 use crate::error::Result;
 use crate::options::{AttentionOptions, CausalAlignment, Mask, Window};
@@ -192,13 +192,31 @@ pub fn random_qkv(case: &CheckCase) -> [Vec<f32>; 3] {
 }
 
 /// Runs a case on the GPU and compares out, lse and (if asked) weights with the reference.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn run_case(ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
-    let [q, k, v] = random_qkv(case);
-    run_case_with(ctx, case, &q, &k, &v)
+    pollster::block_on(run_case_async(ctx, case))
 }
 
 /// Like [`run_case`] with given BHSD inputs (e.g. with NaN planted at masked keys).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &[f32]) -> Result<CheckOutcome> {
+    pollster::block_on(run_case_with_async(ctx, case, q, k, v))
+}
+
+/// [`run_case`], awaited (the only form on the web).
+pub async fn run_case_async(ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
+    let [q, k, v] = random_qkv(case);
+    run_case_with_async(ctx, case, &q, &k, &v).await
+}
+
+/// [`run_case_with`], awaited.
+pub async fn run_case_with_async(
+    ctx: &Context,
+    case: &CheckCase,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<CheckOutcome> {
     let s = &case.shape;
     let upload = |data: &[f32], shape: [usize; 4]| {
         let laid = relayout(data, shape, Layout::Bhsd, case.layout);
@@ -215,17 +233,23 @@ pub fn run_case_with(ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &
     let kernel = resolved.name();
     // f32 inputs on a path that multiplies in f16 (Precision::Medium) are rounded to f16.
     let rounds_inputs = case.dtype == DType::F32 && resolved.f16_products();
-    let result = sdpa(ctx, &qt, &kt, &vt, &options)?;
+    let result = sdpa_async(ctx, &qt, &kt, &vt, &options).await?;
     let out_layout = result.out.layout();
-    let out = relayout(&result.out.to_f32_vec(ctx)?, s.out_shape(), out_layout, Layout::Bhsd);
+    let out = relayout(
+        &result.out.to_f32_vec_async(ctx).await?,
+        s.out_shape(),
+        out_layout,
+        Layout::Bhsd,
+    );
     // Asked for above; a path that returned none fails as `missing`.
-    let lse = result
-        .lse
-        .as_ref()
-        .map(|t| t.to_f32_vec(ctx))
-        .transpose()?
-        .unwrap_or_default();
-    let weights = result.weights.as_ref().map(|t| t.to_f32_vec(ctx)).transpose()?;
+    let lse = match &result.lse {
+        Some(t) => t.to_f32_vec_async(ctx).await?,
+        None => Vec::new(),
+    };
+    let weights = match &result.weights {
+        Some(t) => Some(t.to_f32_vec_async(ctx).await?),
+        None => None,
+    };
 
     let want = reference::attention(q, k, v, s, &options)?;
     let out_stats = ErrorStats::of(&out, &want.out);

@@ -277,14 +277,20 @@ impl std::fmt::Debug for Context {
 }
 
 /// Lists every adapter wgpu sees on the selected backends.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn enumerate_adapters(backend: Option<&str>) -> Result<Vec<wgpu::Adapter>> {
+    pollster::block_on(enumerate_adapters_async(backend))
+}
+
+/// [`enumerate_adapters`], awaited rather than blocked on (the only form on the web).
+pub async fn enumerate_adapters_async(backend: Option<&str>) -> Result<Vec<wgpu::Adapter>> {
     let selector = AdapterSelector {
         name: None,
         backend: backend.map(str::to_owned),
     };
     let backends = selector.backends()?;
     let instance = new_instance(backends);
-    Ok(pollster::block_on(instance.enumerate_adapters(backends)))
+    Ok(instance.enumerate_adapters(backends).await)
 }
 
 fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
@@ -293,22 +299,71 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
+// Every function that waits on the GPU has an async form, the one implementation; the
+// blocking form (native targets only: a browser cannot block) runs it with pollster.
+#[cfg(not(target_arch = "wasm32"))]
 impl Context {
     /// Builds a context from the environment (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`,
     /// `WGPU_POWER_PREF`), else wgpu's default adapter. Blocks until the device is ready.
     pub fn new() -> Result<Self> {
-        Self::with_selector(AdapterSelector::default())
+        pollster::block_on(Self::new_async())
     }
 
     /// Builds a context on the adapter the selector (then the environment) names.
     pub fn with_selector(selector: AdapterSelector) -> Result<Self> {
+        pollster::block_on(Self::with_selector_async(selector))
+    }
+
+    /// Creates a device on `adapter` with the features this crate can use (f16,
+    /// subgroups, timestamps, cooperative matrices) and the adapter's own limits.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        pollster::block_on(Self::from_adapter_async(adapter))
+    }
+
+    /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
+    /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
+    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`. The device's uncaptured-error
+    /// handler stays the caller's: errors in work the caller submits outside an error
+    /// scope go there, not to this context's next call (as they do for contexts this
+    /// crate makes).
+    pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        pollster::block_on(Self::from_wgpu_async(info, device, queue))
+    }
+}
+
+/// The error scopes every step runs in.
+struct ErrorScopes {
+    internal: wgpu::ErrorScopeGuard,
+    oom: wgpu::ErrorScopeGuard,
+    validation: wgpu::ErrorScopeGuard,
+}
+
+impl ErrorScopes {
+    /// The first error caught, validation first.
+    async fn pop(self) -> Option<wgpu::Error> {
+        // Scopes pop in the reverse order of their pushes.
+        let validation = self.validation.pop().await;
+        let oom = self.oom.pop().await;
+        let internal = self.internal.pop().await;
+        validation.or(oom).or(internal)
+    }
+}
+
+impl Context {
+    /// [`Context::new`], awaited.
+    pub async fn new_async() -> Result<Self> {
+        Self::with_selector_async(AdapterSelector::default()).await
+    }
+
+    /// [`Context::with_selector`], awaited.
+    pub async fn with_selector_async(selector: AdapterSelector) -> Result<Self> {
         let selector = selector.with_env();
         let backends = selector.backends()?;
         let instance = new_instance(backends);
         let adapter = match &selector.name {
             Some(name) => {
                 let wanted = name.to_lowercase();
-                let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+                let adapters = instance.enumerate_adapters(backends).await;
                 let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
                 adapters
                     .into_iter()
@@ -320,21 +375,25 @@ impl Context {
                     power_preference: wgpu::PowerPreference::from_env().unwrap_or_default(),
                     ..Default::default()
                 };
-                pollster::block_on(instance.request_adapter(&options)).map_err(|_| {
-                    let names: Vec<String> = pollster::block_on(instance.enumerate_adapters(backends))
-                        .iter()
-                        .map(|a| a.get_info().name)
-                        .collect();
-                    no_adapter(&selector, &names)
-                })?
+                match instance.request_adapter(&options).await {
+                    Ok(adapter) => adapter,
+                    Err(_) => {
+                        let names: Vec<String> = instance
+                            .enumerate_adapters(backends)
+                            .await
+                            .iter()
+                            .map(|a| a.get_info().name)
+                            .collect();
+                        return Err(no_adapter(&selector, &names));
+                    }
+                }
             }
         };
-        Self::from_adapter(&adapter)
+        Self::from_adapter_async(&adapter).await
     }
 
-    /// Creates a device on `adapter` with the features this crate can use (f16,
-    /// subgroups, timestamps, cooperative matrices) and the adapter's own limits.
-    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+    /// [`Context::from_adapter`], awaited.
+    pub async fn from_adapter_async(adapter: &wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
@@ -349,11 +408,11 @@ impl Context {
             experimental_features: experimental_features(features),
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
+        let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::RequestDevice {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        let mut ctx = Self::from_wgpu(info, device.clone(), queue);
+        let mut ctx = Self::from_wgpu_async(info, device.clone(), queue).await;
         // Every operation runs inside error scopes. An error that escapes them (work the
         // caller recorded with an `encode_*` function and submitted outside a scope)
         // is kept for the next call's `Result`, rather than aborting the process as
@@ -410,16 +469,12 @@ impl Context {
         Ok(())
     }
 
-    /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
-    /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
-    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`. The device's uncaptured-error
-    /// handler stays the caller's: errors in work the caller submits outside an error
-    /// scope go there, not to this context's next call (as they do for contexts this
-    /// crate makes).
-    pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+    /// [`Context::from_wgpu`], awaited (a CPU adapter's context runs the loop probe,
+    /// [`Context::loop_cap`], which reads a result back).
+    pub async fn from_wgpu_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let mut caps = Capabilities::detect(&device, &info);
         if is_cpu_adapter(&info) {
-            caps.loop_cap = crate::kernels::loop_probe::probe(&device, &queue);
+            caps.loop_cap = crate::kernels::loop_probe::probe_async(&device, &queue).await;
         }
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = lost.clone();
@@ -499,15 +554,42 @@ impl Context {
         }
     }
 
-    /// Runs `f` inside validation and out-of-memory error scopes and turns anything
-    /// wgpu reports into [`Error::Gpu`].
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and turns
+    /// anything wgpu reports into [`Error::Gpu`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let lost = || Error::Gpu {
-            during: during.into(),
-            message: "the device was lost (destroyed, reset or removed); make a new Context".into(),
-        };
+        self.check_usable(during)?;
+        let scopes = self.push_scopes();
+        let out = f();
+        // Natively a popped scope is ready at once.
+        let error = pollster::block_on(scopes.pop());
+        self.settle(during, out, error)
+    }
+
+    /// On the web an error scope is popped by awaiting it, which a synchronous step
+    /// cannot do: `f` runs bare, and the scopes of the async entry point around it
+    /// ([`Context::scoped_async`]: `sdpa_async`, `forward_async`, readback) catch what
+    /// it raises.
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.check_usable(during)?;
+        f()
+    }
+
+    /// [`Context::scoped`], with the scopes awaited.
+    pub(crate) async fn scoped_async<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.check_usable(during)?;
+        let scopes = self.push_scopes();
+        let out = f();
+        let error = scopes.pop().await;
+        self.settle(during, out, error)
+    }
+
+    /// An error from before this call: the device was lost, or an error escaped every
+    /// scope (kept by the uncaptured-error handler).
+    fn check_usable(&self, during: &str) -> Result<()> {
         if self.is_lost() {
-            return Err(lost());
+            return Err(Self::lost_error(during));
         }
         if let Some(message) = self.escaped.lock().unwrap_or_else(|p| p.into_inner()).take() {
             return Err(Error::Gpu {
@@ -515,23 +597,34 @@ impl Context {
                 message,
             });
         }
+        Ok(())
+    }
+
+    fn lost_error(during: &str) -> Error {
+        Error::Gpu {
+            during: during.into(),
+            message: "the device was lost (destroyed, reset or removed); make a new Context".into(),
+        }
+    }
+
+    fn push_scopes(&self) -> ErrorScopes {
         // Internal errors too (a backend failing to translate a shader): one no scope
         // caught would reach the uncaptured handler and be blamed on the next call.
-        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let out = f();
-        // Scopes pop in the reverse order of their pushes.
-        let validation_error = pollster::block_on(validation.pop());
-        let oom_error = pollster::block_on(oom.pop());
-        let internal_error = pollster::block_on(internal.pop());
-        let error = validation_error.or(oom_error).or(internal_error);
+        ErrorScopes {
+            internal: self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+            oom: self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
+            validation: self.device.push_error_scope(wgpu::ErrorFilter::Validation),
+        }
+    }
+
+    /// What a step's result and the error its scopes caught make of the call.
+    fn settle<T>(&self, during: &str, out: Result<T>, error: Option<wgpu::Error>) -> Result<T> {
         if error.is_some() || out.is_err() {
             // wgpu reports a loss through a callback it runs when polled: a failure is
             // the moment to ask, so the error names the cause rather than its symptom.
             let _ = self.device.poll(wgpu::PollType::Poll);
             if self.is_lost() {
-                return Err(lost());
+                return Err(Self::lost_error(during));
             }
         }
         if let Some(e) = error {
@@ -661,26 +754,27 @@ impl Context {
     }
 
     /// Copies the first `bytes` of `buffer` to the host.
-    pub(crate) fn read_buffer(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    pub(crate) async fn read_buffer_async(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let padded = bytes.max(4).div_ceil(4) * 4;
         let staging = self.create_buffer(
             "wgpu-attention readback",
             padded,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         )?;
-        self.scoped("readback copy", || {
+        self.scoped_async("readback copy", || {
             let mut encoder = self.device.create_command_encoder(&Default::default());
             encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded);
             self.queue.submit([encoder.finish()]);
             Ok(())
-        })?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        })
+        .await?;
+        let (tx, rx) = crate::wait::oneshot();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| tx.send(r));
+        // Native devices run callbacks when polled; a browser runs them by itself.
+        #[cfg(not(target_arch = "wasm32"))]
         self.wait_idle()?;
-        rx.recv()
-            .map_err(|e| Error::Readback(e.to_string()))?
+        rx.await
+            .ok_or_else(|| Error::Readback("the mapping callback was dropped".into()))?
             .map_err(|e| Error::Readback(e.to_string()))?;
         let bytes_out = {
             let view = staging
@@ -729,5 +823,41 @@ fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {
         } else {
             names.join(", ")
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn awaited_scopes_catch_what_bare_steps_raise() {
+        // On the web, steps inside an async entry point run without scopes of their own
+        // (`Context::scoped` on wasm32); the entry point's awaited scopes must catch
+        // what they raise, and leave nothing behind for the next call.
+        let ctx = match Context::new() {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                assert!(
+                    std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                    "WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}"
+                );
+                eprintln!("SKIPPING: no adapter ({e})");
+                return;
+            }
+        };
+        let result = pollster::block_on(ctx.scoped_async("a buffer both mappable and storage", || {
+            Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }))
+        }));
+        assert!(
+            matches!(&result, Err(Error::Gpu { during, .. }) if during.contains("mappable")),
+            "{result:?}"
+        );
+        assert!(ctx.check_usable("the next call").is_ok());
     }
 }

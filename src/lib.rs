@@ -19,10 +19,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Every function that waits on the GPU has an async form, the one implementation
+//! ([`Context::new_async`], [`sdpa_async`], [`Tensor::to_f32_vec_async`],
+//! [`MultiHeadAttention::forward_async`], [`check::run_case_async`]); the blocking
+//! forms above run it with `pollster` and exist on native targets only. The library
+//! compiles for `wasm32-unknown-unknown`, where only the async forms wait.
+//!
 //! Semantics (shared by the GPU paths and the CPU [`reference`]) are in the README:
 //! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
 
 pub mod attention;
+// Timing uses std::time::Instant and blocking waits: native targets only, for now.
+#[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 pub mod check;
 pub mod context;
@@ -37,11 +45,14 @@ pub mod paged_kv;
 pub mod problem;
 pub mod reference;
 pub mod tensor;
+mod wait;
 
 pub use attention::{
-    encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_paged, AttentionOutput, ResolvedKernel,
+    encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_async, sdpa_paged, AttentionOutput, ResolvedKernel,
 };
-pub use context::{enumerate_adapters, AdapterSelector, Capabilities, Context, CoopConfig};
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::enumerate_adapters;
+pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig};
 pub use error::{Error, Result};
 pub use kv_cache::KvCache;
 pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
@@ -53,7 +64,9 @@ pub use paged_kv::{PageTable, PagedKvCache, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
 pub use tensor::{relayout, DType, Layout, Tensor};
 // One Context serves many threads (docs/design.md): this stops compiling if it no
-// longer can.
+// longer can. Not on wasm32, where wgpu's WebGPU objects belong to the browser's one
+// thread and are not Send.
+#[cfg(not(target_arch = "wasm32"))]
 const _: fn() = || {
     fn shared<T: Send + Sync>() {}
     shared::<Context>();

@@ -136,9 +136,15 @@ impl Tensor {
     }
 
     /// Reads the tensor back as f32 in its layout's memory order.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn to_f32_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+        pollster::block_on(self.to_f32_vec_async(ctx))
+    }
+
+    /// [`Tensor::to_f32_vec`], awaited (the only form on the web).
+    pub async fn to_f32_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
         self.check_context(ctx, "tensor to read back")?;
-        let bytes = ctx.read_buffer(&self.buffer, self.byte_len())?;
+        let bytes = ctx.read_buffer_async(&self.buffer, self.byte_len()).await?;
         Ok(match self.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
             DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)

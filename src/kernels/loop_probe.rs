@@ -28,8 +28,8 @@ pub const PROBE_TRIPS: u32 = 1 << 24;
 /// The loop iterations one invocation may run on this device, or `None` if it ran the
 /// probe's whole loop. If the probe itself fails, the known llvmpipe cap is assumed
 /// (splitting work that did not need it is slower, never wrong).
-pub fn probe(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<u64> {
-    match trips(device, queue, PROBE_TRIPS) {
+pub async fn probe_async(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<u64> {
+    match trips_async(device, queue, PROBE_TRIPS).await {
         Some(t) if t >= PROBE_TRIPS => None,
         Some(t) => Some(u64::from(t)),
         None => Some(LLVMPIPE_LOOP_CAP),
@@ -37,7 +37,13 @@ pub fn probe(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<u64> {
 }
 
 /// How many trips a loop of `n` made in one invocation; `None` if anything failed.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn trips(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> Option<u32> {
+    pollster::block_on(trips_async(device, queue, n))
+}
+
+/// [`trips`], awaited.
+pub async fn trips_async(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> Option<u32> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("loop probe"),
@@ -85,21 +91,23 @@ pub fn trips(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> Option<u32> 
     }
     encoder.copy_buffer_to_buffer(&io, 0, &readback, 0, 8);
     let commands = encoder.finish();
-    if pollster::block_on(scope.pop()).is_some() {
+    if scope.pop().await.is_some() {
         return None;
     }
     queue.submit([commands]);
-    let (tx, rx) = std::sync::mpsc::channel();
-    readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r.is_ok());
-    });
+    let (tx, rx) = crate::wait::oneshot();
+    readback
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, move |r| tx.send(r.is_ok()));
+    // Native devices run callbacks when polled; a browser runs them by itself.
+    #[cfg(not(target_arch = "wasm32"))]
     device
         .poll(wgpu::PollType::Wait {
             submission_index: None,
             timeout: None,
         })
         .ok()?;
-    if !rx.recv().unwrap_or(false) {
+    if !rx.await.unwrap_or(false) {
         return None;
     }
     let view = readback.slice(..).get_mapped_range().ok()?;

@@ -185,6 +185,13 @@ impl MultiHeadAttention {
         })
     }
 
+    /// [`forward`](Self::forward) with its GPU errors awaited rather than blocked on
+    /// (the form that reports them on the web).
+    pub async fn forward_async(&self, ctx: &Context, inputs: Inputs<'_>, options: &MhaOptions) -> Result<MhaOutput> {
+        ctx.scoped_async("multi-head attention", || self.forward(ctx, inputs, options))
+            .await
+    }
+
     /// Like [`forward`](Self::forward), recorded into the caller's encoder.
     pub fn encode_forward(
         &self,
