@@ -99,8 +99,11 @@ const MASK_BOOL: u32 = 1u;
 const MASK_ADDITIVE: u32 = 2u;
 const NEG_INF_BITS: u32 = 0xff800000u;
 
+// -inf, made at run time: WGSL forbids a constant expression whose value is infinite,
+// and Tint (Chrome's WGSL compiler) rejects `bitcast<f32>(NEG_INF_BITS)` (naga allows
+// it). `p.len_q & 0u` is zero but not a constant expression.
 fn neg_inf() -> f32 {
-    return bitcast<f32>(NEG_INF_BITS);
+    return bitcast<f32>(NEG_INF_BITS | (p.len_q & 0u));
 }
 
 // True for -inf, the value that marks a masked score.

@@ -24,7 +24,8 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
     let s = setup_row(lid.x, wid);
     let d4 = (p.head_dim + 3u) / 4u;
     let dv4 = (p.head_dim_v + 3u) / 4u;
-    for (var j0 = s.block_begin; j0 < s.block_end; j0 += 4u) {
+    let keys = block_keys(wid);
+    for (var j0 = keys.x; j0 < keys.y; j0 += 4u) {
         let kr = row_offsets(true, s.hd.b, s.k_base, j0);
         var raw = vec4<f32>(0.0);
         for (var t = 0u; t < d4; t++) {
@@ -59,7 +60,8 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     let tile_keys = (TILE_VEC4 / (d4 + dv4)) / 4u * 4u;
     let v_off = tile_keys * d4; // V rows follow the K rows in kv_tile
     let last_k = p.len_k - 1u;
-    for (var tile0 = s.block_begin; tile0 < s.block_end; tile0 += tile_keys) {
+    let keys = block_keys(wid);
+    for (var tile0 = keys.x; tile0 < keys.y; tile0 += tile_keys) {
         // Cooperative load: K rows then V rows of keys tile0 .. tile0 + tile_keys.
         for (var x = lid.x; x < tile_keys * (d4 + dv4); x += ROWS) {
             if x < v_off {
@@ -72,7 +74,7 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
             }
         }
         workgroupBarrier();
-        let tile_end = min(tile_keys, s.block_end - tile0);
+        let tile_end = min(tile_keys, keys.y - tile0);
         for (var jj = 0u; jj < tile_end; jj += 4u) {
             var raw = vec4<f32>(0.0);
             for (var t = 0u; t < d4; t++) {

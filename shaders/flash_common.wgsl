@@ -23,8 +23,6 @@ struct RowSetup {
     i: u32,
     start: u32,
     end: u32,
-    block_begin: u32,
-    block_end: u32,
     k_base: u32,
     v_base: u32,
 }
@@ -40,18 +38,25 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
         q_row[t] = qload4(q_base, t) * p.scale;
     }
     resume_row(hd, i);
-    // Uniform across the workgroup: the last row of the block sees the most keys.
-    let block_end = min(key_end(hd.b, min(row0 + ROWS - 1u, p.len_q - 1u)), p.key_stop);
     return RowSetup(
         hd,
         i,
         key_start(hd.b, i),
         key_end(hd.b, i),
-        block_key_begin(hd.b, row0),
-        block_end,
         hd.b * p.k_stride_b + hd.hk * p.k_stride_h,
         hd.b * p.v_stride_b + hd.hk * p.v_stride_h,
     );
+}
+
+// The keys the workgroup's block of rows walks: from its first row's first key to the
+// last key its last row sees (that row sees the most). Computed from the workgroup id
+// alone, so that WGSL's uniformity analysis (Tint's, stricter than naga's) sees the
+// loop bounds, and the barriers inside flash_shared's loop, as uniform.
+fn block_keys(wid: vec3<u32>) -> vec2<u32> {
+    let b = head_of(p.bh_start + wid.y).b;
+    let row0 = wid.x * ROWS;
+    let end = min(key_end(b, min(row0 + ROWS - 1u, p.len_q - 1u)), p.key_stop);
+    return vec2<u32>(block_key_begin(b, min(row0, p.len_q - 1u)), end);
 }
 
 // The running state before key p.key_begin (attention_common.wgsl's resumed_max).
