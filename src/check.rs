@@ -4,7 +4,7 @@
 use crate::attention::{resolve_kernel, sdpa_async};
 use crate::context::Context;
 use crate::error::Result;
-use crate::options::{AttentionOptions, CausalAlignment, Mask, Window};
+use crate::options::{AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask, Precision, Window};
 use crate::problem::AttentionShape;
 use crate::reference::{self, ReferenceOutput};
 use crate::tensor::{relayout, DType, Layout, Tensor};
@@ -189,6 +189,115 @@ pub fn random_qkv(case: &CheckCase) -> [Vec<f32>; 3] {
     let k = draw(s.batch * s.heads_kv * s.len_k * s.head_dim);
     let v = draw(s.batch * s.heads_kv * s.len_k * s.head_dim_v);
     [q, k, v]
+}
+
+// The `check` grid's kernel variants (the CLI's `check` and the web check page).
+
+/// The seed `check` draws its inputs from unless told otherwise (the CLI and the web
+/// check page), so a failing case reproduces on either.
+pub const DEFAULT_SEED: u64 = 0x5EED_0001;
+
+/// One kernel variant `check` runs.
+#[derive(Clone, Debug)]
+pub struct Variant {
+    pub label: String,
+    pub kernel: KernelChoice,
+    pub tiling: FusedTiling,
+    pub dtype: DType,
+    pub precision: Precision,
+}
+
+impl Variant {
+    /// The case run by this variant.
+    pub fn apply(&self, case: &CheckCase) -> CheckCase {
+        let mut case = case.clone();
+        case.options.kernel = self.kernel;
+        case.options.tiling = self.tiling;
+        case.options.precision = self.precision;
+        case.dtype = self.dtype;
+        case
+    }
+}
+
+/// Every kernel variant: the materialized path, split-K decode and each registered fused tiling, in f32
+/// and (where the adapter has it) f16. Tilings that multiply in f16 (tensor cores) run
+/// their f32 variant at precision medium.
+pub fn variants(f16: bool) -> Vec<Variant> {
+    let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
+    let mut v = Vec::new();
+    for &dtype in dtypes {
+        for (name, kernel) in [
+            ("materialized", KernelChoice::Materialized),
+            ("decode", KernelChoice::Decode),
+        ] {
+            v.push(Variant {
+                label: format!("{name} {}", dtype.name()),
+                kernel,
+                tiling: FusedTiling::Auto,
+                dtype,
+                precision: Precision::Highest,
+            });
+        }
+        for spec in &crate::kernels::flash::FUSED_TILINGS {
+            let medium = spec.f16_products && dtype == DType::F32;
+            v.push(Variant {
+                label: format!(
+                    "fused/{} {}{}",
+                    spec.name,
+                    dtype.name(),
+                    if medium { " medium" } else { "" }
+                ),
+                kernel: KernelChoice::Fused,
+                tiling: spec.tiling,
+                dtype,
+                precision: if medium { Precision::Medium } else { Precision::Highest },
+            });
+        }
+    }
+    v
+}
+
+/// A case in one line: shape, layout and masks.
+pub fn describe(case: &CheckCase) -> String {
+    let s = &case.shape;
+    let mut masks = Vec::new();
+    if let Some(c) = case.options.causal {
+        masks.push(format!("causal {c:?}"));
+    }
+    if case.options.key_lengths.is_some() {
+        masks.push("key-lengths".into());
+    }
+    if let Some(m) = &case.options.mask {
+        masks.push(match m.values() {
+            crate::options::MaskValues::Bool(_) => "bool-mask".into(),
+            crate::options::MaskValues::Additive(_) => "additive-mask".into(),
+        });
+    }
+    if let Some(w) = case.options.window {
+        masks.push(format!("window {w}"));
+    }
+    if case.options.alibi_slopes.is_some() {
+        masks.push("alibi".into());
+    }
+    if let Some(cap) = case.options.softcap {
+        masks.push(format!("softcap {cap:.2}"));
+    }
+    format!(
+        "B{} Hq{} Hkv{} Lq{} Lk{} D{} Dv{} {:?} {}",
+        s.batch,
+        s.heads_q,
+        s.heads_kv,
+        s.len_q,
+        s.len_k,
+        s.head_dim,
+        s.head_dim_v,
+        case.layout,
+        if masks.is_empty() {
+            "no mask".into()
+        } else {
+            masks.join("+")
+        }
+    )
 }
 
 /// Runs a case on the GPU and compares out, lse and (if asked) weights with the reference.
