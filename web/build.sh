@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the ES module into web/pkg: the wasm32 library, then wasm-bindgen's JS glue.
+# Needs the wasm32-unknown-unknown target and wasm-bindgen-cli of the version
+# web/Cargo.toml pins (both installed here when missing).
+set -euo pipefail
+cd "$(dirname "$0")"
+version=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' Cargo.toml)
+rustup target add wasm32-unknown-unknown >/dev/null
+if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $version"; then
+  cargo install wasm-bindgen-cli --version "$version"
+fi
+cargo build --release --target wasm32-unknown-unknown
+wasm-bindgen --target web --out-dir pkg target/wasm32-unknown-unknown/release/wgpu_attention_web.wasm
+echo "built web/pkg; serve with: python3 web/serve.py, then open http://127.0.0.1:8000/check.html"

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Serves web/ on loopback only (WebGPU needs a secure context; 127.0.0.1 is one).
+
+    python3 web/serve.py [--port 8000]
+        then open http://127.0.0.1:8000/check.html
+
+For CI (web/check-headless.sh): --report FILE writes the JSON the check page POSTs to
+/report, and --exit-after-report stops the server once it has.
+"""
+import argparse
+import functools
+import http.server
+import os
+import sys
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".wasm": "application/wasm",
+        ".js": "text/javascript",
+    }
+
+    def do_POST(self):
+        if self.path != "/report" or self.server.report is None:
+            self.send_error(404)
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length)
+        with open(self.server.report, "wb") as f:
+            f.write(body)
+        self.send_response(204)
+        self.end_headers()
+        self.server.got_report = True
+
+    def log_message(self, fmt, *args):
+        if self.server.verbose:
+            super().log_message(fmt, *args)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--report", help="write the check page's POSTed report here")
+    parser.add_argument("--exit-after-report", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    root = os.path.dirname(os.path.abspath(__file__))
+    handler = functools.partial(Handler, directory=root)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
+    server.report = args.report
+    server.got_report = False
+    server.verbose = not args.quiet
+    print(f"serving {root} on http://127.0.0.1:{args.port}/", file=sys.stderr, flush=True)
+    while not (args.exit_after_report and server.got_report):
+        server.handle_request()
+
+
+if __name__ == "__main__":
+    main()
