@@ -10,6 +10,16 @@ function cell(row, text, cls) {
   if (cls) td.className = cls;
 }
 
+// One table row per case.
+function show(c) {
+  const row = $('rows').insertRow();
+  cell(row, c.variant);
+  cell(row, c.case);
+  cell(row, c.max_abs_error === undefined ? '-' : c.max_abs_error.toExponential(2));
+  cell(row, c.bound === undefined ? '-' : c.bound.toExponential(2));
+  cell(row, c.status === 'ok' ? 'ok' : `${c.status}: ${c.detail}`, c.status);
+}
+
 async function report(body) {
   try {
     await fetch('/report', { method: 'POST', body: JSON.stringify(body) });
@@ -30,22 +40,12 @@ async function main() {
   for (let i = 0; i < ctx.checkCount(); i++) {
     const c = JSON.parse(await ctx.runCheck(i));
     cases.push(c);
-    const row = $('rows').insertRow();
-    cell(row, c.variant);
-    cell(row, c.case);
-    cell(row, c.max_abs_error === undefined ? '-' : c.max_abs_error.toExponential(2));
-    cell(row, c.bound === undefined ? '-' : c.bound.toExponential(2));
-    cell(row, c.status === 'ok' ? 'ok' : `${c.status}: ${c.detail}`, c.status);
+    show(c);
     $('summary').textContent = `${i + 1} of ${n} cases run`;
   }
   for (const c of await apiCases(ctx)) {
     cases.push(c);
-    const row = $('rows').insertRow();
-    cell(row, c.variant);
-    cell(row, c.case);
-    cell(row, c.max_abs_error === undefined ? '-' : c.max_abs_error.toExponential(2));
-    cell(row, c.bound === undefined ? '-' : c.bound.toExponential(2));
-    cell(row, c.status === 'ok' ? 'ok' : `${c.status}: ${c.detail}`, c.status);
+    show(c);
   }
   const passed = cases.filter((c) => c.status === 'ok').length;
   const seconds = (performance.now() - started) / 1000;
