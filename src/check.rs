@@ -561,6 +561,38 @@ pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
             range: 1.0,
         });
     }
+    // The commonest calls: causality and padding and no other rule. A kernel may take a
+    // fast path where no rule applies to a block, which the mixed cases above never
+    // reach (the subgroup tiling skips its masking loop there).
+    let plain = [
+        (
+            base(2, 4, 2, 37, 70, 64, 64),
+            CausalAlignment::BottomRight,
+            Some(vec![70, 45]),
+            Layout::Bshd,
+        ),
+        (
+            base(1, 2, 2, 50, 50, 32, 32),
+            CausalAlignment::TopLeft,
+            None,
+            Layout::Bhsd,
+        ),
+    ];
+    for (shape, causal, key_lengths, layout) in plain {
+        let n = cases.len() as u64;
+        cases.push(CheckCase {
+            shape,
+            options: AttentionOptions {
+                causal: Some(causal),
+                key_lengths,
+                ..Default::default()
+            },
+            dtype: DType::F32,
+            layout,
+            seed: seed.wrapping_add(n),
+            range: 1.0,
+        });
+    }
     cases
 }
 

@@ -243,7 +243,7 @@ fn long_key_sequences_are_exact_on_every_fused_path() {
 #[test]
 fn key_ranges_split_across_dispatches_keep_every_mask() {
     // D = 256 gives the shortest key range per dispatch under a loop cap (forced on
-    // every adapter; the subgroup tiling walks about 2500 keys per dispatch, the others
+    // every adapter; the subgroup tiling walks about 2400 keys per dispatch, the others
     // fewer), so 3000 keys take several dispatches: rows whose causal end or key length
     // falls in an earlier range, rows with nothing visible in a range, and an explicit
     // mask must all survive the resume.

@@ -28,14 +28,15 @@ pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
 }
 
 /// `flash_subgroup.wgsl`, each loop counting one more trip for the check that ends
-/// it (measured on Mesa 22.3: at D 64, 3431 blocks pass and 3432 fail). Per block of
-/// 16 keys: the block itself, the K octets and the V octets (which also rescale).
-/// Around it: Q load by octets, accumulator resume over padded dims, 4 rows stored.
+/// it (measured on Mesa 22.3: at D 64, 3431 blocks pass and 3432 fail without masks).
+/// Per block of 16 keys: the block itself, the K octets, the masking loop over 4 quads
+/// (worst case: every block masked) and the V octets (which also rescale). Around it:
+/// Q load by octets, accumulator resume over padded dims, 4 rows stored.
 pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
     let blocks = s.len_k.div_ceil(16) as u64;
     let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
     let dv = s.head_dim_v as u64;
-    blocks * (1 + (d8 + 1) + (dv8 + 1)) + (d8 + 1) + (8 * dv8 + 1) + 5 + 4 * (dv + 1)
+    blocks * (1 + (d8 + 1) + (4 + 1) + (dv8 + 1)) + (d8 + 1) + (8 * dv8 + 1) + 5 + 4 * (dv + 1)
 }
 
 /// `flash_attention.wgsl`'s registers entry. Per block of 4 keys: K vec4s, V vec4s,

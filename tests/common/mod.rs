@@ -57,8 +57,8 @@ pub fn capped_ctx() -> Option<&'static Context> {
 /// A context whose fused kernels walk short key ranges: a forced loop cap of
 /// [`SHORT_RANGE_CAP`] (below Mesa 22's, which a forced cap can only lower), so that
 /// the split-dispatch tests cut their keys into several ranges for every tiling, on
-/// every adapter. Under Mesa 22's own cap the subgroup tiling walks ~55K keys at D 64
-/// and ~15K at D 256 in one dispatch, more than those tests hold.
+/// every adapter. Under Mesa 22's own cap the subgroup tiling walks ~43K keys at D 64
+/// and ~14K at D 256 in one dispatch, more than those tests hold.
 pub fn short_ranges_ctx() -> Option<&'static Context> {
     static SHORT: OnceLock<Option<Context>> = OnceLock::new();
     ctx()?;
@@ -71,8 +71,8 @@ pub fn short_ranges_ctx() -> Option<&'static Context> {
         .as_ref()
 }
 
-/// The loop cap of [`short_ranges_ctx`]: the subgroup tiling then walks about 2500
-/// keys per dispatch at D 256 and 9800 at D 64.
+/// The loop cap of [`short_ranges_ctx`]: the subgroup tiling then walks about 2400
+/// keys per dispatch at D 256 and 7800 at D 64.
 pub const SHORT_RANGE_CAP: u64 = 12_000;
 
 /// Runs a case and panics with the seed and error report if it fails.
