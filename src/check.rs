@@ -331,9 +331,16 @@ pub async fn run_case_with_async(
         let laid = relayout(data, shape, Layout::Bhsd, case.layout);
         Tensor::from_f32_as(ctx, shape, case.layout, case.dtype, &laid)
     };
-    let qt = upload(q, [s.batch, s.heads_q, s.len_q, s.head_dim])?;
-    let kt = upload(k, [s.batch, s.heads_kv, s.len_k, s.head_dim])?;
-    let vt = upload(v, [s.batch, s.heads_kv, s.len_k, s.head_dim_v])?;
+    // In one awaited scope, which on the web is what catches the uploads' errors.
+    let (qt, kt, vt) = ctx
+        .scoped_async("uploading the inputs", || {
+            Ok((
+                upload(q, [s.batch, s.heads_q, s.len_q, s.head_dim])?,
+                upload(k, [s.batch, s.heads_kv, s.len_k, s.head_dim])?,
+                upload(v, [s.batch, s.heads_kv, s.len_k, s.head_dim_v])?,
+            ))
+        })
+        .await?;
     let options = AttentionOptions {
         need_lse: true,
         ..case.options.clone()

@@ -339,12 +339,15 @@ struct ErrorScopes {
 }
 
 impl ErrorScopes {
-    /// The first error caught, validation first.
+    /// The first error caught, validation first. All three scopes leave the device's
+    /// stack before the first await: on the web another call may run while this one
+    /// waits, and a pop that is not of the top scope panics there.
     async fn pop(self) -> Option<wgpu::Error> {
         // Scopes pop in the reverse order of their pushes.
-        let validation = self.validation.pop().await;
-        let oom = self.oom.pop().await;
-        let internal = self.internal.pop().await;
+        let (validation, oom, internal) = (self.validation.pop(), self.oom.pop(), self.internal.pop());
+        let validation = validation.await;
+        let oom = oom.await;
+        let internal = internal.await;
         validation.or(oom).or(internal)
     }
 }
@@ -742,7 +745,9 @@ impl Context {
         })
     }
 
-    /// Blocks until all submitted work is done.
+    /// Blocks until all submitted work is done. Native targets only: a browser cannot
+    /// block (await a readback instead).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_idle(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::Wait {

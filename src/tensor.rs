@@ -84,6 +84,13 @@ impl Tensor {
         Self::from_bytes(ctx, shape, layout, DType::F32, bytemuck::cast_slice(data))
     }
 
+    /// [`Tensor::from_f32`] with its GPU errors awaited: on the web, where a step
+    /// cannot pop its own error scopes, the form that reports them.
+    pub async fn from_f32_async(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
+        ctx.scoped_async("uploading a tensor", || Self::from_f32(ctx, shape, layout, data))
+            .await
+    }
+
     /// Uploads f16 data given in `layout`'s memory order. Needs `SHADER_F16`.
     pub fn from_f16(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
         check_len(shape, data.len())?;

@@ -10,6 +10,17 @@ function cell(row, text, cls) {
   if (cls) td.className = cls;
 }
 
+// A promise that settles within `ms`: a Rust panic traps the module, and a call it
+// interrupted never settles; the report must still come.
+const CASE_MS = 120000;
+function within(promise, what) {
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer in ${CASE_MS / 1000} s (a panic? see the console)`)), CASE_MS);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 // One table row per case.
 function show(c) {
   const row = $('rows').insertRow();
@@ -38,7 +49,7 @@ async function main() {
   const cases = [];
   const started = performance.now();
   for (let i = 0; i < ctx.checkCount(); i++) {
-    const c = JSON.parse(await ctx.runCheck(i));
+    const c = JSON.parse(await within(ctx.runCheck(i), `check case ${i}`));
     cases.push(c);
     show(c);
     $('summary').textContent = `${i + 1} of ${n} cases run`;
@@ -55,8 +66,9 @@ async function main() {
 }
 
 // The JavaScript API itself: attention() against a reference computed here in f64
-// (Float64 arithmetic), and a bad shape rejecting the promise with the library's error.
-const API_CASES = 2;
+// (Float64 arithmetic), two calls in flight at once, and a bad shape rejecting the
+// promise with the library's error.
+const API_CASES = 3;
 
 function seeded(seed) {
   let x = seed >>> 0;
@@ -100,7 +112,7 @@ async function apiCases(ctx) {
   const label = `B1 Hq${hq} Hkv${hkv} Lq${lq} Lk${lk} D${d} Dv${dv} causal bottom-right, seed 97`;
   const cases = [];
   try {
-    const got = await ctx.attention(q, k, v, new Uint32Array([1, hq, hkv, lq, lk, d, dv]), 'bottom-right');
+    const got = await within(ctx.attention(q, k, v, new Uint32Array([1, hq, hkv, lq, lk, d, dv]), 'bottom-right'), 'attention()');
     const want = reference(q, k, v, [hq, hkv, lq, lk, d, dv]);
     let err = got.length === want.length ? 0 : Infinity;
     for (let i = 0; i < want.length; i++) err = Math.max(err, Math.abs(got[i] - want[i]));
@@ -110,8 +122,22 @@ async function apiCases(ctx) {
   } catch (e) {
     cases.push({ variant: 'js attention()', case: label, status: 'error', detail: String(e.message ?? e) });
   }
+  // Two calls in flight at once: each awaits its own error scopes while the other runs.
+  const both = 'two calls at once, the same inputs';
   try {
-    await ctx.attention(q, k, v, new Uint32Array([1, hq, hkv, lq]), undefined);
+    const shape = new Uint32Array([1, hq, hkv, lq, lk, d, dv]);
+    const [a, b] = await within(Promise.all([
+      ctx.attention(q, k, v, shape, 'bottom-right'),
+      ctx.attention(q, k, v, shape, 'bottom-right'),
+    ]), 'two attention() calls');
+    const same = a.length === b.length && a.every((x, i) => Object.is(x, b[i]));
+    cases.push({ variant: 'js attention()', case: both, status: same ? 'ok' : 'failed',
+      detail: same ? '' : 'the two results differ' });
+  } catch (e) {
+    cases.push({ variant: 'js attention()', case: both, status: 'error', detail: String(e.message ?? e) });
+  }
+  try {
+    await within(ctx.attention(q, k, v, new Uint32Array([1, hq, hkv, lq]), undefined), 'attention()');
     cases.push({ variant: 'js attention()', case: 'a 4-number shape', status: 'failed', detail: 'resolved' });
   } catch (e) {
     const message = String(e.message ?? e);

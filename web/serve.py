@@ -27,8 +27,11 @@ class Handler(http.server.SimpleHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
-        with open(self.server.report, "wb") as f:
+        # Whole or not at all: the CI script reads the file once it exists.
+        partial = self.server.report + ".partial"
+        with open(partial, "wb") as f:
             f.write(body)
+        os.replace(partial, self.server.report)
         self.send_response(204)
         self.end_headers()
         self.server.got_report = True
@@ -47,7 +50,8 @@ def main():
     args = parser.parse_args()
     root = os.path.dirname(os.path.abspath(__file__))
     handler = functools.partial(Handler, directory=root)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
+    # One request at a time, so that got_report is set when handle_request returns.
+    server = http.server.HTTPServer(("127.0.0.1", args.port), handler)
     server.report = args.report
     server.got_report = False
     server.verbose = not args.quiet

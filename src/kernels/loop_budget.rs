@@ -20,9 +20,9 @@ pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
 
 /// Worst-case loop iterations of one invocation of the fused kernel (every key block
 /// raising the running maximum, i.e. rescaling the accumulator), from the tiling's
-/// model in the registry. Loops with a constant trip count are counted too, in case
-/// the driver keeps them as loops: measured, the subgroup kernel fails one block past
-/// the bound without its 4-trip key loops.
+/// model in the registry. Loops with a constant trip count are counted too, since
+/// Mesa 22 keeps them as loops: measured, a subgroup model that counted its 4-trip
+/// masking loop as 4 rather than 5 (its exit check) let the driver cut the kernel short.
 pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
     (config.spec().iterations)(s)
 }
@@ -36,7 +36,10 @@ pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
     let blocks = s.len_k.div_ceil(16) as u64;
     let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
     let dv = s.head_dim_v as u64;
-    blocks * (1 + (d8 + 1) + (4 + 1) + (dv8 + 1)) + (d8 + 1) + (8 * dv8 + 1) + 5 + 4 * (dv + 1)
+    let prologue = (d8 + 1) + (8 * dv8 + 1);
+    let epilogue = 5 + 4 * (dv + 1);
+    // The block loop's own exit, then per block: its trip, K octets, masking, V octets.
+    1 + blocks * (1 + (d8 + 1) + (4 + 1) + (dv8 + 1)) + prologue + epilogue
 }
 
 /// `flash_attention.wgsl`'s registers entry. Per block of 4 keys: K vec4s, V vec4s,

@@ -158,9 +158,9 @@ async fn attention(
         Some("decode") => KernelChoice::Decode,
         Some(_) => return Err(invalid("kernel", "must be auto, fused, materialized or decode")),
     };
-    let qt = Tensor::from_f32(ctx, [s.batch, s.heads_q, s.len_q, s.head_dim], Layout::Bhsd, q)?;
-    let kt = Tensor::from_f32(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim], Layout::Bhsd, k)?;
-    let vt = Tensor::from_f32(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim_v], Layout::Bhsd, v)?;
+    let qt = Tensor::from_f32_async(ctx, [s.batch, s.heads_q, s.len_q, s.head_dim], Layout::Bhsd, q).await?;
+    let kt = Tensor::from_f32_async(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim], Layout::Bhsd, k).await?;
+    let vt = Tensor::from_f32_async(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim_v], Layout::Bhsd, v).await?;
     let options = AttentionOptions {
         causal,
         kernel,
