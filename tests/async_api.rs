@@ -93,8 +93,11 @@ fn gpu_errors_reach_the_async_caller() {
     assert!(matches!(err, Error::Gpu { .. }), "{err}");
     let err = block_on(k.to_f32_vec_async(ctx)).expect_err("reading a destroyed buffer");
     assert!(matches!(err, Error::Gpu { .. }), "{err}");
-    // The context goes on working.
-    let k = random(ctx, &mut rng, [1, 2, 5, 8]);
+    // An awaited upload refuses data of the wrong length; the context goes on working.
+    let short = block_on(Tensor::from_f32_async(ctx, [1, 2, 5, 8], Layout::Bhsd, &[0.5; 79]));
+    assert!(matches!(short, Err(Error::Shape { .. })), "{short:?}");
+    let k_data = rng.vec(80, -1.0, 1.0);
+    let k = block_on(Tensor::from_f32_async(ctx, [1, 2, 5, 8], Layout::Bhsd, &k_data)).expect("awaited upload");
     let out = block_on(sdpa_async(ctx, &q, &k, &v, &AttentionOptions::default())).expect("a valid call");
     assert_eq!(block_on(out.out.to_f32_vec_async(ctx)).expect("read back").len(), 48);
 }
