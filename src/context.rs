@@ -758,6 +758,18 @@ impl Context {
             .map_err(|e| Error::Readback(e.to_string()))
     }
 
+    /// Resolves once the GPU has finished all work submitted so far: what a benchmark
+    /// awaits between timed calls (on the web, where [`Context::wait_idle`] cannot block).
+    pub async fn finished_async(&self) -> Result<()> {
+        let (tx, rx) = crate::wait::oneshot();
+        self.queue.on_submitted_work_done(move || tx.send(()));
+        // Native devices run callbacks when polled; a browser runs them by itself.
+        #[cfg(not(target_arch = "wasm32"))]
+        self.wait_idle()?;
+        rx.await
+            .ok_or_else(|| Error::Readback("the work-done callback was dropped".into()))
+    }
+
     /// Copies the first `bytes` of `buffer` to the host.
     pub(crate) async fn read_buffer_async(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let padded = bytes.max(4).div_ceil(4) * 4;

@@ -72,7 +72,10 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
+    /// An [`Error::Invalid`]: `what` (an argument's name) and why it was refused. Front
+    /// ends (the web module) use it for their own arguments, so every refusal reads
+    /// alike.
+    pub fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Invalid {
             what: what.into(),
             reason: reason.into(),

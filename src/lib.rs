@@ -33,6 +33,7 @@ pub mod attention;
 // Timing uses std::time::Instant and blocking waits: native targets only, for now.
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
+pub mod bench_cases;
 pub mod check;
 pub mod context;
 pub mod error;
@@ -45,6 +46,7 @@ pub mod options;
 pub mod paged_kv;
 pub mod problem;
 pub mod reference;
+pub mod sentence_example;
 pub mod tensor;
 mod wait;
 

@@ -98,6 +98,12 @@ impl Tensor {
         Self::from_bytes(ctx, shape, layout, DType::F16, bytemuck::cast_slice(data))
     }
 
+    /// [`Tensor::from_f16`] with its GPU errors awaited (see [`Tensor::from_f32_async`]).
+    pub async fn from_f16_async(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
+        ctx.scoped_async("uploading a tensor", || Self::from_f16(ctx, shape, layout, data))
+            .await
+    }
+
     /// Uploads f32 data, converting to `dtype` on the host.
     pub fn from_f32_as(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, data: &[f32]) -> Result<Self> {
         match dtype {

@@ -8,7 +8,8 @@ pub mod per_call;
 pub mod probe;
 pub mod suite;
 
-use crate::check::Rng;
+pub use crate::bench_cases::bench_data;
+
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::problem::AttentionShape;
@@ -206,17 +207,6 @@ pub fn time_host(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Ti
     let first = run()?;
     let samples = (0..reps.max(1)).map(|_| run()).collect::<Result<Vec<_>>>()?;
     Ok(summarise(first, samples, Clock::WallClock))
-}
-
-/// Random q, k, v for a benchmark shape (BHSD), as host data and uploaded.
-pub fn bench_data(shape: &AttentionShape) -> [Vec<f32>; 3] {
-    let mut rng = Rng::new(1);
-    let mut make = |h: usize, l: usize, d: usize| rng.vec(shape.batch * h * l * d, -1.0, 1.0);
-    [
-        make(shape.heads_q, shape.len_q, shape.head_dim),
-        make(shape.heads_kv, shape.len_k, shape.head_dim),
-        make(shape.heads_kv, shape.len_k, shape.head_dim_v),
-    ]
 }
 
 /// Random q, k, v for a benchmark shape, uploaded as BHSD tensors of `dtype`.

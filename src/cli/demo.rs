@@ -6,15 +6,10 @@
 use super::{viz, AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use wgpu_attention::check::{run_case, CheckCase, Rng};
+use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::heatmap::Labels;
-use wgpu_attention::mha::reference::multi_head_attention;
-use wgpu_attention::mha::PostNorm;
-use wgpu_attention::options::key_mask_from_tokens;
-use wgpu_attention::{
-    AttentionOptions, AttentionShape, CausalAlignment, Context, DType, HeadWeights, Inputs, KernelChoice, Layout,
-    MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, Tensor,
-};
+use wgpu_attention::sentence_example::{PaddedSentences, OUT_BOUND, WEIGHTS_BOUND};
+use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, Context, DType, KernelChoice, Layout};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -90,88 +85,46 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
     seed_003(&ctx, &args.heatmaps)
 }
 
-/// Seed 003's example: two sentences of token ids (pad id 0) through a multi-head
-/// attention layer with post-norm, on the GPU and on the CPU reference.
+/// Seed 003's example (`wgpu_attention::sentence_example`): two padded sentences
+/// through a multi-head attention layer with post-norm, on the GPU and on the CPU
+/// reference; then their per-head weights drawn.
 fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
-    let tokens: [i64; 10] = [5, 2, 1, 0, 0, 1, 3, 1, 4, 0];
-    let (batch, seq, d_model, heads, vocab) = (2, 5, 512, 8, 10);
+    let example = PaddedSentences::new()?;
+    let (batch, seq, heads) = (example.batch, example.seq, example.heads);
     println!(
-        "\nseed 003: tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0, vocab {vocab}, d_model {d_model}, {heads} heads of {}",
-        d_model / heads
+        "\nseed 003: tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0, vocab {}, d_model {}, {heads} heads of {}",
+        example.vocab,
+        example.d_model,
+        example.config.head_dim()
     );
-    // Word embeddings (a seeded table with unit variance, as nn.Embedding's N(0, 1))
-    // plus sinusoidal positional encodings.
-    let mut rng = Rng::new(3);
-    let table = rng.vec(vocab * d_model, -3f32.sqrt(), 3f32.sqrt());
-    let x: Vec<f32> = tokens
-        .iter()
-        .enumerate()
-        .flat_map(|(n, &token)| {
-            let row = &table[token as usize * d_model..][..d_model];
-            (0..d_model).map(move |i| row[i] + positional_encoding(n % seq, i, d_model))
-        })
-        .collect();
-    let config = MhaConfig {
-        post_norm: Some(PostNorm::default()),
-        ..MhaConfig::new(d_model, heads)
-    };
-    let weights = MhaWeights::xavier_uniform(&config, 2026)?;
-    let layer = MultiHeadAttention::new(ctx, config.clone(), &weights, DType::F32)?;
-    let mask = key_mask_from_tokens(&tokens, batch, 0)?;
-    let options = MhaOptions {
-        attention: AttentionOptions {
-            mask: Some(mask),
-            ..Default::default()
-        },
-        weights: HeadWeights::PerHead,
-    };
-    let input = Tensor::sequence(ctx, [batch, seq, d_model], DType::F32, &x)?;
-    let result = layer.forward(ctx, Inputs::SelfAttention(&input), &options)?;
-    let out = result.out.to_f32_vec(ctx)?;
-    let per_head = result
-        .weights
-        .as_ref()
-        .ok_or_else(|| CliError::Failed("the layer returned no weights".into()))?;
-    let w = per_head.to_f32_vec(ctx)?;
-    let want = multi_head_attention(&config, &weights, [&x, &x, &x], [batch, seq, seq], &options.attention)?;
-    let max_err = |got: &[f32], want: &[f64]| {
-        got.iter()
-            .zip(want)
-            .map(|(&g, &w)| (f64::from(g) - w).abs())
-            .fold(0.0, f64::max)
-    };
-    let (out_err, w_err) = (max_err(&out, &want.out), max_err(&w, &want.weights));
+    let result = example.run(ctx)?;
     println!(
-        "  output [{batch}, {seq}, {d_model}]: max |gpu - cpu| = {out_err:.2e}; weights {:?}: max |gpu - cpu| = {w_err:.2e}",
-        per_head.shape()
+        "  output [{batch}, {seq}, {}]: max |gpu - cpu| = {:.2e}; weights [{batch}, {heads}, {seq}, {seq}]: max |gpu - cpu| = {:.2e}",
+        example.d_model, result.out_error, result.weights_error
     );
-    // Pad keys (sentence 0: keys 3 and 4; sentence 1: key 4) get weight exactly 0.
-    let pad_weight = (0..batch * heads * seq * seq)
-        .filter(|&i| tokens[(i / (heads * seq * seq)) * seq + i % seq] == 0)
-        .map(|i| w[i].abs())
-        .fold(0.0f32, f32::max);
-    println!("  largest weight on a pad key, over every head and query: {pad_weight}");
+    println!(
+        "  largest weight on a pad key, over every head and query: {}",
+        result.pad_weight
+    );
     println!("  sentence 0, head 0:");
+    let w = &result.weights;
     for i in 0..seq {
         let row: Vec<String> = w[i * seq..(i + 1) * seq].iter().map(|w| format!("{w:.3}")).collect();
         println!("    query {i}: [{}]", row.join(", "));
     }
-    if out_err > 1e-4 || w_err > 1e-5 || pad_weight != 0.0 {
+    if !result.passed() {
         return Err(CliError::Failed(format!(
-            "seed 003 layer: output error {out_err:.2e}, weights error {w_err:.2e}, pad weight {pad_weight}"
+            "seed 003 layer: output error {:.2e} (bound {OUT_BOUND:.0e}), weights error {:.2e} (bound {WEIGHTS_BOUND:.0e}), pad weight {}",
+            result.out_error, result.weights_error, result.pad_weight
         )));
     }
     // Heatmaps per sentence, labelled with its tokens.
     let mut files = Vec::new();
     let plane = heads * seq * seq;
-    for (b, sentence) in tokens.chunks(seq).enumerate() {
-        let words: Vec<String> = sentence
-            .iter()
-            .map(|&t| if t == 0 { "<pad>".into() } else { format!("tok{t}") })
-            .collect();
+    for b in 0..batch {
         let labels = Labels {
-            queries: Some(words.clone()),
-            keys: Some(words),
+            queries: Some(example.words(b)),
+            keys: Some(example.words(b)),
         };
         let data = &w[b * plane..(b + 1) * plane];
         let prefix = format!("seed003_sentence{b}");
@@ -184,10 +137,4 @@ fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
         )?);
     }
     viz::write_images(heatmaps, &files)
-}
-
-/// The sinusoidal positional encoding of "Attention Is All You Need".
-fn positional_encoding(pos: usize, i: usize, d_model: usize) -> f32 {
-    let angle = pos as f64 / 10000f64.powf((i - i % 2) as f64 / d_model as f64);
-    (if i.is_multiple_of(2) { angle.sin() } else { angle.cos() }) as f32
 }
