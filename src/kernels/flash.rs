@@ -372,9 +372,9 @@ pub struct TilingSpec {
     pub name: &'static str,
     /// One line for `info` and the docs.
     pub about: &'static str,
-    /// Picked by default on this class of adapter, in registry order, when its needs
+    /// Picked by default on these classes of adapter, in registry order, when its needs
     /// are met; `registers` is the fallback everywhere.
-    pub default_on: AdapterClass,
+    pub default_on: &'static [AdapterClass],
     pub needs: Needs,
     /// Computes the products in f16 (tensor cores): used for f16 inputs, and for f32
     /// inputs only at `Precision::Medium` (docs/design.md, "Precision").
@@ -391,7 +391,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         tiling: FusedTiling::Coop,
         name: "coop",
         about: "tensor cores: FlashAttention-2 blocks with Q·Kᵀ and P·V as 16x16 f16 cooperative-matrix products, f32 softmax (GPUs with EXPERIMENTAL_COOPERATIVE_MATRIX; f16 inputs, or f32 at precision medium)",
-        default_on: AdapterClass::Gpu,
+        default_on: &[AdapterClass::Gpu],
         needs: Needs::CooperativeMatrix(COOP_MIN_BYTES),
         f16_products: true,
         launch: |d, dv, caps| {
@@ -411,7 +411,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         tiling: FusedTiling::Subgroup,
         name: "subgroup",
         about: "K/V loaded once per 8-lane subgroup and broadcast, 4 query rows per invocation (CPU adapters)",
-        default_on: AdapterClass::Cpu,
+        default_on: &[AdapterClass::Cpu],
         needs: Needs::Subgroups {
             lanes: SUBGROUP_LANES,
             workgroup_bytes: SUBGROUP_WORKGROUP_BYTES,
@@ -428,20 +428,12 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         iterations: loop_budget::subgroup_iterations,
     },
     TilingSpec {
-        tiling: FusedTiling::Registers,
-        name: "registers",
-        about: "one query row per invocation, K/V straight from storage, no barriers (CPU adapters)",
-        default_on: AdapterClass::Cpu,
-        needs: Needs::Nothing,
-        f16_products: false,
-        launch: |_, _, _| Launch::rows_override(REGISTERS, 16),
-        iterations: loop_budget::registers_iterations,
-    },
-    TilingSpec {
         tiling: FusedTiling::Blocked,
         name: "blocked",
         about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs)",
-        default_on: AdapterClass::Gpu,
+        // Also the CPU pick without subgroups: on llvmpipe GL 2.3x registers at D 64 and
+        // 128, 1.3x at 256 (docs/design.md, "Tilings").
+        default_on: &[AdapterClass::Gpu, AdapterClass::Cpu],
         needs: Needs::WorkgroupBytes(BLOCKED_MIN_BYTES),
         f16_products: false,
         launch: |d, dv, caps| {
@@ -458,10 +450,20 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         iterations: loop_budget::blocked_iterations,
     },
     TilingSpec {
+        tiling: FusedTiling::Registers,
+        name: "registers",
+        about: "one query row per invocation, K/V straight from storage, no barriers (CPU adapters)",
+        default_on: &[AdapterClass::Cpu],
+        needs: Needs::Nothing,
+        f16_products: false,
+        launch: |_, _, _| Launch::rows_override(REGISTERS, 16),
+        iterations: loop_budget::registers_iterations,
+    },
+    TilingSpec {
         tiling: FusedTiling::Shared,
         name: "shared",
         about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory)",
-        default_on: AdapterClass::Gpu,
+        default_on: &[AdapterClass::Gpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
         launch: |_, _, _| Launch::rows_override(SHARED, 64),
@@ -499,7 +501,9 @@ pub fn parse_tiling(what: &str, name: &str) -> Result<FusedTiling> {
 pub fn default_tiling(class: AdapterClass, caps: &Capabilities, f16_products: bool) -> FusedTiling {
     FUSED_TILINGS
         .iter()
-        .find(|spec| spec.default_on == class && (f16_products || !spec.f16_products) && spec.unmet("", caps).is_none())
+        .find(|spec| {
+            spec.default_on.contains(&class) && (f16_products || !spec.f16_products) && spec.unmet("", caps).is_none()
+        })
         .map_or(FusedTiling::Registers, |spec| spec.tiling)
 }
 
@@ -649,9 +653,14 @@ mod tests {
             default_tiling(AdapterClass::Cpu, &lavapipe, true),
             FusedTiling::Subgroup
         );
-        // llvmpipe GL: no subgroups.
+        // llvmpipe GL and SwiftShader: no subgroups, 32 KiB.
         assert_eq!(
             default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024), true),
+            FusedTiling::Blocked
+        );
+        // A CPU adapter with less workgroup memory than blocked needs: registers.
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &caps(None, 16 * 1024), true),
             FusedTiling::Registers
         );
     }
