@@ -20,9 +20,9 @@
 //! ```
 //!
 //! Every function that waits on the GPU has an async form, the one implementation
-//! ([`Context::new_async`], [`Tensor::from_f32_async`], [`sdpa_async`],
-//! [`Tensor::to_f32_vec_async`], [`MultiHeadAttention::forward_async`],
-//! [`check::run_case_async`]); the blocking
+//! ([`Context::new_async`], [`Tensor::from_f32_async`], [`Tensor::from_f16_async`],
+//! [`sdpa_async`], [`Tensor::to_f32_vec_async`], [`MultiHeadAttention::forward_async`],
+//! [`check::run_case_async`], [`Context::finished_async`]); the blocking
 //! forms above run it with `pollster` and exist on native targets only. The library
 //! compiles for `wasm32-unknown-unknown`, where only the async forms wait.
 //!

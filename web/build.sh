@@ -11,4 +11,4 @@ if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $version"; then
 fi
 cargo build --release --target wasm32-unknown-unknown
 wasm-bindgen --target web --out-dir pkg target/wasm32-unknown-unknown/release/wgpu_attention_web.wasm
-echo "built web/pkg; serve with: python3 web/serve.py, then open http://127.0.0.1:8000/check.html"
+echo "built web/pkg; serve with: python3 web/serve.py, then open http://127.0.0.1:8000/"

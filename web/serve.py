@@ -2,9 +2,13 @@
 """Serves web/ on loopback only (WebGPU needs a secure context; 127.0.0.1 is one).
 
     python3 web/serve.py [--port 8000]
-        then open http://127.0.0.1:8000/check.html
+        then open http://127.0.0.1:8000/ (the demo, check and bench pages)
 
-For CI (web/check-headless.sh): --report FILE writes the JSON the check page POSTs to
+Besides web/ itself it serves the repository's test fixtures at /fixtures/ (the check
+page runs the multi-head layer on PyTorch's), and with --native DIR a native build's
+outputs at /native/ (the check page compares them with its own).
+
+For the headless runs (web/headless.sh): --report FILE writes the JSON a page POSTs to
 /report, and --exit-after-report stops the server once it has.
 """
 import argparse
@@ -20,6 +24,14 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         ".wasm": "application/wasm",
         ".js": "text/javascript",
     }
+
+    def translate_path(self, path):
+        # The base class normalises the path and drops "..", so a mount cannot be left.
+        for prefix, root in self.server.mounts:
+            if path.startswith(prefix):
+                inside = super().translate_path("/" + path[len(prefix):])
+                return os.path.join(root, os.path.relpath(inside, self.directory))
+        return super().translate_path(path)
 
     def do_POST(self):
         if self.path != "/report" or self.server.report is None:
@@ -46,6 +58,7 @@ def main():
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--report", help="write the check page's POSTed report here")
     parser.add_argument("--exit-after-report", action="store_true")
+    parser.add_argument("--native", help="serve this directory at /native/")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     root = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +66,9 @@ def main():
     # One request at a time, so that got_report is set when handle_request returns.
     server = http.server.HTTPServer(("127.0.0.1", args.port), handler)
     server.report = args.report
+    server.mounts = [("/fixtures/", os.path.join(os.path.dirname(root), "tests", "fixtures"))]
+    if args.native:
+        server.mounts.append(("/native/", os.path.abspath(args.native)))
     server.got_report = False
     server.verbose = not args.quiet
     print(f"serving {root} on http://127.0.0.1:{args.port}/", file=sys.stderr, flush=True)

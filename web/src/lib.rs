@@ -1,15 +1,24 @@
 //! wgpu-attention as an ES module (docs/design.md, "The web"): a context on the
-//! browser's WebGPU adapter, attention on `Float32Array`s, and the `check` grid one
-//! case at a time for the check page. Every call that waits returns a `Promise`; bad
-//! input rejects it with the library's one-line error, and a Rust panic is logged to
-//! the console before the module traps.
+//! browser's WebGPU adapter; `attention` on typed arrays (f32, or f16 bit patterns where
+//! the adapter has f16); `mha` with weights from a `.safetensors` buffer; the `check`
+//! grid one case at a time for the check page; the bench suites' problems for the bench
+//! page; and seed 003's sentence example for the demo page. Every call that waits
+//! returns a `Promise`; bad input rejects it with the library's one-line error, and a
+//! Rust panic is logged to the console before the module traps.
 
+mod calls;
+mod request;
+
+use calls::Output;
+use js_sys::{Float32Array, Object, Reflect, Uint16Array, Uint8ClampedArray};
+use request::{Data, Request};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
+use wgpu_attention::bench_cases::{bench_data, Suite};
 use wgpu_attention::check::{describe, run_case_async, standard_grid, variants, CheckCase, Variant, DEFAULT_SEED};
-use wgpu_attention::{
-    sdpa_async, AttentionOptions, AttentionShape, CausalAlignment, Context, KernelChoice, Layout, Tensor,
-};
+use wgpu_attention::heatmap::{render_grid, Labels, Panel};
+use wgpu_attention::sentence_example::{PaddedSentences, OUT_BOUND, WEIGHTS_BOUND};
+use wgpu_attention::{resolve_kernel, sdpa_async, AttentionOptions, AttentionShape, Context, DType, Layout, Tensor};
 
 #[wasm_bindgen]
 extern "C" {
@@ -71,26 +80,82 @@ impl AttentionContext {
         .to_string()
     }
 
-    /// `softmax(Q Kᵀ / sqrt(D) [+ causal]) V` on BHSD f32 data. `shape` is
-    /// `[B, Hq, Hkv, Lq, Lk, D, Dv]`; `causal` is `"top-left"`, `"bottom-right"` or
-    /// absent; `kernel` is `"auto"` (or absent), `"fused"`, `"materialized"` or
-    /// `"decode"`. Resolves to the output, `[B, Hq, Lq, Dv]`.
-    pub fn attention(
-        &self,
-        q: Vec<f32>,
-        k: Vec<f32>,
-        v: Vec<f32>,
-        shape: Vec<u32>,
-        causal: Option<String>,
-        kernel: Option<String>,
-    ) -> js_sys::Promise {
+    /// `softmax(Q Kᵀ / sqrt(D) + masks) V` on BHSD data: `{q, k, v, shape: [B, Hq,
+    /// Hkv, Lq, Lk, D, Dv], causal: "top-left" | "bottom-right", keyLengths, mask,
+    /// maskShape, scale, kernel: "auto" | "fused" | "materialized" | "decode", tiling,
+    /// returnWeights}`. `q`, `k`, `v` are `Float32Array`s, or `Uint16Array`s of f16 bit
+    /// patterns (adapters with `shader-f16`). Resolves to `{output, shape, weights,
+    /// weightsShape}`: the output `[B, Hq, Lq, Dv]` in the inputs' type, and f32
+    /// weights `[B, Hq, Lq, Lk]` when `returnWeights` is true.
+    pub fn attention(&self, request: JsValue) -> js_sys::Promise {
         let ctx = self.ctx.clone();
         wasm_bindgen_futures::future_to_promise(async move {
-            let out = attention(&ctx, &q, &k, &v, &shape, causal.as_deref(), kernel.as_deref())
+            let output = calls::attention(&ctx, Request::new(request).map_err(js_error)?)
                 .await
                 .map_err(js_error)?;
-            Ok(js_sys::Float32Array::from(&out[..]).into())
+            to_js(output)
         })
+    }
+
+    /// One multi-head attention layer with weights from a `.safetensors` file:
+    /// `{safetensors, numHeads, numKvHeads, prefix, postNorm, normEps, query, key, value,
+    /// shape: [B, Lq, Lk], causal, keyLengths, mask, maskShape, tokens, padId, dtype,
+    /// returnWeights: "averaged" | "per-head"}` (names as PyTorch's
+    /// `nn.MultiheadAttention` or Hugging Face's `q_proj`/.../`o_proj`; sequences
+    /// batch-first `Float32Array`s). Resolves to `{output, shape, weights, weightsShape}`.
+    pub fn mha(&self, request: JsValue) -> js_sys::Promise {
+        let ctx = self.ctx.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let output = calls::mha(&ctx, Request::new(request).map_err(js_error)?)
+                .await
+                .map_err(js_error)?;
+            to_js(output)
+        })
+    }
+
+    /// The problems of a bench suite (`"quick"`, `"standard"`, `"long"`) this adapter
+    /// can run, as JSON: `[{shape: [B, Hq, Hkv, Lq, Lk, D, Dv], causal, dtype}]`.
+    #[wasm_bindgen(js_name = benchCases)]
+    pub fn bench_cases(&self, suite: &str) -> Result<String, JsValue> {
+        let suite = Suite::parse(suite).ok_or_else(|| js_error("suite must be quick, standard or long"))?;
+        let cases: Vec<_> = suite
+            .cases(self.ctx.capabilities().f16)
+            .iter()
+            .map(|c| {
+                let s = c.shape;
+                serde_json::json!({
+                    "shape": [s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim, s.head_dim_v],
+                    "causal": c.causal,
+                    "dtype": c.dtype.name(),
+                })
+            })
+            .collect();
+        Ok(serde_json::Value::from(cases).to_string())
+    }
+
+    /// Uploads a benchmark problem `{shape, causal, dtype, kernel, tiling}` (inputs as the
+    /// native `bench` draws them; causal is top-left); resolves to a [`BenchProblem`]
+    /// whose `run()` the page times.
+    #[wasm_bindgen(js_name = benchProblem)]
+    pub fn bench_problem(&self, request: JsValue) -> js_sys::Promise {
+        let ctx = self.ctx.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let problem = BenchProblem::new(ctx, Request::new(request).map_err(js_error)?)
+                .await
+                .map_err(js_error)?;
+            Ok(problem.into())
+        })
+    }
+
+    /// Seed 003's padded sentences through a multi-head attention layer, on this
+    /// adapter and the CPU reference (`wgpu_attention::sentence_example`). Resolves to
+    /// `{sentences, heads, seq, dModel, outError, weightsError, bounds, padWeight,
+    /// passed, images}`: each image `{width, height, rgba}` is one sentence's per-head
+    /// weights drawn as the native `demo` draws them.
+    #[wasm_bindgen(js_name = sentenceExample)]
+    pub fn sentence_example(&self) -> js_sys::Promise {
+        let ctx = self.ctx.clone();
+        wasm_bindgen_futures::future_to_promise(async move { sentence_example(&ctx).await.map_err(js_error) })
     }
 
     /// How many cases the check page runs: each kernel variant this adapter supports
@@ -127,45 +192,176 @@ impl AttentionContext {
     }
 }
 
-async fn attention(
-    ctx: &Context,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    shape: &[u32],
-    causal: Option<&str>,
-    kernel: Option<&str>,
-) -> wgpu_attention::Result<Vec<f32>> {
-    let invalid = |what: &str, why: &str| wgpu_attention::Error::Invalid {
-        what: what.into(),
-        reason: why.into(),
+/// `{output, shape, weights, weightsShape}` for JavaScript.
+fn to_js(output: Output) -> Result<JsValue, JsValue> {
+    let object = Object::new();
+    let out: JsValue = match output.out {
+        Data::F32(v) => Float32Array::from(&v[..]).into(),
+        Data::F16(v) => Uint16Array::from(&v[..]).into(),
     };
-    let &[b, hq, hkv, lq, lk, d, dv] = shape else {
-        return Err(invalid("shape", "must be [B, Hq, Hkv, Lq, Lk, D, Dv]"));
-    };
-    let [b, hq, hkv, lq, lk, d, dv] = [b, hq, hkv, lq, lk, d, dv].map(|x| x as usize);
-    let s = AttentionShape::new(b, hq, hkv, lq, lk, d, dv);
-    let causal = match causal {
-        None => None,
-        Some("top-left") => Some(CausalAlignment::TopLeft),
-        Some("bottom-right") => Some(CausalAlignment::BottomRight),
-        Some(_) => return Err(invalid("causal", "must be \"top-left\", \"bottom-right\" or absent")),
-    };
-    let kernel = match kernel {
-        None | Some("auto") => KernelChoice::Auto,
-        Some("fused") => KernelChoice::Fused,
-        Some("materialized") => KernelChoice::Materialized,
-        Some("decode") => KernelChoice::Decode,
-        Some(_) => return Err(invalid("kernel", "must be auto, fused, materialized or decode")),
-    };
-    let qt = Tensor::from_f32_async(ctx, [s.batch, s.heads_q, s.len_q, s.head_dim], Layout::Bhsd, q).await?;
-    let kt = Tensor::from_f32_async(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim], Layout::Bhsd, k).await?;
-    let vt = Tensor::from_f32_async(ctx, [s.batch, s.heads_kv, s.len_k, s.head_dim_v], Layout::Bhsd, v).await?;
-    let options = AttentionOptions {
-        causal,
-        kernel,
-        ..Default::default()
-    };
-    let out = sdpa_async(ctx, &qt, &kt, &vt, &options).await?;
-    out.out.to_f32_vec_async(ctx).await
+    set(&object, "output", &out)?;
+    set(&object, "shape", &shape_js(&output.out_shape))?;
+    if let Some((weights, shape)) = output.weights {
+        set(&object, "weights", &Float32Array::from(&weights[..]).into())?;
+        set(&object, "weightsShape", &shape_js(&shape))?;
+    }
+    Ok(object.into())
+}
+
+fn shape_js(shape: &[usize]) -> JsValue {
+    shape
+        .iter()
+        .map(|&n| JsValue::from(n as f64))
+        .collect::<js_sys::Array>()
+        .into()
+}
+
+fn set(object: &Object, key: &str, value: &JsValue) -> Result<(), JsValue> {
+    Reflect::set(object, &JsValue::from_str(key), value).map(|_| ())
+}
+
+/// A benchmark problem on the GPU: inputs uploaded once, `run()` timed by the page.
+#[wasm_bindgen]
+pub struct BenchProblem {
+    ctx: Rc<Context>,
+    inputs: Rc<[Tensor; 3]>,
+    options: AttentionOptions,
+    flops: f64,
+    bytes: f64,
+    kernel: String,
+}
+
+impl BenchProblem {
+    async fn new(ctx: Rc<Context>, request: Request) -> wgpu_attention::Result<Self> {
+        let [b, hq, hkv, lq, lk, d, dv] =
+            request.counts_exact("shape", f64::from(u32::MAX), "[B, Hq, Hkv, Lq, Lk, D, Dv]")?;
+        let shape = AttentionShape::new(b, hq, hkv, lq, lk, d, dv);
+        let dtype = match request.string("dtype")?.as_deref() {
+            None | Some("f32") => DType::F32,
+            Some("f16") => DType::F16,
+            Some(other) => {
+                return Err(wgpu_attention::Error::invalid(
+                    "dtype",
+                    format!("must be f32 or f16; got \"{other}\""),
+                ))
+            }
+        };
+        let case = wgpu_attention::bench_cases::BenchCase {
+            shape,
+            causal: request.flag("causal")?,
+            window: None,
+            dtype,
+            precision: Default::default(),
+        };
+        let options = AttentionOptions {
+            tiling: request.tiling()?,
+            ..case.options(request.kernel()?)
+        };
+        let kernel = resolve_kernel(&ctx, dtype, &options, &shape)?.name();
+        let [q, k, v] = bench_data(&shape);
+        let upload = |h: usize, l: usize, d: usize, data: Vec<f32>| {
+            let ctx = ctx.clone();
+            async move {
+                match dtype {
+                    DType::F32 => Tensor::from_f32_async(&ctx, [b, h, l, d], Layout::Bhsd, &data).await,
+                    DType::F16 => {
+                        let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+                        Tensor::from_f16_async(&ctx, [b, h, l, d], Layout::Bhsd, &halves).await
+                    }
+                }
+            }
+        };
+        let inputs = [
+            upload(hq, lq, d, q).await?,
+            upload(hkv, lk, d, k).await?,
+            upload(hkv, lk, dv, v).await?,
+        ];
+        Ok(BenchProblem {
+            inputs: Rc::new(inputs),
+            flops: case.flops(),
+            bytes: case.compulsory_bytes(),
+            ctx,
+            options,
+            kernel,
+        })
+    }
+}
+
+#[wasm_bindgen]
+impl BenchProblem {
+    /// FLOPs of one call (halved for causal, as the native `bench` counts them).
+    pub fn flops(&self) -> f64 {
+        self.flops
+    }
+
+    /// Bytes one call must move: Q, K, V read and O written once.
+    pub fn bytes(&self) -> f64 {
+        self.bytes
+    }
+
+    /// The kernel path and tiling the picker chose, as the native `bench` names it.
+    pub fn kernel(&self) -> String {
+        self.kernel.clone()
+    }
+
+    /// One call: records and submits the attention, resolves when the GPU has
+    /// finished it.
+    pub fn run(&self) -> js_sys::Promise {
+        let (ctx, inputs, options) = (self.ctx.clone(), self.inputs.clone(), self.options.clone());
+        wasm_bindgen_futures::future_to_promise(async move {
+            let [q, k, v] = &*inputs;
+            sdpa_async(&ctx, q, k, v, &options).await.map_err(js_error)?;
+            ctx.finished_async().await.map_err(js_error)?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+}
+
+/// A JavaScript exception while building a result object (not expected: the objects
+/// are fresh and plain).
+fn js_failure(e: JsValue) -> wgpu_attention::Error {
+    wgpu_attention::Error::invalid("building the result object", format!("{e:?}"))
+}
+
+async fn sentence_example(ctx: &Context) -> wgpu_attention::Result<JsValue> {
+    let example = PaddedSentences::new()?;
+    let result = example.run_async(ctx).await?;
+    let (heads, seq) = (example.heads, example.seq);
+    let images = js_sys::Array::new();
+    for b in 0..example.batch {
+        let panels: Vec<Panel> = (0..heads)
+            .map(|h| Panel {
+                title: format!("sentence {b}, head {h}"),
+                weights: &result.weights[(b * heads + h) * seq * seq..][..seq * seq],
+                len_q: seq,
+                len_k: seq,
+            })
+            .collect();
+        let labels = Labels {
+            queries: Some(example.words(b)),
+            keys: Some(example.words(b)),
+        };
+        let (canvas, _) = render_grid(&panels, &labels)?;
+        let rgba: Vec<u8> = canvas.pixels.chunks(3).flat_map(|p| [p[0], p[1], p[2], 255]).collect();
+        let image = Object::new();
+        set(&image, "width", &canvas.width.into()).map_err(js_failure)?;
+        set(&image, "height", &canvas.height.into()).map_err(js_failure)?;
+        set(&image, "rgba", &Uint8ClampedArray::from(&rgba[..]).into()).map_err(js_failure)?;
+        images.push(&image);
+    }
+    let summary = serde_json::json!({
+        "sentences": (0..example.batch).map(|b| example.words(b)).collect::<Vec<_>>(),
+        "heads": heads,
+        "seq": seq,
+        "dModel": example.d_model,
+        "outError": result.out_error,
+        "weightsError": result.weights_error,
+        "bounds": {"output": OUT_BOUND, "weights": WEIGHTS_BOUND},
+        "padWeight": result.pad_weight,
+        "passed": result.passed(),
+    });
+    let object: Object = js_sys::JSON::parse(&summary.to_string()).map_err(js_failure)?.into();
+    set(&object, "images", &images.into()).map_err(js_failure)?;
+    set(&object, "weights", &Float32Array::from(&result.weights[..]).into()).map_err(js_failure)?;
+    Ok(object.into())
 }

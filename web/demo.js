@@ -1,0 +1,41 @@
+// The demo page: seed 003's padded sentences through one multi-head attention layer
+// (the library's sentence_example, as the native `demo` runs it), drawn as per-head
+// heatmaps by the library's own renderer, checked against the CPU reference.
+import init, { AttentionContext } from './pkg/wgpu_attention_web.js';
+import { report } from './report.js';
+
+const $ = (id) => document.getElementById(id);
+
+function draw({ width, height, rgba }, caption) {
+  const figure = document.createElement('figure');
+  const canvas = document.createElement('canvas');
+  [canvas.width, canvas.height] = [width, height];
+  canvas.getContext('2d').putImageData(new ImageData(rgba, width, height), 0, 0);
+  const text = document.createElement('figcaption');
+  text.textContent = caption;
+  figure.append(canvas, text);
+  $('figures').append(figure);
+}
+
+async function main() {
+  if (!navigator.gpu) throw new Error('this browser has no WebGPU (navigator.gpu is missing)');
+  await init();
+  const ctx = await AttentionContext.create();
+  const adapter = JSON.parse(ctx.info());
+  const r = await ctx.sentenceExample();
+  r.images.forEach((image, b) => draw(image, `sentence ${b}: ${r.sentences[b].join(' ')}`));
+  const verdict = r.passed ? 'agrees with the CPU reference' : 'DOES NOT agree with the CPU reference';
+  $('summary').className = r.passed ? 'ok' : 'failed';
+  $('summary').textContent = `On ${adapter.name || 'this browser\'s adapter'} (${adapter.device_type}, ${adapter.backend}) the layer ${verdict}: output within ` +
+    `${r.outError.toExponential(1)} (bound ${r.bounds.output.toExponential(0)}), weights within ` +
+    `${r.weightsError.toExponential(1)} (bound ${r.bounds.weights.toExponential(0)}); ` +
+    `largest weight on a pad key: ${r.padWeight}.`;
+  const { images, weights, ...summary } = r;
+  await report({ adapter, ...summary, image_sizes: images.map((i) => [i.width, i.height]) });
+}
+
+main().catch(async (e) => {
+  $('summary').textContent = `error: ${e.message ?? e}`;
+  $('summary').className = 'error';
+  await report({ error: String(e.message ?? e) });
+});
