@@ -333,3 +333,23 @@ fn a_dash_is_refused_where_stdout_carries_a_report() {
         assert!(output.stdout.is_empty(), "{args:?}: work was done");
     }
 }
+
+/// A reader that closes standard output early (`wgpu-attention info | head`) ends the
+/// command with status 0 and no panic (Rust's `println!` panics on a closed pipe).
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    for args in [&["info"][..], &["info", "--json"][..]] {
+        let mut child = bin()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // Closed before the command has written anything: its first write fails.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+}

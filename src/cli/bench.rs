@@ -230,7 +230,7 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
         runs.push(measure(ctx, &plan, args)?);
     }
     if runs.len() > 1 {
-        print_side_by_side(&runs);
+        print_side_by_side(&runs)?;
     }
     if let Some(path) = &args.json {
         let doc = json!({
@@ -265,16 +265,20 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     let gemm_tiling = ctx.linear_tiling_for(DType::F32, plan.precision).name();
     let gemm_tiling_f16 = ctx.linear_tiling_for(DType::F16, plan.precision).name();
     let clock = Clock::for_context(ctx);
-    println!(
+    outln!(
         "adapter: {} ({:?}, {:?}), driver {} {}",
-        info.name, info.backend, info.device_type, info.driver, info.driver_info
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        info.driver_info
     );
-    println!(
+    outln!(
         "timing: {}, median of {} runs after the first call and one warm-up; first call (compile) separate",
         clock.name(),
         args.reps
     );
-    println!(
+    outln!(
         "tiles (precision {}): f32 fused {fused_tiling}, GEMM {gemm_tiling}; f16 fused {fused_tiling_f16}, GEMM {gemm_tiling_f16}",
         plan.precision.name()
     );
@@ -284,7 +288,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         .iter()
         .map(|c| c.label())
         .collect();
-    println!(
+    outln!(
         "cooperative matrices (tensor cores): {}",
         wgpu_attention::CoopConfig::summary(&coop)
     );
@@ -293,7 +297,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     progress.set_message(format!("probe on {}", info.name));
     let probe = Probe::measure(ctx, args.probe, args.copy_mib, args.reps)?;
     progress.inc(1);
-    println!(
+    outln!(
         "probe: GEMM {0}x{0}x{0} f32 ({1}) {2:.2} ms = {3:.2} GFLOP/s; copy {4} MiB {5:.2} ms = {6:.2} GB/s (read + write)",
         probe.gemm_n,
         probe.gemm_tiling,
@@ -304,13 +308,13 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         probe.copy_gbps
     );
     if let Some((tiling, timing, gflops)) = &probe.gemm_f16 {
-        println!(
+        outln!(
             "probe: GEMM {0}x{0}x{0} f16 ({tiling}) {1:.2} ms = {gflops:.2} GFLOP/s (f16 rows' % of probe)",
             probe.gemm_n,
             timing.median.as_secs_f64() * 1e3,
         );
     }
-    print_header();
+    print_header()?;
     let mut rows = Vec::new();
     for case in &cases {
         progress.set_message(format!("{} {}", shape_text(&case.shape), case.dtype.name()));
@@ -322,12 +326,12 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         }
         fill_speedups(&mut case_rows);
         for row in &case_rows {
-            progress.suspend(|| print_row(row));
+            progress.suspend(|| print_row(row))?;
         }
         rows.extend(case_rows);
     }
     progress.finish_and_clear();
-    println!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once.");
+    outln!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once.");
 
     let caps = ctx.capabilities();
     Ok(json!({
@@ -380,8 +384,8 @@ pub fn shape_text(s: &AttentionShape) -> String {
     )
 }
 
-fn print_header() {
-    println!(
+fn print_header() -> Result<(), CliError> {
+    outln!(
         "{:<26} {:<29} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9}",
         "B,Hq,Hkv,Lq,Lk,D,Dv",
         "mask",
@@ -399,9 +403,10 @@ fn print_header() {
         "x cpu",
         "alloc MiB"
     );
+    Ok(())
 }
 
-fn print_row(row: &BenchRow) {
+fn print_row(row: &BenchRow) -> Result<(), CliError> {
     let head = format!(
         "{:<26} {:<29} {:<5} {:<18}",
         shape_text(&row.case.shape),
@@ -410,10 +415,10 @@ fn print_row(row: &BenchRow) {
         row.kernel
     );
     match &row.outcome {
-        RowOutcome::Skipped(reason) => println!("{head} {reason}"),
+        RowOutcome::Skipped(reason) => outln!("{head} {reason}"),
         RowOutcome::Measured(m) => {
             let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
-            println!(
+            outln!(
                 "{head} {:>9.1} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.2} {:>6.0}% {:>6.0}% {:>8} {:>8} {:>9}",
                 ms(m.timing.first),
                 ms(m.timing.median),
@@ -430,6 +435,7 @@ fn print_row(row: &BenchRow) {
             );
         }
     }
+    Ok(())
 }
 
 fn row_json(row: &BenchRow) -> Value {
@@ -475,9 +481,9 @@ fn row_json(row: &BenchRow) -> Value {
 }
 
 /// With several adapters: each row's median on each, in one table.
-fn print_side_by_side(runs: &[Value]) {
-    println!();
-    println!("side by side (median ms):");
+fn print_side_by_side(runs: &[Value]) -> Result<(), CliError> {
+    outln!();
+    outln!("side by side (median ms):");
     let names: Vec<String> = runs
         .iter()
         .map(|r| {
@@ -488,9 +494,9 @@ fn print_side_by_side(runs: &[Value]) {
             )
         })
         .collect();
-    println!("{:<60} {}", "row", names.join(" | "));
+    outln!("{:<60} {}", "row", names.join(" | "));
     let Some(first_rows) = runs[0]["rows"].as_array() else {
-        return;
+        return Ok(());
     };
     for row in first_rows {
         let key = super::bench_compare::row_key(row);
@@ -504,8 +510,9 @@ fn print_side_by_side(runs: &[Value]) {
                     .map_or("-".to_string(), |t| format!("{t:.2}"))
             })
             .collect();
-        println!("{key:<60} {}", cells.join(" | "));
+        outln!("{key:<60} {}", cells.join(" | "));
     }
+    Ok(())
 }
 
 /// `bench --mha B,S,E,H`: the layer's phases side by side with the GEMM probe.
@@ -528,7 +535,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
     let dtype = if args.dtype == "f16" { DType::F16 } else { DType::F32 };
     let ctx = adapter.context()?;
     let info = ctx.adapter_info();
-    println!(
+    outln!(
         "adapter: {} ({:?}, {:?}), driver {} {}; GEMM tiling {}",
         info.name,
         info.backend,
@@ -539,22 +546,27 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
     );
     let probe = Probe::measure(&ctx, args.probe, args.copy_mib, args.reps)?;
     let probe_gflops = probe.gemm_gflops;
-    println!(
+    outln!(
         "probe: GEMM {0}x{0}x{0} f32 {1:.2} GFLOP/s (same process, before the layer)",
-        args.probe, probe_gflops
+        args.probe,
+        probe_gflops
     );
     let measured =
         wgpu_attention::bench::mha::measure_mha(&ctx, [batch, seq, embed, heads], dtype, args.precision, args.reps)?;
     let phases = &measured.phases;
-    println!(
+    outln!(
         "multi-head self-attention with post-norm, B={batch} S={seq} E={embed} H={heads}, {}, {}: median of {} runs",
         dtype.name(),
         phases[0].timing.clock.name(),
         phases[0].timing.reps
     );
-    println!(
+    outln!(
         "{:<36} {:>10} {:>10} {:>8} {:>9}",
-        "phase", "median ms", "GFLOP/s", "%gemm", "%layer"
+        "phase",
+        "median ms",
+        "GFLOP/s",
+        "%gemm",
+        "%layer"
     );
     let whole = phases.last().map_or(1.0, |p| p.timing.median.as_secs_f64());
     for p in phases {
@@ -569,7 +581,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         } else {
             ("-".into(), "-".into())
         };
-        println!(
+        outln!(
             "{:<36} {:>10.2} {:>10} {:>8} {:>8.0}%",
             p.name,
             1e3 * secs,
@@ -581,7 +593,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
     let ratios = &measured.separate_over_packed;
     if let (Some(low), Some(high)) = (ratios.first(), ratios.last()) {
         let packed_faster = ratios.iter().filter(|&&r| r > 1.0).count();
-        println!(
+        outln!(
             "three GEMMs / packed GEMM, {} pairs run back to back: median {:.3}, range {low:.3} to {high:.3}; packed faster in {packed_faster} of {}",
             ratios.len(),
             ratios[ratios.len() / 2],
@@ -596,18 +608,27 @@ fn per_call(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
     use wgpu_attention::bench::per_call;
     let ctx = adapter.context()?;
     let info = ctx.adapter_info();
-    println!(
+    outln!(
         "adapter: {} ({:?}, {:?}), driver {} {}",
-        info.name, info.backend, info.device_type, info.driver, info.driver_info
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        info.driver_info
     );
     let s = per_call::SHAPE;
     let calls = args.reps.max(100);
-    println!(
+    outln!(
         "per call, {},{},{},{},{},{} f32, median of {calls}:",
-        s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim
+        s.batch,
+        s.heads_q,
+        s.heads_kv,
+        s.len_q,
+        s.len_k,
+        s.head_dim
     );
     for row in per_call::measure(&ctx, calls)? {
-        println!(
+        outln!(
             "  {:<18} sdpa returns {:>8.1} µs   with the output read back {:>8.1} µs",
             row.kernel,
             row.record_submit.as_secs_f64() * 1e6,

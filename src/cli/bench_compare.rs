@@ -65,10 +65,10 @@ pub fn run(a_path: &Path, b_path: &Path) -> Result<(), CliError> {
         )));
     }
     for (a, b) in a_runs.iter().zip(&b_runs) {
-        println!("A: {} ({})", adapter_name(a), a_path.display());
-        println!("B: {} ({})", adapter_name(b), b_path.display());
+        outln!("A: {} ({})", adapter_name(a), a_path.display());
+        outln!("B: {} ({})", adapter_name(b), b_path.display());
         let probe = |run: &Value, k: &str| run["probe"][k].as_f64().unwrap_or(f64::NAN);
-        println!(
+        outln!(
             "probe GEMM GFLOP/s: A {:.2}, B {:.2} (B/A {:.2}); copy GB/s: A {:.2}, B {:.2} (B/A {:.2})",
             probe(a, "gemm_gflops"),
             probe(b, "gemm_gflops"),
@@ -77,9 +77,12 @@ pub fn run(a_path: &Path, b_path: &Path) -> Result<(), CliError> {
             probe(b, "copy_gbps"),
             probe(b, "copy_gbps") / probe(a, "copy_gbps"),
         );
-        println!(
+        outln!(
             "{:<60} {:>12} {:>12} {:>10}",
-            "row", "A median ms", "B median ms", "B speedup"
+            "row",
+            "A median ms",
+            "B median ms",
+            "B speedup"
         );
         let empty = Vec::new();
         let b_rows = b["rows"].as_array().unwrap_or(&empty);
@@ -96,10 +99,10 @@ pub fn run(a_path: &Path, b_path: &Path) -> Result<(), CliError> {
                 (Some(ta), Some(tb)) => format!("{:.2}x", ta / tb),
                 _ => "-".to_string(),
             };
-            println!("{key:<60} {:>12} {:>12} {:>10}", cell(ta), cell(tb), ratio);
+            outln!("{key:<60} {:>12} {:>12} {:>10}", cell(ta), cell(tb), ratio);
         }
         if matched == 0 {
-            println!("(no rows in common)");
+            outln!("(no rows in common)");
         }
     }
     Ok(())

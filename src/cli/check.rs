@@ -27,18 +27,21 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     super::npy::check_outputs(&outputs, false)?;
     let ctx = adapter.context()?;
     let mut report = Report::new(ctx.adapter_info().clone(), args.seed);
-    println!("adapter: {}", report.adapter_line());
+    outln!("adapter: {}", report.adapter_line());
     if !ctx.capabilities().f16 {
-        println!("f16 variants skipped: adapter lacks SHADER_F16");
+        outln!("f16 variants skipped: adapter lacks SHADER_F16");
     }
-    println!(
+    outln!(
         "{:<20} {:<58} {:>10} {:>10}  result",
-        "variant", "case", "max err", "bound"
+        "variant",
+        "case",
+        "max err",
+        "bound"
     );
     for variant in variants(ctx.capabilities().f16) {
         let label = variant.label.clone();
         if let Err(e) = ctx.fused_config_for(variant.tiling, variant.dtype, variant.precision) {
-            println!("{label:<20} skipped: {e}");
+            outln!("{label:<20} skipped: {e}");
             report.skipped.push((label, e.to_string()));
             continue;
         }
@@ -71,12 +74,12 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
                     status: CaseStatus::Error(e.to_string()),
                 },
             };
-            println!("{}", row.table_line());
+            outln!("{}", row.table_line());
             report.cases.push(row);
         }
     }
     let (passed, failed) = report.counts();
-    println!("{passed} passed, {failed} failed");
+    outln!("{passed} passed, {failed} failed");
     let mut files = Vec::new();
     if let Some(path) = &args.json {
         files.push((path.clone(), report.to_json()));

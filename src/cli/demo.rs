@@ -22,7 +22,7 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
     let start = Instant::now();
     let ctx = adapter.context()?;
     let info = ctx.adapter_info();
-    println!(
+    outln!(
         "adapter: {} ({:?}, {:?}), context in {:.0?}",
         info.name,
         info.backend,
@@ -39,7 +39,7 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
         head_dim: 64,
         head_dim_v: 64,
     };
-    println!(
+    outln!(
         "problem: q [{}, {}, {}, {}], k/v [{}, {}, {}, {}] (GQA), causal top-left, f32",
         shape.batch,
         shape.heads_q,
@@ -69,7 +69,7 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
         let warm = Instant::now();
         run_case(&ctx, &case)?;
         let warm = warm.elapsed();
-        println!(
+        outln!(
             "  {:<20} max |gpu - cpu| = {:.2e} (bound {:.1e}) {}   first call {:.0?} (compiles pipelines), warm call {:.0?} (incl. upload, readback, CPU reference)",
             outcome.kernel,
             outcome.out.max_abs,
@@ -91,26 +91,26 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
 fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
     let example = PaddedSentences::new()?;
     let (batch, seq, heads) = (example.batch, example.seq, example.heads);
-    println!(
+    outln!(
         "\nseed 003: tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0, vocab {}, d_model {}, {heads} heads of {}",
         example.vocab,
         example.d_model,
         example.config.head_dim()
     );
     let result = example.run(ctx)?;
-    println!(
+    outln!(
         "  output [{batch}, {seq}, {}]: max |gpu - cpu| = {:.2e}; weights [{batch}, {heads}, {seq}, {seq}]: max |gpu - cpu| = {:.2e}",
         example.d_model, result.out_error, result.weights_error
     );
-    println!(
+    outln!(
         "  largest weight on a pad key, over every head and query: {}",
         result.pad_weight
     );
-    println!("  sentence 0, head 0:");
+    outln!("  sentence 0, head 0:");
     let w = &result.weights;
     for i in 0..seq {
         let row: Vec<String> = w[i * seq..(i + 1) * seq].iter().map(|w| format!("{w:.3}")).collect();
-        println!("    query {i}: [{}]", row.join(", "));
+        outln!("    query {i}: [{}]", row.join(", "));
     }
     if !result.passed() {
         return Err(CliError::Failed(format!(

@@ -22,28 +22,28 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
         all.push(adapter_json(&info, a.features(), &a.limits(), &cooperative_matrix(a)));
     }
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&all).map_err(|e| CliError::bad(e.to_string()))?
         );
         return Ok(());
     }
     if all.is_empty() {
-        println!("no adapters found (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)");
+        outln!("no adapters found (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)");
     }
     for a in &all {
-        println!(
+        outln!(
             "{} [{} / {}]",
             a["name"].as_str().unwrap_or("?"),
             a["backend"].as_str().unwrap_or("?"),
             a["device_type"].as_str().unwrap_or("?")
         );
-        println!(
+        outln!(
             "  driver: {} {}",
             a["driver"].as_str().unwrap_or(""),
             a["driver_info"].as_str().unwrap_or("")
         );
-        println!(
+        outln!(
             "  f16: {}   subgroups: {}   timestamps: {}",
             a["f16"],
             a["subgroup_sizes"]
@@ -52,7 +52,7 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
             a["timestamp_query"]
         );
         for (k, v) in a["limits"].as_object().into_iter().flatten() {
-            println!("  {k}: {v}");
+            outln!("  {k}: {v}");
         }
         let coop: Vec<&str> = a["cooperative_matrix"]
             .as_array()
@@ -60,11 +60,11 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
             .flatten()
             .filter_map(|c| c.as_str())
             .collect();
-        println!(
+        outln!(
             "  cooperative matrices (tensor cores): {}",
             wgpu_attention::CoopConfig::summary(&coop)
         );
-        println!("  fused tilings:");
+        outln!("  fused tilings:");
         for t in a["fused_tilings"].as_array().into_iter().flatten() {
             let status = match (t["default_for"].as_array(), t["unavailable"].as_str()) {
                 (_, Some(why)) => format!("unavailable: {why}"),
@@ -78,7 +78,7 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
                 ),
                 _ => "available".into(),
             };
-            println!(
+            outln!(
                 "    {:<10} {status}; {}",
                 t["name"].as_str().unwrap_or("?"),
                 t["about"].as_str().unwrap_or("")

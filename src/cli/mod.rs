@@ -2,6 +2,19 @@
 //!
 //! Exit status: 0 on success, 1 when `check` finds a wrong result, 2 on bad input or
 //! an adapter that cannot do what was asked (one line on stderr, no output written).
+//! A reader that closes standard output early (`wgpu-attention info | head`) ends the
+//! command quietly with status 0, as `head` expects, instead of a panic.
+
+/// `println!` through [`write_stdout`]: a closed standard output ends the command
+/// with [`CliError::StdoutClosed`] (Rust's `println!` panics on it).
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout(format_args!(""))?
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))?
+    };
+}
 
 mod bench;
 mod bench_compare;
@@ -25,6 +38,20 @@ pub enum CliError {
     Bad(String),
     /// A check found wrong results: exit 1.
     Failed(String),
+    /// Standard output was closed by its reader: stop, exit 0.
+    StdoutClosed,
+}
+
+/// Writes one line to standard output.
+pub fn write_stdout(line: std::fmt::Arguments) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(line)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => CliError::StdoutClosed,
+            _ => CliError::bad(format!("cannot write to standard output: {e}")),
+        })
 }
 
 impl CliError {
@@ -118,5 +145,6 @@ pub fn main() -> ExitCode {
             eprintln!("FAILED: {msg}");
             ExitCode::from(1)
         }
+        Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
     }
 }

@@ -158,6 +158,6 @@ pub fn render_files(
 pub fn write_images(out_dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<(), CliError> {
     std::fs::create_dir_all(out_dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", out_dir.display())))?;
     npy::write_all(files)?;
-    println!("wrote {} images to {}", files.len(), out_dir.display());
+    outln!("wrote {} images to {}", files.len(), out_dir.display());
     Ok(())
 }
