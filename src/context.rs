@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::options::FusedTiling;
+use crate::staging::{self, StagingPool};
 use crate::tensor::DType;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -227,13 +228,24 @@ pub(crate) struct PipelineKey {
     pub constants: Vec<(&'static str, u32)>,
 }
 
+/// A compiled pipeline and its (automatic) bind group layout, fetched once: every
+/// dispatch makes a bind group against it (issue 17 §5: not one
+/// `get_bind_group_layout` per dispatch).
+#[derive(Clone, Debug)]
+pub(crate) struct CompiledPipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
 /// Adapter, device, queue, capabilities and compiled pipelines.
 pub struct Context {
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     caps: Capabilities,
-    pipelines: Mutex<HashMap<PipelineKey, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<PipelineKey, CompiledPipeline>>,
+    /// Readback buffers for reuse.
+    staging: StagingPool,
     allocated: AtomicU64,
     /// Set by wgpu's device-lost callback: every later call fails with an error that
     /// says so (wgpu itself would panic on some of them, e.g. mapping a new buffer).
@@ -488,6 +500,7 @@ impl Context {
             info,
             caps,
             pipelines: Mutex::new(HashMap::new()),
+            staging: StagingPool::default(),
             allocated: AtomicU64::new(0),
             lost,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -770,38 +783,60 @@ impl Context {
             .ok_or_else(|| Error::Readback("the work-done callback was dropped".into()))
     }
 
-    /// Copies the first `bytes` of `buffer` to the host.
+    /// Copies the first `bytes` of `buffer` to the host, through a staging buffer from
+    /// the pool (returned to it once unmapped); natively waits for exactly the copy's
+    /// submission.
     pub(crate) async fn read_buffer_async(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let padded = bytes.max(4).div_ceil(4) * 4;
-        let staging = self.create_buffer(
-            "wgpu-attention readback",
-            padded,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
-        self.scoped_async("readback copy", || {
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded);
-            self.queue.submit([encoder.finish()]);
-            Ok(())
-        })
-        .await?;
+        let class = staging::class_of(padded);
+        let staging = match self.staging.take(class) {
+            Some(b) => b,
+            None => self.create_buffer(
+                "wgpu-attention readback",
+                class,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )?,
+        };
+        let submitted = self
+            .scoped_async("readback copy", || {
+                let mut encoder = self.device.create_command_encoder(&Default::default());
+                encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded);
+                Ok(self.queue.submit([encoder.finish()]))
+            })
+            .await?;
         let (tx, rx) = crate::wait::oneshot();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| tx.send(r));
+        staging
+            .slice(..padded)
+            .map_async(wgpu::MapMode::Read, move |r| tx.send(r));
         // Native devices run callbacks when polled; a browser runs them by itself.
         #[cfg(not(target_arch = "wasm32"))]
-        self.wait_idle()?;
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submitted),
+                timeout: None,
+            })
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = submitted;
         rx.await
             .ok_or_else(|| Error::Readback("the mapping callback was dropped".into()))?
             .map_err(|e| Error::Readback(e.to_string()))?;
         let bytes_out = {
             let view = staging
-                .slice(..)
+                .slice(..padded)
                 .get_mapped_range()
                 .map_err(|e| Error::Readback(e.to_string()))?;
             view[..bytes as usize].to_vec()
         };
         staging.unmap();
+        self.staging.give(staging);
         Ok(bytes_out)
+    }
+
+    /// Readback buffers the pool keeps now (for tests).
+    #[doc(hidden)]
+    pub fn kept_staging_buffers(&self) -> usize {
+        self.staging.len()
     }
 
     /// Returns the cached pipeline for `key`, compiling it with `build` on first use.
@@ -809,18 +844,22 @@ impl Context {
         &self,
         key: PipelineKey,
         build: impl FnOnce(&PipelineKey) -> Result<wgpu::ComputePipeline>,
-    ) -> Result<wgpu::ComputePipeline> {
+    ) -> Result<CompiledPipeline> {
         if let Some(p) = self.lock_pipelines().get(&key) {
             return Ok(p.clone());
         }
         // Compile outside the lock: two threads may race to compile the same pipeline,
         // which is wasteful but correct, and nobody waits behind a slow LLVM compile.
         let pipeline = build(&key)?;
-        self.lock_pipelines().insert(key, pipeline.clone());
-        Ok(pipeline)
+        let compiled = CompiledPipeline {
+            layout: pipeline.get_bind_group_layout(0),
+            pipeline,
+        };
+        self.lock_pipelines().insert(key, compiled.clone());
+        Ok(compiled)
     }
 
-    fn lock_pipelines(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, wgpu::ComputePipeline>> {
+    fn lock_pipelines(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, CompiledPipeline>> {
         // A panic while holding the lock cannot leave the map inconsistent (inserts are
         // atomic), so a poisoned lock is still usable.
         self.pipelines.lock().unwrap_or_else(|p| p.into_inner())

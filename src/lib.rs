@@ -47,6 +47,7 @@ pub mod paged_kv;
 pub mod problem;
 pub mod reference;
 pub mod sentence_example;
+mod staging;
 pub mod tensor;
 mod wait;
 

@@ -21,7 +21,7 @@ pub(crate) mod qk_scores;
 pub(crate) mod softmax_rows;
 pub(crate) mod weights_v;
 
-use crate::context::{Context, PipelineKey};
+use crate::context::{CompiledPipeline, Context, PipelineKey};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -114,7 +114,7 @@ pub(crate) fn pipeline(
     kernel: &Kernel,
     dtype: DType,
     constants: &[(&'static str, u32)],
-) -> Result<wgpu::ComputePipeline> {
+) -> Result<CompiledPipeline> {
     let key = PipelineKey {
         shader: (kernel.file, kernel.entry, kernel.variant),
         dtype,
@@ -153,7 +153,7 @@ pub(crate) fn pipeline(
 pub(crate) fn dispatch(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    pipeline: &wgpu::ComputePipeline,
+    pipeline: &CompiledPipeline,
     bindings: &[(u32, &wgpu::Buffer)],
     groups: [u32; 3],
 ) -> Result<()> {
@@ -176,7 +176,7 @@ pub(crate) fn dispatch(
 pub(crate) fn dispatch_entries(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    pipeline: &wgpu::ComputePipeline,
+    pipeline: &CompiledPipeline,
     entries: &[wgpu::BindGroupEntry],
     groups: [u32; 3],
 ) -> Result<()> {
@@ -209,11 +209,11 @@ pub(crate) fn dispatch_entries(
     }
     let bind_group = ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
-        layout: &pipeline.get_bind_group_layout(0),
+        layout: &pipeline.layout,
         entries,
     });
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-    pass.set_pipeline(pipeline);
+    pass.set_pipeline(&pipeline.pipeline);
     pass.set_bind_group(0, &bind_group, &[]);
     pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     Ok(())
