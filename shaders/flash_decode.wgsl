@@ -5,15 +5,19 @@
 // the host prepends: kernels::decode::SPLIT_VARIANTS) that share one kv head (GQA: the
 // Hq / Hkv query heads of a kv head times Lq rows each, so K and V are read once for
 // all of them) and one split of the key range: workgroup (x, y) takes split x of
-// p.splits, and row block y of (batch, kv head, row block). Keys go in tiles of 64:
+// p.splits, and row block y of (batch, kv head, row block). Rows go in quads, four
+// rows as the components of a vec4 (DEC_QUADS = DEC_ROWS / 4), so no loop indexes a
+// private array by row (llvmpipe compiles such indexing into branch ladders). Keys go
+// in tiles of 64:
 //   1. scores: invocation t takes key tile0 + t and computes its dot products with the
 //      DEC_ROWS Q rows (in workgroup memory, read at the same address by every lane),
-//      masks them and stores them in `s_tile`, and the key's V row offset in `v_rows`;
-//   2. softmax: invocation r < DEC_ROWS raises row r's running maximum over the tile,
-//      turns its 64 scores into probabilities and rescales its running sum;
+//      masks them and stores each quad's four scores in `s_tile`, and the key's V row
+//      offset in `v_rows`;
+//   2. softmax: invocation q < DEC_QUADS raises quad q's running maxima over the tile,
+//      turns its 64 score quads into probabilities and rescales its running sums;
 //   3. values: invocation t owns output columns t, t + 64, t + 128, t + 192 of every
-//      row, rescales them and adds the tile's probabilities times V (lanes read
-//      consecutive V elements).
+//      row, as one vec4 per quad; per column it rescales them and adds the tile's
+//      probabilities times V (lanes read consecutive V elements).
 // Each split writes its rows normalised, with their log-sum-exp, to `scores` (as
 // partials: [splits][B*Hq*Lq][Dv], then [splits][B*Hq*Lq]); `decode_combine` merges the
 // splits into the output and the lse. Splits outside a row block's visible keys
@@ -26,9 +30,11 @@ const DEC_MAX_VEC4: u32 = 64u; // head dims up to 256
 const DEC_MAX_COLS: u32 = 4u; // Dv up to 256 = 4 x 64 lanes
 
 var<workgroup> q_tile: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>; // pre-scaled Q rows
-var<workgroup> s_tile: array<vec4<f32>, DEC_ROWS * DEC_TILE / 4u>; // scores, then probabilities
-var<workgroup> row_alpha: array<f32, DEC_ROWS>;
-var<workgroup> row_inv: array<f32, DEC_ROWS>;
+const DEC_QUADS: u32 = DEC_ROWS / 4u;
+// Per quad, per tile key: the quad's four scores, then probabilities.
+var<workgroup> s_tile: array<vec4<f32>, DEC_QUADS * DEC_TILE>;
+var<workgroup> quad_alpha: array<vec4<f32>, DEC_QUADS>;
+var<workgroup> quad_inv: array<vec4<f32>, DEC_QUADS>;
 // Offset of each tile key's V row, found once by the key's own lane (a paged cache
 // reads it through the block table) and read by all lanes in the values step.
 var<workgroup> v_rows: array<u32, DEC_TILE>;
@@ -57,6 +63,29 @@ fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
     let h = hk * group + xc / p.len_q;
     let i = xc % p.len_q;
     return DecodeRow(x < n, h, i, key_start(b, i), select(0u, key_end(b, i), x < n));
+}
+
+// Quad `qd`'s four scaled scores `raw` for key j, masked: rows past the block, keys
+// outside a row's visible range or this split, and every mask rule.
+fn mask_quad(b: u32, hk: u32, block: u32, qd: u32, j: u32, split_stop: u32, raw: vec4<f32>) -> vec4<f32> {
+    var in_range = vec4<bool>(false);
+    var words = vec4<u32>(1u);
+    var heads = vec4<u32>(0u);
+    var rows = vec4<u32>(0u);
+    let jc = min(j, p.len_k - 1u);
+    for (var c = 0u; c < 4u; c++) {
+        let row = decode_row(b, hk, block, qd * 4u + c);
+        in_range[c] = j >= row.start && j < min(row.end, split_stop);
+        words[c] = mask_word(b, row.h, row.i, jc);
+        heads[c] = row.h;
+        rows[c] = row.i;
+    }
+    return apply_masks(raw, b, heads, rows, vec4<u32>(j), in_range, words);
+}
+
+// Row r's Q elements t*4 .. t*4+3 from the workgroup tile, as a dot product with kv.
+fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
+    return dot(q_tile[r * DEC_MAX_VEC4 + t], kv);
 }
 
 @compute @workgroup_size(64)
@@ -104,117 +133,112 @@ fn decode_split(
     let split_begin = max(split * per_split, block_start / 4u * 4u);
     workgroupBarrier();
 
-    // Invocation r < DEC_ROWS keeps row r's running state.
-    var row_max = neg_inf();
-    var row_sum = 0.0;
-    var acc: array<array<f32, 4>, DEC_ROWS>;
-    for (var r = 0u; r < DEC_ROWS; r++) {
-        for (var c = 0u; c < DEC_MAX_COLS; c++) {
-            acc[r][c] = 0.0;
-        }
+    // Invocation q < DEC_QUADS keeps quad q's running maxima and sums; every invocation
+    // its columns' accumulators, quad 0 in acc0 and quad 1 (8-row blocks) in acc1.
+    var quad_max = vec4<f32>(neg_inf());
+    var quad_sum = vec4<f32>(0.0);
+    var acc0: array<vec4<f32>, DEC_MAX_COLS>;
+    var acc1: array<vec4<f32>, DEC_MAX_COLS>;
+    for (var c = 0u; c < DEC_MAX_COLS; c++) {
+        acc0[c] = vec4<f32>(0.0);
+        acc1[c] = vec4<f32>(0.0);
     }
     let k_base = b * p.k_stride_b + hk * p.k_stride_h;
     let v_base = b * p.v_stride_b + hk * p.v_stride_h;
     let last_k = p.len_k - 1u;
 
     for (var tile0 = split_begin; tile0 < split_stop; tile0 += DEC_TILE) {
-        // 1. Scores of key tile0 + lid against the DEC_ROWS rows.
+        // 1. Scores of key tile0 + lid against the block's rows, a quad at a time.
         let j = tile0 + lid;
         let k_row = k_base + kv_offset(true, b, min(j, last_k));
         v_rows[lid] = v_base + kv_offset(false, b, min(j, last_k));
-        var raw: array<f32, DEC_ROWS>;
-        for (var r = 0u; r < DEC_ROWS; r++) {
-            raw[r] = 0.0;
-        }
+        var raw0 = vec4<f32>(0.0);
+        var raw1 = vec4<f32>(0.0);
         for (var t = 0u; t < d4; t++) {
             let kv = load4(true, k_row, t, p.head_dim);
-            for (var r = 0u; r < DEC_ROWS; r++) {
-                raw[r] += dot(q_tile[r * DEC_MAX_VEC4 + t], kv);
+            raw0 += vec4<f32>(q_dot(0u, t, kv), q_dot(1u, t, kv), q_dot(2u, t, kv), q_dot(3u, t, kv));
+            if DEC_QUADS > 1u {
+                raw1 += vec4<f32>(q_dot(4u, t, kv), q_dot(5u, t, kv), q_dot(6u, t, kv), q_dot(7u, t, kv));
             }
         }
-        for (var r4 = 0u; r4 < DEC_ROWS; r4 += 4u) {
-            var in_range = vec4<bool>(false);
-            var words = vec4<u32>(1u);
-            var heads = vec4<u32>(0u);
-            var rows = vec4<u32>(0u);
-            for (var c = 0u; c < 4u; c++) {
-                let row = decode_row(b, hk, block, r4 + c);
-                in_range[c] = j >= row.start && j < min(row.end, split_stop);
-                words[c] = mask_word(b, row.h, row.i, min(j, last_k));
-                heads[c] = row.h;
-                rows[c] = row.i;
-            }
-            let scaled = vec4<f32>(raw[r4], raw[r4 + 1u], raw[r4 + 2u], raw[r4 + 3u]);
-            let masked = apply_masks(scaled, b, heads, rows, vec4<u32>(j), in_range, words);
-            for (var c = 0u; c < 4u; c++) {
-                s_tile[(r4 + c) * (DEC_TILE / 4u) + lid / 4u][lid % 4u] = masked[c];
-            }
+        s_tile[lid] = mask_quad(b, hk, block, 0u, j, split_stop, raw0);
+        if DEC_QUADS > 1u {
+            s_tile[DEC_TILE + lid] = mask_quad(b, hk, block, 1u, j, split_stop, raw1);
         }
         workgroupBarrier();
 
-        // 2. Row r's online-softmax step over the tile.
-        if lid < DEC_ROWS {
+        // 2. Quad lid's online-softmax step over the tile, four rows at once.
+        if lid < DEC_QUADS {
+            let base = lid * DEC_TILE;
             var tile_max = vec4<f32>(neg_inf());
-            for (var x = 0u; x < DEC_TILE / 4u; x++) {
-                tile_max = max(tile_max, s_tile[lid * (DEC_TILE / 4u) + x]);
+            for (var x = 0u; x < DEC_TILE; x++) {
+                tile_max = max(tile_max, s_tile[base + x]);
             }
-            let new_max = max(row_max, max(max(tile_max.x, tile_max.y), max(tile_max.z, tile_max.w)));
-            let alpha = softmax_rescale(vec4<f32>(row_max), vec4<f32>(new_max)).x;
+            let new_max = max(quad_max, tile_max);
+            let alpha = softmax_rescale(quad_max, new_max);
             var sum4 = vec4<f32>(0.0);
-            for (var x = 0u; x < DEC_TILE / 4u; x++) {
-                let pr = softmax_probs(s_tile[lid * (DEC_TILE / 4u) + x], vec4<f32>(new_max));
-                s_tile[lid * (DEC_TILE / 4u) + x] = pr;
+            for (var x = 0u; x < DEC_TILE; x++) {
+                let pr = softmax_probs(s_tile[base + x], new_max);
+                s_tile[base + x] = pr;
                 sum4 += pr;
             }
-            row_sum = row_sum * alpha + (sum4.x + sum4.y) + (sum4.z + sum4.w);
-            row_max = new_max;
-            row_alpha[lid] = alpha;
+            quad_sum = quad_sum * alpha + sum4;
+            quad_max = new_max;
+            quad_alpha[lid] = alpha;
         }
         workgroupBarrier();
 
         // 3. Columns lid + 64 c of every row: rescale, then add P V over the tile.
-        for (var r = 0u; r < DEC_ROWS; r++) {
-            let alpha = row_alpha[r];
-            for (var c = 0u; c < DEC_MAX_COLS; c++) {
-                acc[r][c] *= alpha;
-            }
-        }
         let tile_len = min(DEC_TILE, split_stop - tile0);
-        for (var jj = 0u; jj < tile_len; jj++) {
-            let v_row = v_rows[jj];
-            for (var c = 0u; c < DEC_MAX_COLS; c++) {
-                let col = lid + c * DEC_LANES;
-                if col < p.head_dim_v {
-                    let vv = f32(v[v_row + col]);
-                    for (var r = 0u; r < DEC_ROWS; r++) {
-                        acc[r][c] += s_tile[r * (DEC_TILE / 4u) + jj / 4u][jj % 4u] * vv;
-                    }
+        let alpha0 = quad_alpha[0];
+        let alpha1 = quad_alpha[DEC_QUADS - 1u];
+        for (var c = 0u; c < DEC_MAX_COLS; c++) {
+            let col = lid + c * DEC_LANES;
+            if col >= p.head_dim_v {
+                break;
+            }
+            var o0 = acc0[c] * alpha0;
+            var o1 = acc1[c] * alpha1;
+            for (var jj = 0u; jj < tile_len; jj++) {
+                let vv = f32(v[v_rows[jj] + col]);
+                o0 += s_tile[jj] * vv;
+                if DEC_QUADS > 1u {
+                    o1 += s_tile[DEC_TILE + jj] * vv;
                 }
             }
+            acc0[c] = o0;
+            acc1[c] = o1;
         }
         workgroupBarrier();
     }
 
     // Partials: rows normalised, with their log-sum-exp over this split's keys.
     let lse_base = splits * n_rows * p.head_dim_v;
-    if lid < DEC_ROWS {
-        row_inv[lid] = row_inv_sum(row_sum);
-        let row = decode_row(b, hk, block, lid);
-        if row.valid {
-            let g = (b * p.heads_q + row.h) * p.len_q + row.i;
-            scores[lse_base + split * n_rows + g] = row_lse(row_max, row_sum);
+    if lid < DEC_QUADS {
+        let sums = quad_sum;
+        quad_inv[lid] = vec4<f32>(row_inv_sum(sums.x), row_inv_sum(sums.y), row_inv_sum(sums.z), row_inv_sum(sums.w));
+        for (var c = 0u; c < 4u; c++) {
+            let row = decode_row(b, hk, block, lid * 4u + c);
+            if row.valid {
+                let g = (b * p.heads_q + row.h) * p.len_q + row.i;
+                scores[lse_base + split * n_rows + g] = row_lse(quad_max[c], quad_sum[c]);
+            }
         }
     }
     workgroupBarrier();
-    for (var r = 0u; r < DEC_ROWS; r++) {
-        let row = decode_row(b, hk, block, r);
-        if row.valid {
-            let g = (b * p.heads_q + row.h) * p.len_q + row.i;
-            let o_base = (split * n_rows + g) * p.head_dim_v;
-            for (var c = 0u; c < DEC_MAX_COLS; c++) {
-                let col = lid + c * DEC_LANES;
-                if col < p.head_dim_v {
-                    scores[o_base + col] = acc[r][c] * row_inv[r];
+    for (var qd = 0u; qd < DEC_QUADS; qd++) {
+        let inv = quad_inv[qd];
+        for (var c = 0u; c < DEC_MAX_COLS; c++) {
+            let col = lid + c * DEC_LANES;
+            if col >= p.head_dim_v {
+                break;
+            }
+            let o = select(acc0[c], acc1[c], qd == 1u) * inv;
+            for (var r = 0u; r < 4u; r++) {
+                let row = decode_row(b, hk, block, qd * 4u + r);
+                if row.valid {
+                    let g = (b * p.heads_q + row.h) * p.len_q + row.i;
+                    scores[(split * n_rows + g) * p.head_dim_v + col] = o[r];
                 }
             }
         }

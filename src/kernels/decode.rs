@@ -105,17 +105,19 @@ pub fn row_blocks(s: &AttentionShape) -> usize {
     (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(split_variant_for(s).rows)
 }
 
-/// Loop iterations of one invocation walking `keys` keys (every loop counted, the
-/// constant-trip ones too), for the 8-row variant (the 4-row one needs fewer): per
-/// tile the 8-row score loop over the head dim (with load4's 4-trip tail), the mask
-/// loops, the row's softmax passes, the rescale and the P·V loop over 64 keys × 4
-/// column slots × 8 rows; around it the Q load, the block end, the accumulator clear
-/// and the stores.
+/// Loop iterations of one invocation walking `keys` keys (every loop counted with its
+/// exit check, the constant-trip ones too), for the 8-row variant (the 4-row one needs
+/// fewer). Per tile: the tile loop; the score loop over the head dim (with load4's
+/// 4-trip tail); the two quads' mask loops; the quad's two softmax passes over 64 keys;
+/// the P·V loop over 4 column slots of 64 keys. Around it: the Q load (with qload4's
+/// tail), the block bounds, the accumulator clear, the log-sum-exp loop and the stores
+/// (2 quads × 4 column slots × 4 rows).
 pub fn iterations(s: &AttentionShape, keys: usize) -> u64 {
     let d4 = (s.head_dim as u64).div_ceil(4);
     let tiles = (keys as u64).div_ceil(TILE as u64);
-    let per_tile = 8 + d4 * (1 + 8 + 4) + 2 * (1 + 4) + 8 + 2 * 16 + 8 * (1 + 4) + TILE as u64 * (1 + 4 * (1 + 8)) + 4;
-    let around = 8 + 8 + 8 * (1 + 4) + 8 + 8 * (1 + 4) + 16;
+    let tile = TILE as u64;
+    let per_tile = 1 + (d4 * (1 + 4) + 1) + 2 * (4 + 1) + 2 * (tile + 1) + (4 + 4 * (tile + 1) + 1);
+    let around = (8 * (1 + 5) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + (2 * (4 * (1 + 5) + 1) + 1) + 1;
     tiles * per_tile + around
 }
 
