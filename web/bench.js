@@ -2,9 +2,8 @@
 // are the same) timed in the browser, one row per (problem, kernel), written as the native
 // `bench --json` schema. `?suite=quick&kernels=fused,materialized&reps=3&run=1` starts a
 // run at once (a kernel may name a tiling: `fused/shared`)
-// and reports it (report.js), for web/headless.py.
-import init, { AttentionContext } from './pkg/wgpu_attention_web.js';
-import { report } from './report.js';
+// and reports it (page.js), for web/headless.py.
+import { fail, openContext, report } from './page.js';
 
 const $ = (id) => document.getElementById(id);
 const SCHEMA = 'wgpu-attention-bench/1';
@@ -90,11 +89,7 @@ async function run(ctx, adapter, suite, kernels, reps) {
 }
 
 async function main() {
-  if (!navigator.gpu) throw new Error('this browser has no WebGPU (navigator.gpu is missing)');
-  await init();
-  const ctx = await AttentionContext.create();
-  const adapter = JSON.parse(ctx.info());
-  $('adapter').textContent = JSON.stringify(adapter, null, 1);
+  const { ctx, adapter } = await openContext();
   const params = new URLSearchParams(location.search);
   for (const key of ['suite', 'kernels', 'reps']) {
     if (!params.has(key)) continue;
@@ -119,12 +114,6 @@ async function main() {
     start().catch(fail);
   });
   if (params.get('run') === '1') await report(await start());
-}
-
-async function fail(e) {
-  $('summary').textContent = `error: ${e.message ?? e}`;
-  $('summary').className = 'error';
-  await report({ error: String(e.message ?? e) });
 }
 
 main().catch(fail);

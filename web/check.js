@@ -1,8 +1,7 @@
 // The check page: runs the check grid case by case, then the JavaScript API's cases
-// (api_cases.js), shows each row, and reports the whole run (report.js).
-import init, { AttentionContext } from './pkg/wgpu_attention_web.js';
+// (api_cases.js), shows each row, and reports the whole run (page.js).
 import { API_CASES, runApiCase, within } from './api_cases.js';
-import { report } from './report.js';
+import { fail, openContext, report } from './page.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -24,11 +23,7 @@ function show(c) {
 }
 
 async function main() {
-  if (!navigator.gpu) throw new Error('this browser has no WebGPU (navigator.gpu is missing)');
-  await init();
-  const ctx = await AttentionContext.create();
-  const adapter = JSON.parse(ctx.info());
-  $('adapter').textContent = JSON.stringify(adapter, null, 1);
+  const { ctx, adapter } = await openContext();
   const n = ctx.checkCount() + API_CASES.length;
   const cases = [];
   const started = performance.now();
@@ -48,8 +43,4 @@ async function main() {
   await report({ adapter, passed, failed, skipped, seconds, cases });
 }
 
-main().catch(async (e) => {
-  $('summary').textContent = `error: ${e.message ?? e}`;
-  $('summary').className = 'error';
-  await report({ error: String(e.message ?? e) });
-});
+main().catch(fail);

@@ -1,8 +1,7 @@
 // The demo page: seed 003's padded sentences through one multi-head attention layer
 // (the library's sentence_example, as the native `demo` runs it), drawn as per-head
 // heatmaps by the library's own renderer, checked against the CPU reference.
-import init, { AttentionContext } from './pkg/wgpu_attention_web.js';
-import { report } from './report.js';
+import { fail, openContext, report } from './page.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -18,10 +17,7 @@ function draw({ width, height, rgba }, caption) {
 }
 
 async function main() {
-  if (!navigator.gpu) throw new Error('this browser has no WebGPU (navigator.gpu is missing)');
-  await init();
-  const ctx = await AttentionContext.create();
-  const adapter = JSON.parse(ctx.info());
+  const { ctx, adapter } = await openContext();
   const r = await ctx.sentenceExample();
   r.images.forEach((image, b) => draw(image, `sentence ${b}: ${r.sentences[b].join(' ')}`));
   const verdict = r.passed ? 'agrees with the CPU reference' : 'DOES NOT agree with the CPU reference';
@@ -34,8 +30,4 @@ async function main() {
   await report({ adapter, ...summary, image_sizes: images.map((i) => [i.width, i.height]) });
 }
 
-main().catch(async (e) => {
-  $('summary').textContent = `error: ${e.message ?? e}`;
-  $('summary').className = 'error';
-  await report({ error: String(e.message ?? e) });
-});
+main().catch(fail);

@@ -176,7 +176,8 @@ def main():
         with open(report) as f:
             result = json.load(f)
         adapter = result.get("adapter") or result.get("runs", [{}])[0].get("adapter", {})
-        print(f"headless: {args.page} on {adapter.get('name', '?')} reported in {time.time() - started:.1f} s")
+        name = adapter.get("name") or f"an unnamed {adapter.get('device_type', '?')} adapter"
+        print(f"headless: {args.page} on {name} reported in {time.time() - started:.1f} s")
         problem = verdict(args.page, result, args.native)
         if problem:
             sys.exit(f"headless: {args.page}: {problem}")
