@@ -70,6 +70,40 @@ pub async fn sdpa_async(
     ctx.scoped_async("attention", || sdpa(ctx, q, k, v, options)).await
 }
 
+/// [`sdpa_async`] with the output read back in the same submission: one submission
+/// and one wait per call, where `sdpa` then [`Tensor::to_f32_vec_async`] take two (a
+/// decode loop's every token). Returns the outputs and `out`'s elements as f32, in its
+/// memory order (as `to_f32_vec` gives them).
+pub async fn sdpa_read_async(
+    ctx: &Context,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<(AttentionOutput, Vec<f32>)> {
+    let (out, bytes) = ctx
+        .record_and_read_async(
+            "attention",
+            |encoder| encode_sdpa(ctx, encoder, q, k, v, options),
+            |out: &AttentionOutput| (out.out.buffer().clone(), out.out.byte_len()),
+        )
+        .await?;
+    let values = out.out.values_of(&bytes);
+    Ok((out, values))
+}
+
+/// [`sdpa_read_async`], blocking. Native targets only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn sdpa_read(
+    ctx: &Context,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    options: &AttentionOptions,
+) -> Result<(AttentionOutput, Vec<f32>)> {
+    pollster::block_on(sdpa_read_async(ctx, q, k, v, options))
+}
+
 /// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is
 /// submitted, which [`Context::submit`] does with any GPU error in the recorded work
 /// returned (wgpu validates much of a recording only when it is finished).

@@ -787,23 +787,45 @@ impl Context {
     /// the pool (returned to it once unmapped); natively waits for exactly the copy's
     /// submission.
     pub(crate) async fn read_buffer_async(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-        let padded = bytes.max(4).div_ceil(4) * 4;
-        let class = staging::class_of(padded);
-        let staging = match self.staging.take(class) {
-            Some(b) => b,
-            None => self.create_buffer(
-                "wgpu-attention readback",
-                class,
-                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            )?,
-        };
-        let submitted = self
-            .scoped_async("readback copy", || {
+        let ((), data) = self
+            .record_and_read_async("readback copy", |_| Ok(()), |()| (buffer.clone(), bytes))
+            .await?;
+        Ok(data)
+    }
+
+    /// Records work with `record`, then a copy of the first bytes of the buffer `read`
+    /// names in its result, and submits both as one: one submission and one wait,
+    /// where submitting and then reading back take two (issue 17 §5).
+    pub(crate) async fn record_and_read_async<T>(
+        &self,
+        during: &str,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
+        read: impl FnOnce(&T) -> (wgpu::Buffer, u64),
+    ) -> Result<(T, Vec<u8>)> {
+        let mut staged = None;
+        let out = self
+            .scoped_async(during, || {
                 let mut encoder = self.device.create_command_encoder(&Default::default());
-                encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, padded);
-                Ok(self.queue.submit([encoder.finish()]))
+                let out = record(&mut encoder)?;
+                let (buffer, bytes) = read(&out);
+                let padded = bytes.max(4).div_ceil(4) * 4;
+                let class = staging::class_of(padded);
+                let staging = match self.staging.take(class) {
+                    Some(b) => b,
+                    None => self.create_buffer(
+                        "wgpu-attention readback",
+                        class,
+                        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    )?,
+                };
+                encoder.copy_buffer_to_buffer(&buffer, 0, &staging, 0, padded);
+                let submitted = self.queue.submit([encoder.finish()]);
+                staged = Some((staging, padded, bytes, submitted));
+                Ok(out)
             })
             .await?;
+        let (staging, padded, bytes, submitted) =
+            staged.ok_or_else(|| Error::Readback("nothing was staged for reading".into()))?;
         let (tx, rx) = crate::wait::oneshot();
         staging
             .slice(..padded)
@@ -821,7 +843,7 @@ impl Context {
         rx.await
             .ok_or_else(|| Error::Readback("the mapping callback was dropped".into()))?
             .map_err(|e| Error::Readback(e.to_string()))?;
-        let bytes_out = {
+        let data = {
             let view = staging
                 .slice(..padded)
                 .get_mapped_range()
@@ -830,7 +852,7 @@ impl Context {
         };
         staging.unmap();
         self.staging.give(staging);
-        Ok(bytes_out)
+        Ok((out, data))
     }
 
     /// Readback buffers the pool keeps now (for tests).

@@ -21,7 +21,7 @@
 //!
 //! Every function that waits on the GPU has an async form, the one implementation
 //! ([`Context::new_async`], [`Tensor::from_f32_async`], [`Tensor::from_f16_async`],
-//! [`sdpa_async`], [`Tensor::to_f32_vec_async`], [`MultiHeadAttention::forward_async`],
+//! [`sdpa_async`], [`sdpa_read_async`], [`Tensor::to_f32_vec_async`], [`MultiHeadAttention::forward_async`],
 //! [`check::run_case_async`], [`Context::finished_async`]); the blocking
 //! forms above run it with `pollster` and exist on native targets only. The library
 //! compiles for `wasm32-unknown-unknown`, where only the async forms wait.
@@ -51,8 +51,11 @@ mod staging;
 pub mod tensor;
 mod wait;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use attention::sdpa_read;
 pub use attention::{
-    encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_async, sdpa_paged, AttentionOutput, ResolvedKernel,
+    encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_async, sdpa_paged, sdpa_read_async, AttentionOutput,
+    ResolvedKernel,
 };
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::enumerate_adapters;

@@ -158,13 +158,18 @@ impl Tensor {
     pub async fn to_f32_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
         self.check_context(ctx, "tensor to read back")?;
         let bytes = ctx.read_buffer_async(&self.buffer, self.byte_len()).await?;
-        Ok(match self.dtype {
-            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
+        Ok(self.values_of(&bytes))
+    }
+
+    /// This tensor's elements as f32, from the bytes of its buffer.
+    pub(crate) fn values_of(&self, bytes: &[u8]) -> Vec<f32> {
+        match self.dtype {
+            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(bytes)
                 .into_iter()
                 .map(f16::to_f32)
                 .collect(),
-        })
+        }
     }
 
     /// Refuses a tensor made by another context: wgpu does not catch the mix (each

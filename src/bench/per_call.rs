@@ -23,6 +23,8 @@ pub struct PerCall {
     pub record_submit: Duration,
     /// `sdpa` and reading the output back (the GPU work finished and mapped).
     pub round_trip: Duration,
+    /// The same through `sdpa_read`: one submission and one wait.
+    pub one_submission: Duration,
 }
 
 /// Times `calls` calls of each path after 20 untimed ones (pipelines compiled, pools
@@ -41,6 +43,7 @@ pub fn measure(ctx: &Context, calls: usize) -> Result<Vec<PerCall>> {
         }
         let mut submit = Vec::with_capacity(calls);
         let mut trip = Vec::with_capacity(calls);
+        let mut one = Vec::with_capacity(calls);
         for _ in 0..calls.max(1) {
             let start = Instant::now();
             let out = crate::sdpa(ctx, &q, &k, &v, &options)?;
@@ -49,12 +52,16 @@ pub fn measure(ctx: &Context, calls: usize) -> Result<Vec<PerCall>> {
             let start = Instant::now();
             crate::sdpa(ctx, &q, &k, &v, &options)?.out.to_f32_vec(ctx)?;
             trip.push(start.elapsed());
+            let start = Instant::now();
+            crate::sdpa_read(ctx, &q, &k, &v, &options)?;
+            one.push(start.elapsed());
             drop(out);
         }
         rows.push(PerCall {
             kernel: name,
             record_submit: median(submit),
             round_trip: median(trip),
+            one_submission: median(one),
         });
     }
     Ok(rows)

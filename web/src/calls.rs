@@ -7,8 +7,8 @@ use half::f16;
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::options::key_mask_from_tokens;
 use wgpu_attention::{
-    sdpa_async, AttentionOptions, Context, DType, Error, HeadWeights, Inputs, Layout, MhaOptions, MultiHeadAttention,
-    Result, Tensor,
+    sdpa_read_async, AttentionOptions, Context, DType, Error, HeadWeights, Inputs, Layout, MhaOptions,
+    MultiHeadAttention, Result, Tensor,
 };
 
 /// Largest size or count a request may give (what u32 index math can address).
@@ -40,8 +40,8 @@ pub async fn attention(ctx: &Context, request: Request) -> Result<Output> {
     let qt = upload(ctx, "q", [b, hq, lq, d], q).await?;
     let kt = upload(ctx, "k", [b, hkv, lk, d], k).await?;
     let vt = upload(ctx, "v", [b, hkv, lk, dv], v).await?;
-    let result = sdpa_async(ctx, &qt, &kt, &vt, &options).await?;
-    let values = result.out.to_f32_vec_async(ctx).await?;
+    // The output comes back in the attention's own submission.
+    let (result, values) = sdpa_read_async(ctx, &qt, &kt, &vt, &options).await?;
     let out = match result.out.dtype() {
         DType::F32 => Data::F32(values),
         // Exact: the values were f16 on the GPU.
