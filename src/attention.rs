@@ -4,6 +4,7 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
+use crate::kernels::mean_heads::encode_accumulate_heads;
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
 use crate::kernels::{decode, loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
@@ -319,10 +320,14 @@ impl Plan {
                 });
             }
         }
-        let weights_bytes = 4 * shape.weights_shape().iter().product::<usize>() as u64;
+        let weights_bytes = 4 * weights_shape(&shape, options).iter().product::<usize>() as u64;
         if options.need_weights && weights_bytes > caps.max_buffer {
             return Err(Error::LimitExceeded {
-                what: "the attention weights [B, Hq, Lq, Lk] f32".into(),
+                what: if options.average_weights {
+                    "the averaged attention weights [B, 1, Lq, Lk] f32".into()
+                } else {
+                    "the attention weights [B, Hq, Lq, Lk] f32".into()
+                },
                 limit: "max_buffer_size",
                 unit: "bytes",
                 requested: weights_bytes,
@@ -342,11 +347,19 @@ impl Plan {
             });
         }
         let max_groups = caps.max_workgroups_per_dim as usize;
+        // Averaged weights: chunks of at most B heads, so the chunk is no larger than
+        // the averaged weights themselves and the per-head weights are never whole.
+        let average_chunk = if options.need_weights && options.average_weights {
+            shape.batch
+        } else {
+            usize::MAX
+        };
         let heads_per_chunk = if needs_scores {
             ((chunk_limit / per_head) as usize).min(max_groups)
         } else {
             max_groups
         }
+        .min(average_chunk)
         .min(shape.batch_heads())
         .max(1);
         let widest = shape.len_q.max(shape.len_k).div_ceil(qk_scores::TILE);
@@ -461,7 +474,7 @@ impl Plan {
         let out = Tensor::empty(ctx, s.out_shape(), self.out_layout, self.dtype)?;
         let lse = Tensor::empty(ctx, [s.batch, s.heads_q, s.len_q, 1], Layout::Bhsd, DType::F32)?;
         let weights = if options.need_weights {
-            Some(Tensor::empty(ctx, s.weights_shape(), Layout::Bhsd, DType::F32)?)
+            Some(Tensor::empty(ctx, weights_shape(s, options), Layout::Bhsd, DType::F32)?)
         } else {
             None
         };
@@ -575,10 +588,21 @@ impl Plan {
                     }
                 }
             }
-            if let Some(w) = &weights {
-                let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
-                let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
-                encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
+            match &weights {
+                Some(w) if options.average_weights => encode_accumulate_heads(
+                    ctx,
+                    encoder,
+                    &scores,
+                    w.buffer(),
+                    [s.heads_q, s.len_q * s.len_k],
+                    (bh_start, bh_count),
+                )?,
+                Some(w) => {
+                    let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
+                    let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
+                    encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
+                }
+                None => {}
             }
             bh_start += bh_count;
         }
@@ -588,6 +612,12 @@ impl Plan {
             lse: options.need_lse.then_some(lse),
         })
     }
+}
+
+/// The weights a call returns: `[B, Hq, Lq, Lk]`, or `[B, 1, Lq, Lk]` averaged.
+fn weights_shape(s: &AttentionShape, options: &AttentionOptions) -> [usize; 4] {
+    let [b, h, lq, lk] = s.weights_shape();
+    [b, if options.average_weights { 1 } else { h }, lq, lk]
 }
 
 /// Keys one fused dispatch may walk: all of them, except under a loop cap (Mesa 22's

@@ -282,8 +282,13 @@ pub fn describe(case: &CheckCase) -> String {
     if let Some(cap) = case.options.softcap {
         masks.push(format!("softcap {cap:.2}"));
     }
+    let weights = match (case.options.need_weights, case.options.average_weights) {
+        (false, _) => "",
+        (true, false) => ", weights",
+        (true, true) => ", averaged weights",
+    };
     format!(
-        "B{} Hq{} Hkv{} Lq{} Lk{} D{} Dv{} {:?} {}",
+        "B{} Hq{} Hkv{} Lq{} Lk{} D{} Dv{} {:?} {}{weights}",
         s.batch,
         s.heads_q,
         s.heads_kv,
@@ -559,7 +564,8 @@ pub fn standard_grid(seed: u64) -> Vec<CheckCase> {
                 window,
                 alibi_slopes,
                 softcap,
-                need_weights: n % 2 == 0,
+                need_weights: n % 2 == 0 || n == 3,
+                average_weights: n == 3 || n == 4,
                 ..Default::default()
             },
             dtype: DType::F32,

@@ -278,6 +278,10 @@ pub struct AttentionOptions {
     pub precision: Precision,
     /// Also return the attention weights `[B, Hq, Lq, Lk]` (f32, BHSD).
     pub need_weights: bool,
+    /// With `need_weights`: return them averaged over the query heads, `[B, 1, Lq, Lk]`
+    /// (PyTorch's `average_attn_weights=True`), summed chunk by chunk so the per-head
+    /// weights are never held whole.
+    pub average_weights: bool,
     /// Also return the log-sum-exp per row `[B, Hq, Lq]` (f32).
     pub need_lse: bool,
     /// Layout of the output; defaults to the layout of `q`.

@@ -10,7 +10,8 @@ use crate::problem::AttentionShape;
 pub struct ReferenceOutput {
     /// `[B, Hq, Lq, Dv]`.
     pub out: Vec<f64>,
-    /// `[B, Hq, Lq, Lk]`; zeros on masked positions and fully masked rows.
+    /// `[B, Hq, Lq, Lk]`, or `[B, 1, Lq, Lk]` with `average_weights` (the heads' sum
+    /// in head order, divided by Hq); zeros on masked positions and fully masked rows.
     pub weights: Vec<f64>,
     /// `[B, Hq, Lq]`; `-inf` for fully masked rows.
     pub lse: Vec<f64>,
@@ -156,6 +157,18 @@ pub fn attention<T: Copy + Into<f64>>(
                 }
             }
         }
+    }
+    if options.average_weights {
+        let plane = len_q * len_k;
+        weights = (0..batch * plane)
+            .map(|x| {
+                let (b, at) = (x / plane, x % plane);
+                (0..heads_q)
+                    .map(|h| weights[(b * heads_q + h) * plane + at])
+                    .sum::<f64>()
+                    / heads_q as f64
+            })
+            .collect();
     }
     Ok(ReferenceOutput {
         out,

@@ -33,10 +33,11 @@ fn run_matches_the_reference_with_masks_and_gqa() {
     write_npy(&dir.join("v.npy"), &[2, 2, 14, 6], &v);
     write_npy(&dir.join("lens.npy"), &[2], &[14i64, 10]);
     write_npy(&dir.join("mask.npy"), &[9, 14], &mask);
-    for kernel in ["fused", "materialized"] {
+    for (kernel, average) in [("fused", false), ("materialized", false), ("fused", true)] {
         let status = bin()
             .current_dir(&dir)
             .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"])
+            .args(average.then_some("--average-weights"))
             .args([
                 "--causal",
                 "bottom-right",
@@ -53,13 +54,14 @@ fn run_matches_the_reference_with_masks_and_gqa() {
             causal: Some(CausalAlignment::BottomRight),
             key_lengths: Some(vec![14, 10]),
             mask: Some(wgpu_attention::Mask::boolean(&[9, 14], mask.clone()).expect("mask")),
+            average_weights: average,
             ..Default::default()
         };
         let want = attention(&q, &k, &v, &s, &options).expect("reference");
         let (shape, out) = read_f32(&dir.join("o.npy"));
         assert_eq!(shape, vec![2, 4, 9, 6]);
         let (wshape, weights) = read_f32(&dir.join("w.npy"));
-        assert_eq!(wshape, vec![2, 4, 9, 14]);
+        assert_eq!(wshape, if average { vec![2, 9, 14] } else { vec![2, 4, 9, 14] });
         let (lshape, _) = read_f32(&dir.join("l.npy"));
         assert_eq!(lshape, vec![2, 4, 9]);
         use wgpu_attention::check::{ErrorStats, Tolerance};

@@ -110,6 +110,10 @@ pub struct RunArgs {
     /// Also write the attention weights [B, Hq, Lq, Lk].
     #[arg(long)]
     weights_out: Option<PathBuf>,
+    /// With --weights-out: the weights averaged over the query heads, [B, Lq, Lk]
+    /// (PyTorch's average_attn_weights=True), without holding every head's.
+    #[arg(long, requires = "weights_out")]
+    average_weights: bool,
     /// Also write the log-sum-exp per row [B, Hq, Lq].
     #[arg(long)]
     lse_out: Option<PathBuf>,
@@ -223,6 +227,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
         tiling: args.tiling,
         precision: args.precision,
         need_weights: args.weights_out.is_some(),
+        average_weights: args.average_weights,
         need_lse: args.lse_out.is_some(),
         ..args.masks.options(batch)?
     })
@@ -252,7 +257,13 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         npy::encode_f32(&layout.memory_shape(result.out.shape()), &result.out.to_f32_vec(&ctx)?)?,
     )];
     if let (Some(path), Some(w)) = (&args.weights_out, &result.weights) {
-        files.push((path.as_path(), npy::encode_f32(&w.shape(), &w.to_f32_vec(&ctx)?)?));
+        let [b, h, lq, lk] = w.shape();
+        let shape: &[usize] = if args.average_weights {
+            &[b, lq, lk]
+        } else {
+            &[b, h, lq, lk]
+        };
+        files.push((path.as_path(), npy::encode_f32(shape, &w.to_f32_vec(&ctx)?)?));
     }
     if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
         files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));

@@ -1,4 +1,6 @@
-//! `shaders/mean_heads.wgsl`: attention weights averaged over heads.
+//! `shaders/mean_heads.wgsl`: attention weights averaged over heads, accumulated one
+//! chunk of per-head weights at a time (the attention plan's score chunks), so the
+//! per-head weights `[B, H, Lq, Lk]` are never held whole.
 
 use super::{dispatch, groups_for, pipeline, Kernel};
 use crate::context::Context;
@@ -9,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 pub const KERNEL: Kernel = Kernel {
     file: "mean_heads.wgsl",
     source: include_str!("../../shaders/mean_heads.wgsl"),
-    entry: "mean_heads",
+    entry: "accumulate_heads",
     slots: &[],
     preludes: &[],
     variant: "",
@@ -21,37 +23,43 @@ pub const KERNEL: Kernel = Kernel {
 pub struct MeanParams {
     pub heads: u32,
     pub plane: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    pub bh_start: u32,
+    pub bh_count: u32,
 }
 
-/// Records `averaged[b, i] = mean_h per_head[b, h, i]` for f32 `[batch, heads, plane]`.
-pub fn encode_mean_heads(
+/// Records the addition of `chunk` (f32 per-head weights, planes `bh_start ..
+/// bh_start + bh_count` of the flattened `[batch, heads]` axis, `plane` elements each)
+/// to `averaged` (`[batch, plane]`): a batch element's first head starts its sum, its
+/// last divides it by `heads`. Chunks must come in order and cover every head.
+pub fn encode_accumulate_heads(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    per_head: &wgpu::Buffer,
+    chunk: &wgpu::Buffer,
     averaged: &wgpu::Buffer,
-    [batch, heads, plane]: [usize; 3],
+    [heads, plane]: [usize; 2],
+    (bh_start, bh_count): (usize, usize),
 ) -> Result<()> {
     let pipeline = pipeline(ctx, &KERNEL, DType::F32, &[])?;
     let params = MeanParams {
         heads: heads as u32,
         plane: plane as u32,
-        ..Default::default()
+        bh_start: bh_start as u32,
+        bh_count: bh_count as u32,
     };
     let params = ctx.create_buffer_init(
-        "mean heads params",
+        "head average params",
         bytemuck::bytes_of(&params),
         wgpu::BufferUsages::UNIFORM,
     )?;
     let max = ctx.capabilities().max_workgroups_per_dim;
-    let groups = [groups_for(plane, 64).min(max), batch as u32, 1];
+    let batches = (bh_start + bh_count).div_ceil(heads) - bh_start / heads;
+    let groups = [groups_for(plane, 64).min(max), batches as u32, 1];
     ctx.scoped("recording a head average", || {
         dispatch(
             ctx,
             encoder,
             &pipeline,
-            &[(0, &params), (1, per_head), (2, averaged)],
+            &[(0, &params), (1, chunk), (2, averaged)],
             groups,
         )
     })

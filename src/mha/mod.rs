@@ -20,7 +20,6 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::layer_norm::{encode_layer_norm, LayerNorm};
 use crate::kernels::matmul::{encode_linear, Linear, LinearTiling};
-use crate::kernels::mean_heads::encode_mean_heads;
 use crate::kernels::pack_rows::{PackedRows, RowSource, TextureShape};
 use crate::options::{AttentionOptions, Precision};
 use crate::tensor::{DType, Layout, Tensor};
@@ -204,22 +203,17 @@ impl MultiHeadAttention {
         let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused, precision)?;
         let attention = AttentionOptions {
             need_weights: options.weights != HeadWeights::None,
+            average_weights: options.weights == HeadWeights::Averaged,
             need_lse: false,
             output_layout: Some(Layout::Bshd),
             ..options.attention.clone()
         };
         let attended = encode_sdpa(ctx, encoder, &q, &k, &v, &attention)?;
         let out = self.encode_output(ctx, encoder, &attended.out, inputs.query(), precision)?;
-        let weights = match (options.weights, attended.weights) {
-            (HeadWeights::Averaged, Some(per_head)) => {
-                let [b, h, lq, lk] = per_head.shape();
-                let averaged = Tensor::empty(ctx, [b, 1, lq, lk], Layout::Bhsd, DType::F32)?;
-                encode_mean_heads(ctx, encoder, per_head.buffer(), averaged.buffer(), [b, h, lq * lk])?;
-                Some(averaged)
-            }
-            (_, weights) => weights,
-        };
-        Ok(MhaOutput { out, weights })
+        Ok(MhaOutput {
+            out,
+            weights: attended.weights,
+        })
     }
 
     /// Records the input projections and returns Q `[B, H, Lq, D]`, K and V

@@ -23,7 +23,7 @@ pub struct Output {
 }
 
 /// `attention({q, k, v, shape: [B, Hq, Hkv, Lq, Lk, D, Dv], causal, keyLengths, mask,
-/// maskShape, scale, kernel, tiling, returnWeights})` on BHSD data.
+/// maskShape, scale, kernel, tiling, returnWeights, averageWeights})` on BHSD data.
 pub async fn attention(ctx: &Context, request: Request) -> Result<Output> {
     let [b, hq, hkv, lq, lk, d, dv] = request.counts_exact("shape", MAX_COUNT, "[B, Hq, Hkv, Lq, Lk, D, Dv]")?;
     let (q, k, v) = (request.data("q")?, request.data("k")?, request.data("v")?);
@@ -34,7 +34,8 @@ pub async fn attention(ctx: &Context, request: Request) -> Result<Output> {
         scale: request.number("scale")?.map(|x| x as f32),
         kernel: request.kernel()?,
         tiling: request.tiling()?,
-        need_weights: request.flag("returnWeights")?,
+        need_weights: request.flag("returnWeights")? || request.flag("averageWeights")?,
+        average_weights: request.flag("averageWeights")?,
         ..Default::default()
     };
     let qt = upload(ctx, "q", [b, hq, lq, d], q).await?;

@@ -83,10 +83,11 @@ impl AttentionContext {
     /// `softmax(Q Kᵀ / sqrt(D) + masks) V` on BHSD data: `{q, k, v, shape: [B, Hq,
     /// Hkv, Lq, Lk, D, Dv], causal: "top-left" | "bottom-right", keyLengths, mask,
     /// maskShape, scale, kernel: "auto" | "fused" | "materialized" | "decode", tiling,
-    /// returnWeights}`. `q`, `k`, `v` are `Float32Array`s, or `Uint16Array`s of f16 bit
+    /// returnWeights, averageWeights}`. `q`, `k`, `v` are `Float32Array`s, or `Uint16Array`s of f16 bit
     /// patterns (adapters with `shader-f16`). Resolves to `{output, shape, weights,
     /// weightsShape}`: the output `[B, Hq, Lq, Dv]` in the inputs' type, and f32
-    /// weights `[B, Hq, Lq, Lk]` when `returnWeights` is true.
+    /// weights `[B, Hq, Lq, Lk]` when `returnWeights` is true (`[B, 1, Lq, Lk]`, their
+    /// mean over heads, with `averageWeights`).
     pub fn attention(&self, request: JsValue) -> js_sys::Promise {
         let ctx = self.ctx.clone();
         wasm_bindgen_futures::future_to_promise(async move {
