@@ -240,8 +240,11 @@ struct Plan {
     dtype: DType,
     kernel: ResolvedKernel,
     out_layout: Layout,
-    /// (batch, head) pairs per dispatch when a score chunk is needed.
+    /// (batch, head) pairs per score chunk (the materialized path, and every path's
+    /// weights).
     heads_per_chunk: usize,
+    /// (batch, head) pairs per fused dispatch.
+    attention_heads_per_chunk: usize,
     /// Keys one fused dispatch walks (all of them except under llvmpipe's loop cap).
     keys_per_dispatch: usize,
     needs_scores: bool,
@@ -309,6 +312,15 @@ impl Plan {
             ("decode partials", decode_split.map_or(0, |d| d.partial_bytes(&shape))),
             // f32 per row: larger than the output itself when Dv = 1 in f16.
             ("lse", 4 * (shape.batch_heads() * shape.len_q) as u64),
+            // Averaged weights are bound whole by each chunk's accumulation.
+            (
+                "averaged weights",
+                if options.need_weights && options.average_weights {
+                    4 * (shape.batch * shape.len_q * shape.len_k) as u64
+                } else {
+                    0
+                },
+            ),
         ] {
             if bytes > binding {
                 return Err(Error::LimitExceeded {
@@ -347,10 +359,11 @@ impl Plan {
             });
         }
         let max_groups = caps.max_workgroups_per_dim as usize;
-        // Averaged weights: chunks of at most B heads, so the chunk is no larger than
-        // the averaged weights themselves and the per-head weights are never whole.
+        // Averaged weights: score chunks of at most B heads, or of AVERAGE_CHUNK_BYTES
+        // where that holds more, so the per-head weights are never whole and the chunk is
+        // no larger than the average or that budget.
         let average_chunk = if options.need_weights && options.average_weights {
-            shape.batch
+            shape.batch.max((AVERAGE_CHUNK_BYTES / per_head.max(1)) as usize)
         } else {
             usize::MAX
         };
@@ -362,6 +375,9 @@ impl Plan {
         .min(average_chunk)
         .min(shape.batch_heads())
         .max(1);
+        // The fused kernels need no score chunk: as many heads per dispatch as the grid
+        // takes.
+        let attention_heads_per_chunk = max_groups.min(shape.batch_heads()).max(1);
         let widest = shape.len_q.max(shape.len_k).div_ceil(qk_scores::TILE);
         if widest > max_groups {
             return Err(Error::LimitExceeded {
@@ -378,6 +394,7 @@ impl Plan {
             kernel,
             out_layout: options.output_layout.unwrap_or(q.layout()),
             heads_per_chunk,
+            attention_heads_per_chunk,
             keys_per_dispatch,
             needs_scores,
             decode_split,
@@ -527,84 +544,81 @@ impl Plan {
         }
 
         let total = s.batch_heads();
-        let mut bh_start = 0;
-        while bh_start < total {
-            let bh_count = self.heads_per_chunk.min(total - bh_start);
+        let chunk_params = |bh_start: usize, bh_count: usize| -> Result<(AttentionParams, wgpu::Buffer)> {
             let params = AttentionParams {
                 bh_start: bh_start as u32,
                 bh_count: bh_count as u32,
                 ..base_params
             };
-            let params_buffer = ctx.create_buffer_init(
+            let buffer = ctx.create_buffer_init(
                 "attention params",
                 bytemuck::bytes_of(&params),
                 wgpu::BufferUsages::UNIFORM,
             )?;
-            let bindings = bind!(&params_buffer, &scores);
-            match self.kernel {
-                ResolvedKernel::Decode => {
-                    if weights.is_some() {
-                        // As for the fused path: the weights from the scores' own maximum.
-                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                        softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                    }
+            Ok((params, buffer))
+        };
+        // The fused attention over every head, in as few dispatches as the grid allows
+        // (it needs no score chunk).
+        if let ResolvedKernel::Fused(config) = self.kernel {
+            for (bh_start, bh_count) in chunks(total, self.attention_heads_per_chunk) {
+                let (params, params_buffer) = chunk_params(bh_start, bh_count)?;
+                let bindings = bind!(&params_buffer, &scores);
+                // Each key range resumes from the previous one's output and lse.
+                for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
+                    let range = AttentionParams {
+                        key_begin: key_begin as u32,
+                        key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
+                        ..params
+                    };
+                    let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
+                    let range_buffer = if whole {
+                        None
+                    } else {
+                        Some(ctx.create_buffer_init(
+                            "attention params (key range)",
+                            bytemuck::bytes_of(&range),
+                            wgpu::BufferUsages::UNIFORM,
+                        )?)
+                    };
+                    let range_bindings = AttentionBindings {
+                        params: range_buffer.as_ref().unwrap_or(&params_buffer),
+                        ..bindings
+                    };
+                    flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
                 }
-                ResolvedKernel::Materialized => {
-                    qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                    softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+            }
+        }
+        // Score chunks: the materialized attention, and the weights of every path.
+        if self.needs_scores {
+            for (bh_start, bh_count) in chunks(total, self.heads_per_chunk) {
+                let (params, params_buffer) = chunk_params(bh_start, bh_count)?;
+                let bindings = bind!(&params_buffer, &scores);
+                qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                // Weights from the fused and decode paths are made as the materialized
+                // path makes them: normalised against the maximum of the same f32 scores,
+                // exact at any logit scale (docs/design.md, "Attention weights"); the
+                // row's lse is then rewritten from those scores, consistent with them.
+                softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+                if self.kernel == ResolvedKernel::Materialized {
                     weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
                 }
-                ResolvedKernel::Fused(config) => {
-                    // Each key range resumes from the previous one's output and lse.
-                    for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
-                        let range = AttentionParams {
-                            key_begin: key_begin as u32,
-                            key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
-                            ..params
-                        };
-                        let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
-                        let range_buffer = if whole {
-                            None
-                        } else {
-                            Some(ctx.create_buffer_init(
-                                "attention params (key range)",
-                                bytemuck::bytes_of(&range),
-                                wgpu::BufferUsages::UNIFORM,
-                            )?)
-                        };
-                        let range_bindings = AttentionBindings {
-                            params: range_buffer.as_ref().unwrap_or(&params_buffer),
-                            ..bindings
-                        };
-                        flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
+                match &weights {
+                    Some(w) if options.average_weights => encode_accumulate_heads(
+                        ctx,
+                        encoder,
+                        &scores,
+                        w.buffer(),
+                        [s.heads_q, s.len_q * s.len_k],
+                        (bh_start, bh_count),
+                    )?,
+                    Some(w) => {
+                        let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
+                        let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
+                        encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
                     }
-                    if weights.is_some() {
-                        // Weights as the materialized path makes them: normalised against
-                        // the maximum of the same f32 scores, exact at any logit scale
-                        // (docs/design.md, "Attention weights"). The row's lse is then
-                        // rewritten from those scores, consistent with the weights.
-                        qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                        softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                    }
+                    None => {}
                 }
             }
-            match &weights {
-                Some(w) if options.average_weights => encode_accumulate_heads(
-                    ctx,
-                    encoder,
-                    &scores,
-                    w.buffer(),
-                    [s.heads_q, s.len_q * s.len_k],
-                    (bh_start, bh_count),
-                )?,
-                Some(w) => {
-                    let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
-                    let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
-                    encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
-                }
-                None => {}
-            }
-            bh_start += bh_count;
         }
         Ok(AttentionOutput {
             out,
@@ -612,6 +626,18 @@ impl Plan {
             lse: options.need_lse.then_some(lse),
         })
     }
+}
+
+/// Score-chunk budget for averaged weights: chunks of B heads, or as many heads as fit
+/// in this many bytes where that is more (a few dispatches rather than one per head).
+const AVERAGE_CHUNK_BYTES: u64 = 16 << 20;
+
+/// `(start, count)` of consecutive chunks of at most `size` covering `0 .. total`.
+fn chunks(total: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
+    let size = size.max(1);
+    (0..total)
+        .step_by(size)
+        .map(move |start| (start, size.min(total - start)))
 }
 
 /// The weights a call returns: `[B, Hq, Lq, Lk]`, or `[B, 1, Lq, Lk]` averaged.

@@ -1,6 +1,7 @@
 //! Attention weights averaged over heads (`AttentionOptions::average_weights`, PyTorch's
 //! `average_attn_weights=True`), summed chunk by chunk: against the reference, and bit
-//! for bit the head-order mean of the same call's per-head weights, on every kernel path
+//! for bit (on CPU drivers; within WGSL's division accuracy elsewhere) the head-order
+//! mean of the same call's per-head weights, on every kernel path
 //! and with chunks that cut a batch element's heads (B 2, Hq 3: chunks of 2 heads).
 
 mod common;
@@ -71,8 +72,12 @@ fn averaged_weights_are_the_head_order_mean_of_the_per_head_weights() {
             })
             .collect();
         let got = averaged.to_f32_vec(ctx).expect("read");
+        // CPU drivers divide as IEEE does, so the bits match; a GPU's f32 division may
+        // be off by up to 2.5 ULP (WGSL's accuracy for `/`).
+        let ulps = if ctx.is_cpu_adapter() { 0 } else { 3 };
+        let close = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs() <= ulps;
         assert!(
-            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()) && got.len() == want.len(),
+            got.len() == want.len() && got.iter().zip(&want).all(|(&a, &b)| close(a, b)),
             "{what}: not the head-order mean"
         );
     }
@@ -85,7 +90,8 @@ fn averaged_weights_never_hold_the_per_head_weights() {
     }
     // A context of its own, so that its allocation count is this call's alone.
     let ctx = wgpu_attention::Context::new().expect("a context");
-    let s = AttentionShape::new(1, 8, 8, 256, 256, 8, 8);
+    // Planes of 16 MiB: one head per score chunk (the chunk budget is B heads or 16 MiB).
+    let s = AttentionShape::new(1, 8, 8, 2048, 2048, 8, 8);
     let mut rng = Rng::new(3302);
     let upload = |h: usize, l: usize, d: usize, rng: &mut Rng| {
         let data = rng.vec(s.batch * h * l * d, -1.0, 1.0);
@@ -105,8 +111,8 @@ fn averaged_weights_never_hold_the_per_head_weights() {
         let before = ctx.allocated_bytes();
         let result = sdpa(&ctx, &q, &k, &v, &options).expect("averaged");
         let allocated = ctx.allocated_bytes() - before;
-        // The averaged weights and one chunk of B heads, a quarter of the per-head
-        // weights here, plus the output and small buffers.
+        // The averaged weights and one score chunk, a quarter of the per-head weights
+        // here, plus the output and small buffers.
         assert!(
             allocated < per_head_bytes / 2,
             "{kernel:?}: {allocated} bytes allocated, per-head weights are {per_head_bytes}"

@@ -336,11 +336,32 @@ fn a_dash_is_refused_where_stdout_carries_a_report() {
     }
 }
 
-/// A reader that closes standard output early (`wgpu-attention info | head`) ends the
-/// command with status 0 and no panic (Rust's `println!` panics on a closed pipe).
+/// A reader that closes standard output early (`wgpu-attention info | head`) stops the
+/// printing, not the command: no panic (Rust's `println!` panics on a closed pipe), the
+/// command's files are still written and its status is its own.
 #[test]
-fn a_closed_stdout_ends_the_command_quietly() {
-    for args in [&["info"][..], &["info", "--json"][..]] {
+fn a_closed_stdout_ends_the_printing_not_the_command() {
+    let dir = scratch("closed-stdout");
+    let report = dir.join("b.json");
+    let bench = [
+        "bench",
+        "--shape",
+        "1,1,1,8,8,8",
+        "--kernel",
+        "fused",
+        "--dtype",
+        "f32",
+        "--reps",
+        "1",
+        "--json",
+    ];
+    let bench: Vec<&str> = bench.iter().copied().chain(report.to_str()).collect();
+    let has_adapter = common::ctx().is_some();
+    let runs: Vec<&[&str]> = [&["info"][..], &["info", "--json"][..]]
+        .into_iter()
+        .chain(has_adapter.then_some(&bench[..]))
+        .collect();
+    for args in runs {
         let mut child = bin()
             .args(args)
             .stdout(std::process::Stdio::piped())
@@ -353,5 +374,9 @@ fn a_closed_stdout_ends_the_command_quietly() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+    if has_adapter {
+        let written = std::fs::read_to_string(&report).expect("the bench report was written");
+        assert!(written.contains("\"median_ms\""), "{written}");
     }
 }

@@ -2,7 +2,8 @@
 // reference computed here, f16 inputs, concurrent calls, refusals, mha() on PyTorch's
 // fixtures (tests/fixtures/torch_mha, served at /fixtures/), and one result compared with
 // the native build's output for the same fixture (served at /native/ when the native
-// run wrote it; web/check-headless.sh does). Each case resolves to a table row.
+// run wrote it: web/native-outputs.sh, served by web/headless.py --native). Each case
+// resolves to a table row.
 import { fetchNpy } from './npy.js';
 
 // How long one call may take before the case reports it (a Rust panic traps the module,

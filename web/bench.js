@@ -51,13 +51,19 @@ async function run(ctx, adapter, suite, kernels, reps) {
         mask, dtype: c.dtype, precision: 'highest', kernel };
       try {
         const problem = await ctx.benchProblem({ shape: c.shape, causal: c.causal, dtype: c.dtype, kernel: family, tiling });
-        const { first, samples } = await time(problem, reps);
+        const [name, flops, bytes] = [problem.kernel(), problem.flops(), problem.bytes()];
+        let timed;
+        try {
+          timed = await time(problem, reps);
+        } finally {
+          problem.free();
+        }
+        const { first, samples } = timed;
         const med = median(samples);
-        const r = { ...base, kernel: problem.kernel(), flops: problem.flops(), compulsory_bytes: problem.bytes(),
+        const r = { ...base, kernel: name, flops, compulsory_bytes: bytes,
           status: 'measured', clock: 'wall-clock', reps, first_ms: first, median_ms: med,
           min_ms: Math.min(...samples), max_ms: Math.max(...samples),
-          gflops: problem.flops() / med / 1e6, gbps: problem.bytes() / med / 1e6 };
-        problem.free();
+          gflops: flops / med / 1e6, gbps: bytes / med / 1e6 };
         rows.push(r);
         row([label, r.kernel, first.toFixed(1), med.toFixed(2), r.min_ms.toFixed(2), r.gflops.toFixed(2),
           r.gbps.toFixed(2)]);

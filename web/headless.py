@@ -83,6 +83,13 @@ class DevTools:
             f.write(base64.b64decode(shot["data"]))
 
 
+def free_port():
+    """A loopback port nothing listens on now (two runs at once must not collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for_port(port, seconds=10):
     deadline = time.time() + seconds
     while time.time() < deadline:
@@ -126,9 +133,11 @@ def main():
     parser.add_argument("--report", required=True, help="where the page's JSON report goes")
     parser.add_argument("--screenshot", help="save a PNG of the whole page once it has reported")
     parser.add_argument("--native", help="a directory of native outputs, served at /native/")
-    parser.add_argument("--port", type=int, default=8771)
+    parser.add_argument("--port", type=int, default=0, help="default: a free one")
     parser.add_argument("--timeout", type=int, default=int(os.environ.get("WEB_CHECK_TIMEOUT", "1200")))
     args = parser.parse_args()
+    if args.port == 0:
+        args.port = free_port()
     report = os.path.abspath(args.report)
     if os.path.exists(report):
         os.remove(report)

@@ -5,7 +5,7 @@
 # `web/headless.py check.html --native DIR` (or `web/serve.py --native DIR`).
 # Usage: web/native-outputs.sh path/to/wgpu-attention DIR
 set -euo pipefail
-bin=$(realpath "$1")
+bin=$(realpath "$(command -v "$1")")
 out=$(realpath -m "$2")
 fixtures=$(realpath "$(dirname "$0")/../tests/fixtures/torch_mha")
 mkdir -p "$out"

@@ -8,7 +8,7 @@ Besides web/ itself it serves the repository's test fixtures at /fixtures/ (the 
 page runs the multi-head layer on PyTorch's), and with --native DIR a native build's
 outputs at /native/ (the check page compares them with its own).
 
-For the headless runs (web/headless.sh): --report FILE writes the JSON a page POSTs to
+For the headless runs (web/headless.py): --report FILE writes the JSON a page POSTs to
 /report, and --exit-after-report stops the server once it has.
 """
 import argparse

@@ -2,11 +2,12 @@
 //!
 //! Exit status: 0 on success, 1 when `check` finds a wrong result, 2 on bad input or
 //! an adapter that cannot do what was asked (one line on stderr, no output written).
-//! A reader that closes standard output early (`wgpu-attention info | head`) ends the
-//! command quietly with status 0, as `head` expects, instead of a panic.
+//! A reader that closes standard output early (`wgpu-attention check --json r.json |
+//! head`) stops the printing, not the command: it still writes its files and exits with
+//! its own status (Rust's `println!` would panic).
 
-/// `println!` through [`write_stdout`]: a closed standard output ends the command
-/// with [`CliError::StdoutClosed`] (Rust's `println!` panics on it).
+/// `println!` through [`write_stdout`], which skips lines once the reader has closed
+/// standard output.
 macro_rules! outln {
     () => {
         $crate::cli::write_stdout(format_args!(""))?
@@ -38,20 +39,28 @@ pub enum CliError {
     Bad(String),
     /// A check found wrong results: exit 1.
     Failed(String),
-    /// Standard output was closed by its reader: stop, exit 0.
-    StdoutClosed,
 }
 
-/// Writes one line to standard output.
+/// Set once standard output's reader has gone: later lines are dropped.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes one line to standard output; once its reader has closed it, nothing (the
+/// command goes on to its files and exit status). Other write errors are bad output.
 pub fn write_stdout(line: std::fmt::Arguments) -> Result<(), CliError> {
     use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
-    out.write_fmt(line)
-        .and_then(|()| out.write_all(b"\n"))
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe => CliError::StdoutClosed,
-            _ => CliError::bad(format!("cannot write to standard output: {e}")),
-        })
+    match out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            STDOUT_CLOSED.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(CliError::bad(format!("cannot write to standard output: {e}"))),
+    }
 }
 
 impl CliError {
@@ -145,6 +154,5 @@ pub fn main() -> ExitCode {
             eprintln!("FAILED: {msg}");
             ExitCode::from(1)
         }
-        Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
     }
 }

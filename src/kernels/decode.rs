@@ -107,8 +107,9 @@ pub fn row_blocks(s: &AttentionShape) -> usize {
 
 /// Loop iterations of one invocation walking `keys` keys (every loop counted with its
 /// exit check, the constant-trip ones too), for the 8-row variant (the 4-row one needs
-/// fewer). Per tile: the tile loop; the score loop over the head dim (with load4's
-/// 4-trip tail); the two quads' mask loops; the quad's two softmax passes over 64 keys;
+/// fewer). Per tile: the tile loop; the score loop over the head dim (each trip with
+/// load4's 4-trip tail loop and its exit, as if the tail always ran); the two quads'
+/// mask loops; the quad's two softmax passes over 64 keys;
 /// the P·V loop over 4 column slots of 64 keys. Around it: the Q load (with qload4's
 /// tail), the block bounds, the accumulator clear, the log-sum-exp loop and the stores
 /// (2 quads × 4 column slots × 4 rows).
@@ -116,8 +117,9 @@ pub fn iterations(s: &AttentionShape, keys: usize) -> u64 {
     let d4 = (s.head_dim as u64).div_ceil(4);
     let tiles = (keys as u64).div_ceil(TILE as u64);
     let tile = TILE as u64;
-    let per_tile = 1 + (d4 * (1 + 4) + 1) + 2 * (4 + 1) + 2 * (tile + 1) + (4 + 4 * (tile + 1) + 1);
-    let around = (8 * (1 + 5) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + (2 * (4 * (1 + 5) + 1) + 1) + 1;
+    let per_tile = 1 + (d4 * (1 + 5) + 1) + 2 * (4 + 1) + 2 * (tile + 1) + (4 + 4 * (tile + 1) + 1);
+    let stores = (2 + 1) + 2 * (4 + 1) + 2 * 4 * (4 + 1);
+    let around = (8 * (1 + 5) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + stores + 1;
     tiles * per_tile + around
 }
 

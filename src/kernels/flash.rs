@@ -430,7 +430,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     TilingSpec {
         tiling: FusedTiling::Blocked,
         name: "blocked",
-        about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs)",
+        about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs; CPU adapters without subgroups)",
         // Also the CPU pick without subgroups: on llvmpipe GL 2.3x registers at D 64 and
         // 128, 1.3x at 256 (docs/design.md, "Tilings").
         default_on: &[AdapterClass::Gpu, AdapterClass::Cpu],

@@ -158,7 +158,8 @@ pub async fn mha(ctx: &Context, request: Request) -> Result<Output> {
         }
         let pad = request
             .number("padId")?
-            .ok_or_else(|| Error::invalid("padId", "is needed with tokens"))?;
+            .filter(|p| p.fract() == 0.0)
+            .ok_or_else(|| Error::invalid("padId", "a whole number is needed with tokens"))?;
         let tokens: Vec<i64> = tokens.into_iter().map(|t| t as i64).collect();
         attention.mask = Some(key_mask_from_tokens(&tokens, batch, pad as i64)?);
     }

@@ -237,6 +237,18 @@ impl BenchProblem {
         let [b, hq, hkv, lq, lk, d, dv] =
             request.counts_exact("shape", f64::from(u32::MAX), "[B, Hq, Hkv, Lq, Lk, D, Dv]")?;
         let shape = AttentionShape::new(b, hq, hkv, lq, lk, d, dv);
+        // Refused before the inputs are drawn: a shape past the adapter's buffers would
+        // otherwise exhaust the module's memory first.
+        let max_elements = ctx.capabilities().max_buffer / 4;
+        for (name, h, l, width) in [("q", hq, lq, d), ("k", hkv, lk, d), ("v", hkv, lk, dv)] {
+            let elements = [b, h, l, width].iter().try_fold(1u64, |n, &x| n.checked_mul(x as u64));
+            if elements.is_none_or(|n| n > max_elements) {
+                return Err(wgpu_attention::Error::invalid(
+                    "shape",
+                    format!("{name} would exceed this adapter's largest buffer ({max_elements} f32 values)"),
+                ));
+            }
+        }
         let dtype = match request.string("dtype")?.as_deref() {
             None | Some("f32") => DType::F32,
             Some("f16") => DType::F16,
