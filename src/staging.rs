@@ -1,14 +1,16 @@
 //! Readback staging buffers kept for reuse (issue 17 §5): a readback takes a mappable
-//! buffer from the pool and gives it back once unmapped, so a steady stream of reads
-//! (decode, one token at a time) creates a staging buffer per size class, not per read.
-//! Sizes are rounded up to a power of two, at least [`MIN_BYTES`]; at most [`KEPT`]
-//! buffers of at most [`MAX_KEPT_BYTES`] each are kept (the rest are dropped), so the pool
-//! never holds more than 64 MiB.
+//! buffer from the pool and gives it back once unmapped, so a steady stream of small
+//! reads (decode, one token at a time) creates a staging buffer per size class, not per
+//! read. Sizes are rounded up to a power of two, at least [`MIN_BYTES`]; at most [`KEPT`]
+//! buffers of at most [`MAX_KEPT_BYTES`] each are kept. Large reads are not pooled: a
+//! kept buffer pins the allocator's memory block it sits in (a kept 2 MiB buffer raised
+//! a `run --weights-out` peak by 35 MB on lavapipe), and their copy costs far more than
+//! creating the buffer.
 
 use std::sync::Mutex;
 
 pub(crate) const MIN_BYTES: u64 = 256;
-pub(crate) const MAX_KEPT_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_KEPT_BYTES: u64 = 1 << 20;
 pub(crate) const KEPT: usize = 4;
 
 #[derive(Default)]
