@@ -160,18 +160,45 @@ impl KvCache {
     /// [`crate::sdpa`] with `Lk` = the capacity (an explicit mask spans the capacity's
     /// keys); `key_lengths` must be left unset (the cache supplies them).
     pub fn attend(&self, ctx: &Context, q: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
+        sdpa(ctx, q, &self.k, &self.v, &self.attend_options(options)?)
+    }
+
+    /// [`KvCache::attend`] with the output read back in the same submission (one
+    /// submission and one wait per generated token; see [`crate::sdpa_read_async`]).
+    /// Returns the outputs and the output's elements as f32.
+    pub async fn attend_read_async(
+        &self,
+        ctx: &Context,
+        q: &Tensor,
+        options: &AttentionOptions,
+    ) -> Result<(AttentionOutput, Vec<f32>)> {
+        crate::sdpa_read_async(ctx, q, &self.k, &self.v, &self.attend_options(options)?).await
+    }
+
+    /// [`KvCache::attend_read_async`], blocking. Native targets only.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn attend_read(
+        &self,
+        ctx: &Context,
+        q: &Tensor,
+        options: &AttentionOptions,
+    ) -> Result<(AttentionOutput, Vec<f32>)> {
+        pollster::block_on(self.attend_read_async(ctx, q, options))
+    }
+
+    /// The caller's options with the cache's lengths and bottom-right alignment to them.
+    fn attend_options(&self, options: &AttentionOptions) -> Result<AttentionOptions> {
         if options.key_lengths.is_some() {
             return Err(Error::invalid(
                 "key lengths with a KV cache",
                 "the cache supplies them (its lengths); leave AttentionOptions::key_lengths unset",
             ));
         }
-        let options = AttentionOptions {
+        Ok(AttentionOptions {
             key_lengths: Some(self.lengths.clone()),
             align_to_key_lengths: true,
             ..options.clone()
-        };
-        sdpa(ctx, q, &self.k, &self.v, &options)
+        })
     }
 
     fn check_rows(&self, what: &str, t: &Tensor, dim: usize) -> Result<()> {

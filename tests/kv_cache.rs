@@ -220,6 +220,12 @@ fn attention_over_the_cache_equals_attention_over_the_concatenated_rows() {
         let options = AttentionOptions { kernel, ..options };
         let got = cache.attend(ctx, &qt, &options).expect("attends");
         let out = got.out.to_f32_vec(ctx).expect("read back");
+        // The one-submission form gives the same bits.
+        let (_, read) = cache.attend_read(ctx, &qt, &options).expect("attends and reads");
+        assert!(
+            read.len() == out.len() && read.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "seed {seed}: attend_read differs from attend then a read"
+        );
         // The reference per batch element, over exactly the rows it holds.
         for b in 0..B {
             let len = cache.lengths()[b] as usize;
