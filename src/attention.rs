@@ -187,9 +187,9 @@ impl Context {
     /// (`f16_products`) or may not be computed in f16: the tiling named by
     /// `WGPU_ATTENTION_TILING` when the context was made, else the first entry of
     /// [`flash::FUSED_TILINGS`] meant for this class of adapter whose needs it meets
-    /// (CPU adapters: `subgroup`, then `registers`; GPUs: `coop` where f16 products
-    /// are allowed, then `blocked`, then `shared`), else `registers`, which runs
-    /// anywhere.
+    /// (CPU adapters: `subgroup`, then `blocked`; in a browser `subgroup`, then
+    /// `shared`; GPUs: `coop` where f16 products are allowed, then `blocked`, then
+    /// `shared`), else `registers`, which runs anywhere.
     pub fn default_fused_tiling(&self, f16_products: bool) -> Result<FusedTiling> {
         let tiling = self.env_tiling()?;
         if tiling != FusedTiling::Auto {

@@ -313,16 +313,19 @@ pub enum AdapterClass {
     /// CPU drivers (lavapipe, llvmpipe, SwiftShader, WARP): SIMD lanes, costly barriers,
     /// storage loads lane by lane.
     Cpu,
+    /// A CPU driver behind a browser's WebGPU (SwiftShader in Chromium): there `shared`
+    /// runs 1.8× `blocked` (docs/design.md, "Kernel paths and tilings").
+    BrowserCpu,
     /// Discrete and integrated GPUs.
     Gpu,
 }
 
 impl AdapterClass {
     pub fn of(info: &wgpu::AdapterInfo) -> Self {
-        if crate::context::is_cpu_adapter(info) {
-            AdapterClass::Cpu
-        } else {
-            AdapterClass::Gpu
+        match (crate::context::is_cpu_adapter(info), info.backend) {
+            (true, wgpu::Backend::BrowserWebGpu) => AdapterClass::BrowserCpu,
+            (true, _) => AdapterClass::Cpu,
+            (false, _) => AdapterClass::Gpu,
         }
     }
 }
@@ -411,7 +414,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         tiling: FusedTiling::Subgroup,
         name: "subgroup",
         about: "K/V loaded once per 8-lane subgroup and broadcast, 4 query rows per invocation (CPU adapters)",
-        default_on: &[AdapterClass::Cpu],
+        default_on: &[AdapterClass::Cpu, AdapterClass::BrowserCpu],
         needs: Needs::Subgroups {
             lanes: SUBGROUP_LANES,
             workgroup_bytes: SUBGROUP_WORKGROUP_BYTES,
@@ -462,8 +465,8 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     TilingSpec {
         tiling: FusedTiling::Shared,
         name: "shared",
-        about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory)",
-        default_on: &[AdapterClass::Gpu],
+        about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory; CPU adapters in a browser)",
+        default_on: &[AdapterClass::Gpu, AdapterClass::BrowserCpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
         launch: |_, _, _| Launch::rows_override(SHARED, 64),
@@ -657,6 +660,11 @@ mod tests {
         assert_eq!(
             default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024), true),
             FusedTiling::Blocked
+        );
+        // SwiftShader in a browser: shared.
+        assert_eq!(
+            default_tiling(AdapterClass::BrowserCpu, &caps(None, 32 * 1024), true),
+            FusedTiling::Shared
         );
         // A CPU adapter with less workgroup memory than blocked needs: registers.
         assert_eq!(
