@@ -236,6 +236,29 @@ async function nativeComparison(ctx) {
   return row;
 }
 
+// Requests a user gets wrong, each of which must reject with one line naming the field.
+async function badRequests(ctx) {
+  const x = smallInputs(97);
+  const cases = [
+    ['q as a plain Array', ctx.attention({ ...x, q: Array.from(x.q) }), 'q'],
+    ['a mask without maskShape', ctx.attention({ ...x, mask: new Float32Array(45) }), 'maskShape'],
+    ['causal "sideways"', ctx.attention({ ...x, causal: 'sideways' }), 'causal'],
+    ['kernel "fast"', ctx.attention({ ...x, kernel: 'fast' }), 'kernel'],
+    ['a fractional shape', ctx.attention({ ...x, shape: [1, 4, 2, 5.5, 9, 16, 8] }), 'shape'],
+    ['q one value short', ctx.attention({ ...x, q: x.q.subarray(1) }), 'q'],
+    ['not an object', ctx.attention(42), 'request'],
+    ['mha without numHeads', ctx.mha({ safetensors: new Uint8Array(8), query: new Float32Array(4), shape: [1, 1, 1] }),
+      'numHeads'],
+  ];
+  const failures = [];
+  for (const [label, promise, word] of cases) {
+    const row = await rejects('js api', label, promise, word);
+    if (row.status !== 'ok') failures.push(`${label}: ${row.detail}`);
+  }
+  return { variant: 'js api', case: `${cases.length} bad requests, each refused naming its field`,
+    status: failures.length ? 'failed' : 'ok', detail: failures.join('; ') };
+}
+
 export const API_CASES = [
   ['attention() vs f64 reference', (ctx) => attentionMatchesReference(ctx)],
   ['two calls at once', (ctx) => twoCallsAtOnce(ctx)],
@@ -251,6 +274,7 @@ export const API_CASES = [
   ['mha() with bytes that are not safetensors', (ctx) => rejects('js mha()', 'bytes that are not safetensors',
     ctx.mha({ safetensors: new Uint8Array([1, 2, 3]), numHeads: 2, query: new Float32Array(4), shape: [1, 1, 1] }),
     'weights file')],
+  ['bad requests', (ctx) => badRequests(ctx)],
   ['native comparison', (ctx) => nativeComparison(ctx)],
 ];
 
