@@ -115,6 +115,20 @@ impl Tensor {
         }
     }
 
+    /// [`Tensor::from_f32_as`] with its GPU errors awaited (see [`Tensor::from_f32_async`]).
+    pub async fn from_f32_as_async(
+        ctx: &Context,
+        shape: [usize; 4],
+        layout: Layout,
+        dtype: DType,
+        data: &[f32],
+    ) -> Result<Self> {
+        ctx.scoped_async("uploading a tensor", || {
+            Self::from_f32_as(ctx, shape, layout, dtype, data)
+        })
+        .await
+    }
+
     /// A batch-first sequence `[B, S, width]` (the inputs and outputs of
     /// [`crate::mha::MultiHeadAttention`]), stored as shape `[B, 1, S, width]`.
     pub fn sequence(ctx: &Context, [batch, seq, width]: [usize; 3], dtype: DType, data: &[f32]) -> Result<Self> {

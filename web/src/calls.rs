@@ -61,17 +61,7 @@ pub async fn attention(ctx: &Context, request: Request) -> Result<Output> {
 
 /// Uploads one input; f32 and f16 inputs may not be mixed (the first decides).
 async fn upload(ctx: &Context, name: &str, shape: [usize; 4], data: Data) -> Result<Tensor> {
-    let expected = shape.iter().try_fold(1usize, |n, &x| n.checked_mul(x));
-    if expected != Some(data.len()) {
-        return Err(Error::invalid(
-            name,
-            format!(
-                "holds {} values; shape {shape:?} needs {}",
-                data.len(),
-                expected.map_or("more than can be addressed".into(), |n| n.to_string())
-            ),
-        ));
-    }
+    check_len(name, shape, data.len())?;
     match data {
         Data::F32(values) => Tensor::from_f32_async(ctx, shape, Layout::Bhsd, &values).await,
         Data::F16(bits) => {
@@ -79,6 +69,21 @@ async fn upload(ctx: &Context, name: &str, shape: [usize; 4], data: Data) -> Res
             Tensor::from_f16_async(ctx, shape, Layout::Bhsd, &values).await
         }
     }
+}
+
+/// Refuses `len` values for `shape`, naming the request field.
+fn check_len(name: &str, shape: [usize; 4], len: usize) -> Result<()> {
+    let expected = shape.iter().try_fold(1usize, |n, &x| n.checked_mul(x));
+    if expected == Some(len) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        name,
+        format!(
+            "holds {len} values; shape {shape:?} needs {}",
+            expected.map_or("more than can be addressed".into(), |n| n.to_string())
+        ),
+    ))
 }
 
 /// `mha({safetensors, numHeads, numKvHeads, prefix, postNorm, normEps, query, key,
@@ -106,12 +111,11 @@ pub async fn mha(ctx: &Context, request: Request) -> Result<Output> {
     };
     let layer = MultiHeadAttention::new(ctx, config.clone(), &loaded.weights, dtype)?;
     let [batch, len_q, len_k] = request.counts_exact("shape", MAX_COUNT, "[B, Lq, Lk]")?;
-    let upload_sequence = |name: &'static str, data: Vec<f32>, len: usize, width: usize| {
-        let values = match dtype {
-            DType::F32 => Data::F32(data),
-            DType::F16 => Data::F16(data.iter().map(|&x| f16::from_f32(x).to_bits()).collect()),
-        };
-        upload(ctx, name, [batch, 1, len, width], values)
+    // Batch-first sequences `[B, 1, len, width]`, converted to the layer's dtype.
+    let upload_sequence = |name: &'static str, data: Vec<f32>, len: usize, width: usize| async move {
+        let shape = [batch, 1, len, width];
+        check_len(name, shape, data.len())?;
+        Tensor::from_f32_as_async(ctx, shape, Layout::Bhsd, dtype, &data).await
     };
     let query = request
         .f32s("query")?

@@ -274,15 +274,7 @@ impl BenchProblem {
         let [q, k, v] = bench_data(&shape);
         let upload = |h: usize, l: usize, d: usize, data: Vec<f32>| {
             let ctx = ctx.clone();
-            async move {
-                match dtype {
-                    DType::F32 => Tensor::from_f32_async(&ctx, [b, h, l, d], Layout::Bhsd, &data).await,
-                    DType::F16 => {
-                        let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
-                        Tensor::from_f16_async(&ctx, [b, h, l, d], Layout::Bhsd, &halves).await
-                    }
-                }
-            }
+            async move { Tensor::from_f32_as_async(&ctx, [b, h, l, d], Layout::Bhsd, dtype, &data).await }
         };
         let inputs = [
             upload(hq, lq, d, q).await?,
