@@ -236,6 +236,13 @@ fn alibi_bias(b: u32, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>) -> vec4<f32> {
     return -slopes * vec4<f32>(distance);
 }
 
+// Whether visible ranges (key_start .. key_end) are the only rule: no explicit mask,
+// soft cap or ALiBi. A kernel may then skip apply_masks for keys every row of a block
+// sees.
+fn only_key_ranges() -> bool {
+    return p.mask_kind == MASK_NONE && p.softcap == 0.0 && p.has_alibi == 0u;
+}
+
 // THE masking rule, the one place every attention kernel applies it (docs/design.md,
 // "Masks"), for four positions (batch element b, query heads h, rows i, keys j): the scaled scores,
 // whether each key lies in its row's visible range (key_start .. key_end: window,

@@ -25,12 +25,10 @@
 // and lse -inf.
 
 const DEC_LANES: u32 = 64u;
-const DEC_TILE: u32 = 64u;
 const DEC_MAX_VEC4: u32 = 64u; // head dims up to 256
 const DEC_MAX_COLS: u32 = 4u; // Dv up to 256 = 4 x 64 lanes
 
 var<workgroup> q_tile: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>; // pre-scaled Q rows
-const DEC_QUADS: u32 = DEC_ROWS / 4u;
 // Per quad, per tile key: the quad's four scores, then probabilities.
 var<workgroup> s_tile: array<vec4<f32>, DEC_QUADS * DEC_TILE>;
 var<workgroup> quad_alpha: array<vec4<f32>, DEC_QUADS>;
@@ -38,50 +36,6 @@ var<workgroup> quad_inv: array<vec4<f32>, DEC_QUADS>;
 // Offset of each tile key's V row, found once by the key's own lane (a paged cache
 // reads it through the block table) and read by all lanes in the values step.
 var<workgroup> v_rows: array<u32, DEC_TILE>;
-
-// Keys per split for `splits` splits of `keys` keys: whole tiles (the host's
-// kernels::decode::split_keys is the same formula).
-fn split_keys_for(keys: u32, splits: u32) -> u32 {
-    return ((keys + splits - 1u) / splits + DEC_TILE - 1u) / DEC_TILE * DEC_TILE;
-}
-
-struct DecodeRow {
-    valid: bool,
-    h: u32,
-    i: u32,
-    start: u32,
-    end: u32,
-}
-
-// Row r of row block `block` of (b, kv head hk): query head and index, and its visible
-// keys start .. end (none for a row past the block's end).
-fn decode_row(b: u32, hk: u32, block: u32, r: u32) -> DecodeRow {
-    let group = p.heads_q / p.heads_kv;
-    let n = group * p.len_q;
-    let x = block * DEC_ROWS + r;
-    let xc = min(x, n - 1u);
-    let h = hk * group + xc / p.len_q;
-    let i = xc % p.len_q;
-    return DecodeRow(x < n, h, i, key_start(b, i), select(0u, key_end(b, i), x < n));
-}
-
-// Quad `qd`'s four scaled scores `raw` for key j, masked: rows past the block, keys
-// outside a row's visible range or this split, and every mask rule.
-fn mask_quad(b: u32, hk: u32, block: u32, qd: u32, j: u32, split_stop: u32, raw: vec4<f32>) -> vec4<f32> {
-    var in_range = vec4<bool>(false);
-    var words = vec4<u32>(1u);
-    var heads = vec4<u32>(0u);
-    var rows = vec4<u32>(0u);
-    let jc = min(j, p.len_k - 1u);
-    for (var c = 0u; c < 4u; c++) {
-        let row = decode_row(b, hk, block, qd * 4u + c);
-        in_range[c] = j >= row.start && j < min(row.end, split_stop);
-        words[c] = mask_word(b, row.h, row.i, jc);
-        heads[c] = row.h;
-        rows[c] = row.i;
-    }
-    return apply_masks(raw, b, heads, rows, vec4<u32>(j), in_range, words);
-}
 
 // Row r's Q elements t*4 .. t*4+3 from the workgroup tile, as a dot product with kv.
 fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
@@ -93,44 +47,18 @@ fn decode_split(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
-    let group = p.heads_q / p.heads_kv;
-    let blocks = (group * p.len_q + DEC_ROWS - 1u) / DEC_ROWS;
-    let block = wid.y % blocks;
-    let hk = (wid.y / blocks) % p.heads_kv;
-    let b = wid.y / (blocks * p.heads_kv);
-    let split = wid.x;
-    let splits = p.splits;
-    let n_rows = p.batch * p.heads_q * p.len_q;
+    let blk = decode_block(wid);
+    let b = blk.b;
+    let hk = blk.hk;
+    let block = blk.block;
+    let split_begin = blk.begin;
+    let split_stop = blk.stop;
     let d4 = (p.head_dim + 3u) / 4u;
 
     // Q rows, scaled, zero past the head dim and for rows past the block's end.
     for (var x = lid; x < DEC_ROWS * DEC_MAX_VEC4; x += DEC_LANES) {
-        let r = x / DEC_MAX_VEC4;
-        let t = x % DEC_MAX_VEC4;
-        let row = decode_row(b, hk, block, r);
-        var qv = vec4<f32>(0.0);
-        if row.valid && t < d4 {
-            let base = b * p.q_stride_b + row.h * p.q_stride_h + row.i * p.q_stride_s;
-            qv = qload4(base, t) * p.scale;
-        }
-        q_tile[x] = qv;
+        q_tile[x] = decode_q4(blk, x / DEC_MAX_VEC4, x % DEC_MAX_VEC4);
     }
-    // The block's visible keys bound every row's (key_start and key_end are monotone in
-    // i, but rows of different heads interleave, so take the extremes).
-    var block_start = p.len_k;
-    var block_end = 0u;
-    for (var r = 0u; r < DEC_ROWS; r++) {
-        let row = decode_row(b, hk, block, r);
-        if row.valid {
-            block_start = min(block_start, row.start);
-            block_end = max(block_end, row.end);
-        }
-    }
-    // Splits cover keys 0 .. key_stop: no key length reaches past it.
-    let per_split = split_keys_for(p.key_stop, splits);
-    let split_stop = min(split * per_split + per_split, block_end);
-    // Tiles left of every row's window are skipped.
-    let split_begin = max(split * per_split, block_start / 4u * 4u);
     workgroupBarrier();
 
     // Invocation q < DEC_QUADS keeps quad q's running maxima and sums; every invocation
@@ -213,16 +141,11 @@ fn decode_split(
     }
 
     // Partials: rows normalised, with their log-sum-exp over this split's keys.
-    let lse_base = splits * n_rows * p.head_dim_v;
     if lid < DEC_QUADS {
         let sums = quad_sum;
         quad_inv[lid] = vec4<f32>(row_inv_sum(sums.x), row_inv_sum(sums.y), row_inv_sum(sums.z), row_inv_sum(sums.w));
         for (var c = 0u; c < 4u; c++) {
-            let row = decode_row(b, hk, block, lid * 4u + c);
-            if row.valid {
-                let g = (b * p.heads_q + row.h) * p.len_q + row.i;
-                scores[lse_base + split * n_rows + g] = row_lse(quad_max[c], quad_sum[c]);
-            }
+            store_partial_lse(blk, lid * 4u + c, quad_max[c], quad_sum[c]);
         }
     }
     workgroupBarrier();
@@ -235,11 +158,7 @@ fn decode_split(
             }
             let o = select(acc0[c], acc1[c], qd == 1u) * inv;
             for (var r = 0u; r < 4u; r++) {
-                let row = decode_row(b, hk, block, qd * 4u + r);
-                if row.valid {
-                    let g = (b * p.heads_q + row.h) * p.len_q + row.i;
-                    scores[(split * n_rows + g) * p.head_dim_v + col] = o[r];
-                }
+                store_partial(blk, qd * 4u + r, col, o[r]);
             }
         }
     }

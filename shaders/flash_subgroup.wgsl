@@ -259,8 +259,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         // Masks, softcap and ALiBi, unless the block needs none of them: in a loop over
         // the quads, so that the rules' code is compiled once rather than for each of
         // the 16 keys (Mesa 25 took 10 s to compile the unrolled form cold).
-        let plain = p.mask_kind == MASK_NONE && p.softcap == 0.0 && p.has_alibi == 0u;
-        if !(plain && all(starts <= vec4<u32>(j0)) && all(vec4<u32>(j0 + KEYS_PER_BLOCK) <= ends)) {
+        if !(only_key_ranges() && all(starts <= vec4<u32>(j0)) && all(vec4<u32>(j0 + KEYS_PER_BLOCK) <= ends)) {
             var quads = array<Quad, 4>(s0, s1, s2, s3);
             for (var c = 0u; c < 4u; c++) {
                 quads[c] = mask_quad(hd, clamped, starts, ends, j0 + 4u * c, quads[c]);

@@ -287,7 +287,8 @@ impl Plan {
             ResolvedKernel::Decode => {
                 let longest = options.key_lengths.as_ref().and_then(|l| l.iter().max());
                 let keys = longest.map_or(shape.len_k, |&n| n as usize);
-                Some(decode::choose_split(ctx, &shape, keys)?)
+                let design = decode::DecodeDesign::for_context(ctx, options.tiling)?;
+                Some(decode::choose_split(ctx, design, &shape, keys)?)
             }
             _ => None,
         };

@@ -219,21 +219,25 @@ impl Variant {
     }
 }
 
-/// Every kernel variant: the materialized path, split-K decode and each registered fused tiling, in f32
+/// Every kernel variant: the materialized path, split-K decode (both designs) and each registered fused tiling, in f32
 /// and (where the adapter has it) f16. Tilings that multiply in f16 (tensor cores) run
 /// their f32 variant at precision medium.
 pub fn variants(f16: bool) -> Vec<Variant> {
     let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
     let mut v = Vec::new();
     for &dtype in dtypes {
-        for (name, kernel) in [
-            ("materialized", KernelChoice::Materialized),
-            ("decode", KernelChoice::Decode),
+        // Split-K decode in both designs (kernels::decode::DecodeDesign): a tiling asked
+        // for picks one, `subgroup` the subgroup design, any other (here `registers`,
+        // which every adapter meets) the tiled one.
+        for (name, kernel, tiling) in [
+            ("materialized", KernelChoice::Materialized, FusedTiling::Auto),
+            ("decode/tiles", KernelChoice::Decode, FusedTiling::Registers),
+            ("decode/subgroup", KernelChoice::Decode, FusedTiling::Subgroup),
         ] {
             v.push(Variant {
                 label: format!("{name} {}", dtype.name()),
                 kernel,
-                tiling: FusedTiling::Auto,
+                tiling,
                 dtype,
                 precision: Precision::Highest,
             });

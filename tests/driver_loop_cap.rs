@@ -105,7 +105,7 @@ fn decode_is_exact_at_its_loop_budget() {
     // 256 query heads on one kv head make 32 row blocks, a CPU adapter's target, so one
     // split per block.
     use wgpu_attention::check::CheckCase;
-    use wgpu_attention::kernels::decode::{choose_split, iterations, TILE};
+    use wgpu_attention::kernels::decode::{choose_split, DecodeDesign, TILE};
     use wgpu_attention::{AttentionOptions, AttentionShape, DType, KernelChoice, Layout};
     let Some(ctx) = common::ctx() else { return };
     let Some(cap) = ctx.loop_cap() else {
@@ -114,28 +114,32 @@ fn decode_is_exact_at_its_loop_budget() {
     };
     let dtype = if ctx.capabilities().f16 { DType::F16 } else { DType::F32 };
     let unbounded = AttentionShape::new(1, 256, 1, 1, 1 << 20, 2, 256);
-    let mut fit = TILE;
-    while iterations(&unbounded, fit + TILE) <= cap {
-        fit += TILE;
+    for tiling in common::decode_designs(ctx) {
+        let design = DecodeDesign::for_context(ctx, tiling).expect("a design");
+        let mut fit = TILE;
+        while design.iterations(&unbounded, fit + TILE) <= cap {
+            fit += TILE;
+        }
+        let at = AttentionShape {
+            len_k: fit,
+            ..unbounded
+        };
+        let split = choose_split(ctx, design, &at, at.len_k).expect("splits");
+        assert_eq!((split.splits, split.split_keys), (1, fit), "one split at the budget");
+        let case = CheckCase {
+            shape: at,
+            options: AttentionOptions {
+                kernel: KernelChoice::Decode,
+                tiling,
+                softcap: Some(20.0),
+                ..Default::default()
+            },
+            dtype,
+            layout: Layout::Bhsd,
+            seed: 4711,
+            range: 1.0,
+        };
+        eprintln!("decode ({}): D 2, Dv 256, {fit} keys in one split", design.name());
+        common::assert_case(ctx, &case);
     }
-    let at = AttentionShape {
-        len_k: fit,
-        ..unbounded
-    };
-    let split = choose_split(ctx, &at, at.len_k).expect("splits");
-    assert_eq!((split.splits, split.split_keys), (1, fit), "one split at the budget");
-    let case = CheckCase {
-        shape: at,
-        options: AttentionOptions {
-            kernel: KernelChoice::Decode,
-            softcap: Some(20.0),
-            ..Default::default()
-        },
-        dtype,
-        layout: Layout::Bhsd,
-        seed: 4711,
-        range: 1.0,
-    };
-    eprintln!("decode: D 2, Dv 256, {fit} keys in one split");
-    common::assert_case(ctx, &case);
 }

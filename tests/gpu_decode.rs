@@ -6,7 +6,8 @@ mod common;
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::decode;
 use wgpu_attention::{
-    resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice, Layout, ResolvedKernel,
+    resolve_kernel, AttentionOptions, AttentionShape, CausalAlignment, DType, FusedTiling, KernelChoice, Layout,
+    ResolvedKernel, Window,
 };
 
 fn decode_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {
@@ -38,6 +39,16 @@ fn decode_matches_the_reference_with_every_mask() {
                 "key lengths 0, 1, 700",
                 AttentionOptions {
                     key_lengths: Some(vec![0, 1, 700]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "window 100,3 (no other rule)",
+                AttentionOptions {
+                    window: Some(Window {
+                        left: Some(100),
+                        right: Some(3),
+                    }),
                     ..Default::default()
                 },
             ),
@@ -77,9 +88,15 @@ fn decode_matches_the_reference_with_every_mask() {
                 if dtype == DType::F16 && !ctx.capabilities().f16 {
                     continue;
                 }
-                seed += 1;
-                eprintln!("decode {shape:?} {what} {dtype:?} (seed {seed})");
-                common::assert_case(ctx, &decode_case(shape, options.clone(), dtype, seed));
+                for tiling in common::decode_designs(ctx) {
+                    seed += 1;
+                    eprintln!("decode ({tiling:?}) {shape:?} {what} {dtype:?} (seed {seed})");
+                    let options = AttentionOptions {
+                        tiling,
+                        ..options.clone()
+                    };
+                    common::assert_case(ctx, &decode_case(shape, options, dtype, seed));
+                }
             }
         }
     }
@@ -93,11 +110,18 @@ fn decode_covers_head_dims_layouts_and_lengths() {
         .enumerate()
     {
         let shape = AttentionShape::new(2, 4, 1, 2, lk, d, dv);
-        let mut c = decode_case(shape, AttentionOptions::default(), DType::F32, 400 + i as u64);
-        c.layout = if i % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
-        common::assert_case(ctx, &c);
-        let outcome = run_case(ctx, &c).expect("runs");
-        assert_eq!(outcome.kernel, "decode", "the case ran another path");
+        for tiling in common::decode_designs(ctx) {
+            let options = AttentionOptions {
+                tiling,
+                ..Default::default()
+            };
+            let mut c = decode_case(shape, options, DType::F32, 400 + i as u64);
+            c.layout = if i % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+            eprintln!("decode ({tiling:?}) {shape:?}");
+            common::assert_case(ctx, &c);
+            let outcome = run_case(ctx, &c).expect("runs");
+            assert_eq!(outcome.kernel, "decode", "the case ran another path");
+        }
     }
 }
 
@@ -110,9 +134,10 @@ fn many_splits_merge_exactly() {
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.limit_loop_iterations(16_000);
     let shape = AttentionShape::new(1, 4, 2, 1, 5000, 64, 64);
-    let split = decode::choose_split(&ctx, &shape, shape.len_k).expect("fits");
+    let design = decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto).expect("a design");
+    let split = decode::choose_split(&ctx, design, &shape, shape.len_k).expect("fits");
     assert!(split.splits >= 16, "{split:?}");
-    assert!(decode::iterations(&shape, split.split_keys) <= 16_000, "{split:?}");
+    assert!(design.iterations(&shape, split.split_keys) <= 16_000, "{split:?}");
     for (i, dtype) in [DType::F32, DType::F16].into_iter().enumerate() {
         if dtype == DType::F16 && !shared.capabilities().f16 {
             continue;
@@ -131,8 +156,9 @@ fn splits_cover_only_keys_some_row_can_see() {
     // A KV cache of 32768 rows holding 1000: the splits cut 1000 keys, not the capacity.
     let Some(ctx) = common::ctx() else { return };
     let shape = AttentionShape::new(1, 8, 2, 1, 32768, 64, 64);
-    let whole = decode::choose_split(ctx, &shape, shape.len_k).expect("fits");
-    let held = decode::choose_split(ctx, &shape, 1000).expect("fits");
+    let design = decode::DecodeDesign::for_context(ctx, FusedTiling::Auto).expect("a design");
+    let whole = decode::choose_split(ctx, design, &shape, shape.len_k).expect("fits");
+    let held = decode::choose_split(ctx, design, &shape, 1000).expect("fits");
     assert_eq!(held.keys, 1000);
     assert!(held.splits * held.split_keys >= 1000, "{held:?} misses keys");
     assert!(held.split_keys < whole.split_keys, "{held:?} vs {whole:?}");

@@ -162,11 +162,15 @@ fn decode_with_windows_alibi_softcap_and_every_other_mask() {
         ),
     ] {
         let shape = AttentionShape::new(3, 8, 2, lq, 1100, 64, 48);
-        for dtype in dtypes(ctx) {
+        for (dtype, tiling) in dtypes(ctx)
+            .into_iter()
+            .flat_map(|d| common::decode_designs(ctx).into_iter().map(move |t| (d, t)))
+        {
             seed += 1;
             let mut rng = Rng::new(seed);
             let options = AttentionOptions {
                 kernel: KernelChoice::Decode,
+                tiling,
                 window: Some(window),
                 alibi_slopes: Some(alibi_slopes(8)),
                 softcap: Some(rng.uniform(0.5, 3.0)),
@@ -177,7 +181,7 @@ fn decode_with_windows_alibi_softcap_and_every_other_mask() {
             };
             let mut c = case(shape, options, dtype, seed);
             c.range = 3.0;
-            eprintln!("decode Lq {lq} {window:?} {dtype:?} (seed {seed})");
+            eprintln!("decode ({tiling:?}) Lq {lq} {window:?} {dtype:?} (seed {seed})");
             common::assert_case(ctx, &c);
         }
     }

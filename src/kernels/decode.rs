@@ -6,10 +6,118 @@
 use super::{dispatch, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
+const SUBGROUP_SOURCE: &str = include_str!("../../shaders/flash_decode_subgroup.wgsl");
+const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
+
+/// How a split pass is arranged (docs/design.md, "Decode").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeDesign {
+    /// `flash_decode.wgsl`: workgroups of 64 invocations, tiles of 64 keys staged in
+    /// workgroup memory between barriers. GPUs, and CPU adapters without subgroups.
+    Tiles,
+    /// `flash_decode_subgroup.wgsl`: a workgroup is one subgroup of 8 invocations,
+    /// blocks of 8 keys, softmax by subgroup reductions, no barriers. CPU adapters
+    /// with subgroups of at least 8 lanes (lavapipe).
+    Subgroup,
+}
+
+/// Lanes `flash_decode_subgroup.wgsl` needs in a subgroup.
+pub const SUBGROUP_LANES: u32 = 8;
+
+impl DecodeDesign {
+    /// The design for a context: `Subgroup` on CPU adapters with 8-lane subgroups,
+    /// else `Tiles`. A fused tiling asked for (`tiling`, else `WGPU_ATTENTION_TILING`)
+    /// decides: `subgroup` takes `Subgroup` (refused without 8-lane subgroups), any
+    /// other `Tiles`.
+    pub fn for_context(ctx: &Context, tiling: FusedTiling) -> Result<DecodeDesign> {
+        let tiling = match tiling {
+            FusedTiling::Auto => ctx.env_tiling()?,
+            asked => asked,
+        };
+        let lanes_ok = ctx
+            .capabilities()
+            .subgroups
+            .is_some_and(|(min, _)| min >= SUBGROUP_LANES);
+        match tiling {
+            FusedTiling::Auto if ctx.is_cpu_adapter() && lanes_ok => Ok(DecodeDesign::Subgroup),
+            FusedTiling::Auto => Ok(DecodeDesign::Tiles),
+            FusedTiling::Subgroup if lanes_ok => Ok(DecodeDesign::Subgroup),
+            FusedTiling::Subgroup => Err(Error::MissingFeature {
+                adapter: ctx.adapter_info().name.clone(),
+                feature: "SUBGROUP (with at least 8 lanes)",
+                needed_for: "subgroup split-K decode".into(),
+            }),
+            _ => Ok(DecodeDesign::Tiles),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeDesign::Tiles => "tiles",
+            DecodeDesign::Subgroup => "subgroup",
+        }
+    }
+
+    fn variants(self) -> &'static [SplitVariant; 2] {
+        match self {
+            DecodeDesign::Tiles => &SPLIT_VARIANTS,
+            DecodeDesign::Subgroup => &SUBGROUP_SPLIT_VARIANTS,
+        }
+    }
+
+    /// The split kernel for a problem: the smallest row block that holds one kv head's
+    /// rows, else the widest.
+    pub fn variant_for(self, s: &AttentionShape) -> SplitVariant {
+        let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
+        let variants = self.variants();
+        *variants
+            .iter()
+            .find(|v| v.rows >= rows)
+            .unwrap_or(&variants[variants.len() - 1])
+    }
+
+    /// Loop iterations of one invocation walking `keys` keys in one split, for the
+    /// 8-row variant (the 4-row one needs fewer). Every loop is counted with its exit
+    /// check, the constant-trip ones too, and load4's and qload4's 4-trip tail loops
+    /// as if they always ran.
+    pub fn iterations(self, s: &AttentionShape, keys: usize) -> u64 {
+        let d4 = (s.head_dim as u64).div_ceil(4);
+        let tail = 4 + 1;
+        match self {
+            // Per tile of 64: the tile loop; the score loop over the head dim; the two
+            // quads' mask loops; the quad's two softmax passes over 64 keys; the P·V
+            // loop over 4 column slots of 64 keys. Around it: the Q load, the block
+            // bounds, the accumulator clear, the log-sum-exp loop and the stores
+            // (2 quads × 4 column slots × 4 rows).
+            DecodeDesign::Tiles => {
+                let tiles = (keys as u64).div_ceil(TILE as u64);
+                let tile = TILE as u64;
+                let per_tile = 1 + (d4 * (1 + tail) + 1) + 2 * (4 + 1) + 2 * (tile + 1) + (4 + 4 * (tile + 1) + 1);
+                let stores = (2 + 1) + 2 * (4 + 1) + 2 * 4 * (4 + 1);
+                let around = (8 * (1 + tail) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + stores + 1;
+                tiles * per_tile + around
+            }
+            // Per block of 8 keys: the block loop; the score loop over the head dim;
+            // the two quads' mask loops; the column-slot loop. Around it: the Q load
+            // (8 rows × d4 vec4s over 8 lanes), the accumulator clear (2 × 32 slots),
+            // the block bounds, the stores (column slots × 2 quads × 4 rows) and the
+            // exits of the three key loops (masked edges, plain middle).
+            DecodeDesign::Subgroup => {
+                let blocks = (keys as u64).div_ceil(u64::from(SUBGROUP_LANES));
+                let dv8 = (s.head_dim_v as u64).div_ceil(8);
+                let per_block = 1 + (d4 * (1 + tail) + 1) + 2 * (4 + 1) + (dv8 + 1);
+                let stores = dv8 * (1 + 2 * (1 + 4 + 1) + 1) + 1;
+                let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 3;
+                blocks * per_block + around
+            }
+        }
+    }
+}
 
 /// One split of the key range for a block of `rows` query rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,13 +126,18 @@ pub struct SplitVariant {
     pub kernel: Kernel,
 }
 
-const fn split_variant(rows: usize, preludes: &'static [&'static str], variant: &'static str) -> SplitVariant {
+const fn split_variant(
+    rows: usize,
+    (file, source, entry): (&'static str, &'static str, &'static str),
+    preludes: &'static [&'static str],
+    variant: &'static str,
+) -> SplitVariant {
     SplitVariant {
         rows,
         kernel: Kernel {
-            file: "flash_decode.wgsl",
-            source: SOURCE,
-            entry: "decode_split",
+            file,
+            source,
+            entry,
             slots: &[
                 Slot::Params,
                 Slot::Q,
@@ -40,22 +153,24 @@ const fn split_variant(rows: usize, preludes: &'static [&'static str], variant: 
     }
 }
 
-/// Row-block sizes, smallest first: 4 rows fit GQA groups of 4 at Lq = 1 (no lane
-/// computes a row that does not exist), 8 rows read K and V once for more rows.
+const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON];
+const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON];
+const TILES_FILE: (&str, &str, &str) = ("flash_decode.wgsl", SOURCE, "decode_split");
+const SUBGROUP_FILE: (&str, &str, &str) = ("flash_decode_subgroup.wgsl", SUBGROUP_SOURCE, "decode_split_subgroup");
+
+/// Row-block sizes of the `Tiles` design, smallest first: 4 rows fit GQA groups of 4
+/// at Lq = 1 (no lane computes a row that does not exist), 8 rows read K and V once
+/// for more rows.
 pub const SPLIT_VARIANTS: [SplitVariant; 2] = [
-    split_variant(4, &[COMMON, "const DEC_ROWS: u32 = 4u;\n"], "[4 rows]"),
-    split_variant(8, &[COMMON, "const DEC_ROWS: u32 = 8u;\n"], "[8 rows]"),
+    split_variant(4, TILES_FILE, ROWS_4, "[4 rows]"),
+    split_variant(8, TILES_FILE, ROWS_8, "[8 rows]"),
 ];
 
-/// The variant for a problem: the smallest whose block holds one kv head's rows, else
-/// the widest.
-pub fn split_variant_for(s: &AttentionShape) -> SplitVariant {
-    let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
-    *SPLIT_VARIANTS
-        .iter()
-        .find(|v| v.rows >= rows)
-        .unwrap_or(&SPLIT_VARIANTS[SPLIT_VARIANTS.len() - 1])
-}
+/// The same for the `Subgroup` design.
+pub const SUBGROUP_SPLIT_VARIANTS: [SplitVariant; 2] = [
+    split_variant(4, SUBGROUP_FILE, ROWS_4, "[4 rows]"),
+    split_variant(8, SUBGROUP_FILE, ROWS_8, "[8 rows]"),
+];
 
 /// Merges the splits of each row into the output and the log-sum-exp (`DEC_ROWS` is
 /// declared but unused there).
@@ -64,7 +179,7 @@ pub const COMBINE: Kernel = Kernel {
     source: SOURCE,
     entry: "decode_combine",
     slots: &[Slot::Params, Slot::Output, Slot::Scores, Slot::Lse],
-    preludes: &[COMMON, "const DEC_ROWS: u32 = 4u;\n"],
+    preludes: ROWS_4,
     variant: "",
 };
 
@@ -79,6 +194,8 @@ const MIN_SPLIT_KEYS: usize = 256;
 /// How the key range is split for one problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeSplit {
+    /// How each split pass is arranged.
+    pub design: DecodeDesign,
     /// Keys `0 .. keys` are split (the params' `key_stop`).
     pub keys: usize,
     pub splits: usize,
@@ -101,26 +218,8 @@ pub fn split_keys(keys: usize, splits: usize) -> usize {
 
 /// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, in
 /// blocks of the variant's rows.
-pub fn row_blocks(s: &AttentionShape) -> usize {
-    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(split_variant_for(s).rows)
-}
-
-/// Loop iterations of one invocation walking `keys` keys (every loop counted with its
-/// exit check, the constant-trip ones too), for the 8-row variant (the 4-row one needs
-/// fewer). Per tile: the tile loop; the score loop over the head dim (each trip with
-/// load4's 4-trip tail loop and its exit, as if the tail always ran); the two quads'
-/// mask loops; the quad's two softmax passes over 64 keys;
-/// the P·V loop over 4 column slots of 64 keys. Around it: the Q load (with qload4's
-/// tail), the block bounds, the accumulator clear, the log-sum-exp loop and the stores
-/// (2 quads × 4 column slots × 4 rows).
-pub fn iterations(s: &AttentionShape, keys: usize) -> u64 {
-    let d4 = (s.head_dim as u64).div_ceil(4);
-    let tiles = (keys as u64).div_ceil(TILE as u64);
-    let tile = TILE as u64;
-    let per_tile = 1 + (d4 * (1 + 5) + 1) + 2 * (4 + 1) + 2 * (tile + 1) + (4 + 4 * (tile + 1) + 1);
-    let stores = (2 + 1) + 2 * (4 + 1) + 2 * 4 * (4 + 1);
-    let around = (8 * (1 + 5) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + stores + 1;
-    tiles * per_tile + around
+pub fn row_blocks(design: DecodeDesign, s: &AttentionShape) -> usize {
+    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(design.variant_for(s).rows)
 }
 
 /// Workgroups that keep the adapter busy: GPUs run thousands of lanes, CPU adapters a
@@ -137,27 +236,28 @@ fn target_workgroups(ctx: &Context) -> usize {
 /// longest key length: a KV cache's unused capacity gets no splits): enough workgroups
 /// to fill the adapter, splits of at least [`MIN_SPLIT_KEYS`] keys, and each split
 /// within the driver's loop cap.
-pub fn choose_split(ctx: &Context, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
+pub fn choose_split(ctx: &Context, design: DecodeDesign, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
     let keys = keys.clamp(1, s.len_k.max(1));
-    let blocks = s.batch * s.heads_kv * row_blocks(s);
+    let iterations = |keys| design.iterations(s, keys);
+    let blocks = s.batch * s.heads_kv * row_blocks(design, s);
     let wanted = target_workgroups(ctx).div_ceil(blocks.max(1));
     let most_useful = keys.div_ceil(MIN_SPLIT_KEYS);
     let mut splits = wanted.min(most_useful).max(1);
     if let Some(cap) = ctx.loop_cap() {
-        if iterations(s, TILE) > cap {
+        if iterations(TILE) > cap {
             return Err(loop_budget::over_cap(
                 format!("decode attention (D {})", s.head_dim),
-                iterations(s, TILE),
+                iterations(TILE),
                 cap,
             ));
         }
         // The longest split (whole tiles) that fits the cap.
         let mut fit = TILE;
-        while fit + TILE <= keys && iterations(s, fit + TILE) <= cap {
+        while fit + TILE <= keys && iterations(fit + TILE) <= cap {
             fit += TILE;
         }
         splits = splits.max(keys.div_ceil(fit));
-        while iterations(s, split_keys(keys, splits)) > cap {
+        while iterations(split_keys(keys, splits)) > cap {
             splits += 1;
         }
     }
@@ -172,6 +272,7 @@ pub fn choose_split(ctx: &Context, s: &AttentionShape, keys: usize) -> Result<De
         });
     }
     Ok(DecodeSplit {
+        design,
         keys,
         splits,
         split_keys: split_keys(keys, splits),
@@ -190,7 +291,7 @@ pub(crate) fn encode(
     split: DecodeSplit,
 ) -> Result<()> {
     let max_groups = ctx.capabilities().max_workgroups_per_dim as usize;
-    let row_groups = shape.batch * shape.heads_kv * row_blocks(shape);
+    let row_groups = shape.batch * shape.heads_kv * row_blocks(split.design, shape);
     let rows = shape.batch * shape.heads_q * shape.len_q;
     let combine_y = rows.min(65535);
     let combine_z = rows.div_ceil(65535);
@@ -209,7 +310,7 @@ pub(crate) fn encode(
             });
         }
     }
-    let split_kernel = split_variant_for(shape).kernel;
+    let split_kernel = split.design.variant_for(shape).kernel;
     let split_pipeline = pipeline(ctx, &split_kernel, dtype, &[])?;
     dispatch(
         ctx,

@@ -52,7 +52,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 30] = [
+pub const ALL_KERNELS: [Kernel; 32] = [
     loop_probe::KERNEL,
     kv_append::KERNEL,
     layer_norm::KERNEL,
@@ -67,6 +67,8 @@ pub const ALL_KERNELS: [Kernel; 30] = [
     weights_v::KERNEL,
     decode::SPLIT_VARIANTS[0].kernel,
     decode::SPLIT_VARIANTS[1].kernel,
+    decode::SUBGROUP_SPLIT_VARIANTS[0].kernel,
+    decode::SUBGROUP_SPLIT_VARIANTS[1].kernel,
     decode::COMBINE,
     flash::REGISTERS,
     flash::SHARED,

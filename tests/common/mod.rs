@@ -104,8 +104,18 @@ pub fn torch_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The split-K decode designs this adapter runs, each as the tiling that asks for it
+/// (`subgroup` for the subgroup design, any other for the tiled one).
+pub fn decode_designs(ctx: &Context) -> Vec<FusedTiling> {
+    let mut designs = vec![FusedTiling::Registers];
+    if wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, FusedTiling::Subgroup).is_ok() {
+        designs.push(FusedTiling::Subgroup);
+    }
+    designs
+}
+
 /// Every path this adapter can run: materialized, each fused tiling it meets the needs
-/// of, and split-K decode.
+/// of, and split-K decode in each design.
 pub fn paths(ctx: &Context) -> Vec<(KernelChoice, FusedTiling)> {
     let fused = FUSED_TILINGS
         .iter()
@@ -114,7 +124,7 @@ pub fn paths(ctx: &Context) -> Vec<(KernelChoice, FusedTiling)> {
     [(KernelChoice::Materialized, FusedTiling::Auto)]
         .into_iter()
         .chain(fused)
-        .chain([(KernelChoice::Decode, FusedTiling::Auto)])
+        .chain(decode_designs(ctx).into_iter().map(|t| (KernelChoice::Decode, t)))
         .collect()
 }
 

@@ -1,0 +1,258 @@
+// Split-K decode for CPU adapters with subgroups of at least 8 lanes (lavapipe): the
+// same splits, row blocks and partial results as flash_decode.wgsl (decode_combine
+// there merges them), arranged for a SIMD CPU. Appended to attention_common.wgsl and
+// decode_common.wgsl.
+//
+// Why a separate kernel: flash_decode.wgsl's workgroup of 64 invocations needs three
+// barriers per tile of 64 keys, and one invocation per quad of rows runs the softmax
+// while the others wait. On a CPU driver a workgroup runs as SIMD batches of 8
+// invocations, and a barrier switches between them. Here a workgroup is one subgroup
+// of 8 invocations, one SIMD batch: no barrier in the key loop, and the softmax is a
+// subgroup reduction every lane takes part in.
+//
+// Tiling. Workgroup (x, y) takes split x and row block y: DEC_ROWS (4 or 8) query
+// rows that share one kv head, in quads (four rows as a vec4's components). Keys go
+// in blocks of 8, key j0 + l to invocation l:
+//   1. scores: invocation l computes its key's dot products with the block's Q rows
+//      (scaled, in workgroup memory, read at the same address by every lane) and
+//      masks them;
+//   2. softmax: subgroupMax and subgroupAdd give every lane the block's maxima and
+//      sums, so all lanes keep the same running maxima and sums;
+//   3. values: subgroupBroadcast hands every lane the 8 keys' probabilities and V row
+//      offsets; invocation l owns output columns l + 8c, one vec4 per quad in its own
+//      slots of workgroup memory (llvmpipe compiles a dynamically indexed private
+//      array into a ladder of branches), rescales them and adds the 8 probabilities
+//      times V (consecutive lanes read consecutive V elements).
+// The block's keys past the split or the row's visible range are masked; their
+// probabilities are 0 and their V rows (clamped to the last key) are read but add
+// nothing.
+
+const DS_LANES: u32 = 8u;
+const DS_MAX_VEC4: u32 = 64u; // head dims up to 256
+const DS_SLOTS: u32 = 32u; // Dv up to 256 = 32 column slots of 8 lanes
+
+var<workgroup> ds_q: array<vec4<f32>, DEC_ROWS * DS_MAX_VEC4>;
+// Quad qd's accumulator for column slot c of invocation l: (qd * DS_SLOTS + c) * 8 + l.
+var<workgroup> ds_acc: array<vec4<f32>, DEC_QUADS * DS_SLOTS * DS_LANES>;
+
+alias Octet = array<vec4<f32>, 8>;
+alias OctetU = array<u32, 8>;
+alias OctetF = array<f32, 8>;
+
+fn ds_q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
+    return dot(ds_q[r * DS_MAX_VEC4 + t], kv);
+}
+
+// This lane's key's scores against the block's quads (the second quad's zero in
+// 4-row blocks), its K row loaded 4 elements at a time. Every lane reads the same Q
+// address (handing Q round by subgroupBroadcast instead was 1.6x slower on lavapipe).
+fn ds_scores(k_row: u32, d4: u32) -> array<vec4<f32>, 2> {
+    var raw0 = vec4<f32>(0.0);
+    var raw1 = vec4<f32>(0.0);
+    for (var t = 0u; t < d4; t++) {
+        let kv = load4(true, k_row, t, p.head_dim);
+        raw0 += vec4<f32>(ds_q_dot(0u, t, kv), ds_q_dot(1u, t, kv), ds_q_dot(2u, t, kv), ds_q_dot(3u, t, kv));
+        if DEC_QUADS > 1u {
+            raw1 += vec4<f32>(ds_q_dot(4u, t, kv), ds_q_dot(5u, t, kv), ds_q_dot(6u, t, kv), ds_q_dot(7u, t, kv));
+        }
+    }
+    return array<vec4<f32>, 2>(raw0, raw1);
+}
+
+// Every lane's x, lane i's as element i (the lane index must be a constant).
+fn broadcast_octet(x: vec4<f32>) -> Octet {
+    return Octet(
+        subgroupBroadcast(x, 0u),
+        subgroupBroadcast(x, 1u),
+        subgroupBroadcast(x, 2u),
+        subgroupBroadcast(x, 3u),
+        subgroupBroadcast(x, 4u),
+        subgroupBroadcast(x, 5u),
+        subgroupBroadcast(x, 6u),
+        subgroupBroadcast(x, 7u),
+    );
+}
+
+fn broadcast_octet_u(x: u32) -> OctetU {
+    return OctetU(
+        subgroupBroadcast(x, 0u),
+        subgroupBroadcast(x, 1u),
+        subgroupBroadcast(x, 2u),
+        subgroupBroadcast(x, 3u),
+        subgroupBroadcast(x, 4u),
+        subgroupBroadcast(x, 5u),
+        subgroupBroadcast(x, 6u),
+        subgroupBroadcast(x, 7u),
+    );
+}
+
+// Column `col` of the 8 V rows starting at `rows`.
+fn v_octet(rows: OctetU, col: u32) -> OctetF {
+    return OctetF(
+        f32(v[rows[0] + col]),
+        f32(v[rows[1] + col]),
+        f32(v[rows[2] + col]),
+        f32(v[rows[3] + col]),
+        f32(v[rows[4] + col]),
+        f32(v[rows[5] + col]),
+        f32(v[rows[6] + col]),
+        f32(v[rows[7] + col]),
+    );
+}
+
+// o + Σ_i pr[i] * vals[i], in key order.
+fn add_pv(o: vec4<f32>, pr: Octet, vals: OctetF) -> vec4<f32> {
+    var r = o;
+    r += pr[0] * vals[0];
+    r += pr[1] * vals[1];
+    r += pr[2] * vals[2];
+    r += pr[3] * vals[3];
+    r += pr[4] * vals[4];
+    r += pr[5] * vals[5];
+    r += pr[6] * vals[6];
+    r += pr[7] * vals[7];
+    return r;
+}
+
+// One online-softmax step of a quad over the block's 8 keys, the same in every lane:
+// the new running maxima, the factor that rescales the old state, this lane's
+// probabilities and the new running sums.
+struct QuadStep {
+    max: vec4<f32>,
+    alpha: vec4<f32>,
+    probs: vec4<f32>,
+    sum: vec4<f32>,
+}
+
+fn quad_step(old_max: vec4<f32>, old_sum: vec4<f32>, s: vec4<f32>) -> QuadStep {
+    let new_max = max(old_max, subgroupMax(s));
+    let alpha = softmax_rescale(old_max, new_max);
+    let probs = softmax_probs(s, new_max);
+    return QuadStep(new_max, alpha, probs, old_sum * alpha + subgroupAdd(probs));
+}
+
+// Each quad's running maxima and sums (the same in every lane).
+struct RunState {
+    max0: vec4<f32>,
+    sum0: vec4<f32>,
+    max1: vec4<f32>,
+    sum1: vec4<f32>,
+}
+
+// Keys j0 .. j0 + 7 of the block `blk`, key j0 + lid to this lane: scores, masked
+// unless `masked` is false (the caller knows no rule applies), the softmax step, and
+// P·V into this lane's accumulator slots. Called with a constant `masked`, so the
+// driver compiles the plain loop without the rules' code.
+fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -> RunState {
+    let d4 = (p.head_dim + 3u) / 4u;
+    let dv8 = (p.head_dim_v + 7u) / 8u;
+    // 1. This lane's key against the block's rows.
+    let j = j0 + lid;
+    let jc = min(j, p.len_k - 1u);
+    let k_row = blk.b * p.k_stride_b + blk.hk * p.k_stride_h + kv_offset(true, blk.b, jc);
+    let rows = broadcast_octet_u(blk.b * p.v_stride_b + blk.hk * p.v_stride_h + kv_offset(false, blk.b, jc));
+    let raw = ds_scores(k_row, d4);
+    // 2. The softmax step, quad by quad.
+    var s0 = raw[0];
+    if masked {
+        s0 = mask_quad(blk.b, blk.hk, blk.block, 0u, j, blk.stop, s0);
+    }
+    let step0 = quad_step(st.max0, st.sum0, s0);
+    let pr0 = broadcast_octet(step0.probs);
+    var step1 = QuadStep(st.max1, vec4<f32>(0.0), vec4<f32>(0.0), st.sum1);
+    var pr1: Octet;
+    if DEC_QUADS > 1u {
+        var s1 = raw[1];
+        if masked {
+            s1 = mask_quad(blk.b, blk.hk, blk.block, 1u, j, blk.stop, s1);
+        }
+        step1 = quad_step(st.max1, st.sum1, s1);
+        pr1 = broadcast_octet(step1.probs);
+    }
+    // 3. Columns lid + 8c: rescale, add the block's probabilities times V. Lanes past
+    // Dv read the last column and their slots are never stored.
+    for (var c = 0u; c < dv8; c++) {
+        let col = min(c * DS_LANES + lid, p.head_dim_v - 1u);
+        let vals = v_octet(rows, col);
+        let a0 = c * DS_LANES + lid;
+        ds_acc[a0] = add_pv(ds_acc[a0] * step0.alpha, pr0, vals);
+        if DEC_QUADS > 1u {
+            let a1 = (DS_SLOTS + c) * DS_LANES + lid;
+            ds_acc[a1] = add_pv(ds_acc[a1] * step1.alpha, pr1, vals);
+        }
+    }
+    return RunState(step0.max, step0.sum, step1.max, step1.sum);
+}
+
+@compute @workgroup_size(8)
+fn decode_split_subgroup(
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+) {
+    let blk = decode_block(wid);
+    let d4 = (p.head_dim + 3u) / 4u;
+
+    // Q rows, scaled.
+    for (var x = lid; x < DEC_ROWS * d4; x += DS_LANES) {
+        let r = x / d4;
+        let t = x % d4;
+        ds_q[r * DS_MAX_VEC4 + t] = decode_q4(blk, r, t);
+    }
+    for (var x = lid; x < DEC_QUADS * DS_SLOTS * DS_LANES; x += DS_LANES) {
+        ds_acc[x] = vec4<f32>(0.0);
+    }
+    workgroupBarrier();
+
+    var st = RunState(vec4<f32>(neg_inf()), vec4<f32>(0.0), vec4<f32>(neg_inf()), vec4<f32>(0.0));
+    // Blocks of 8 from blk.begin: those wholly inside blk.open_begin .. open_end need no
+    // masking when visible ranges are the only rule (the edges of a window, causal
+    // boundary or split go through the rules).
+    var open_lo = blk.stop;
+    var open_hi = blk.stop;
+    if only_key_ranges() && blk.open_end >= blk.begin + DS_LANES {
+        let first = blk.begin + (max(blk.open_begin, blk.begin) - blk.begin + DS_LANES - 1u) / DS_LANES * DS_LANES;
+        let last = blk.begin + (blk.open_end - blk.begin) / DS_LANES * DS_LANES;
+        if first < last {
+            open_lo = first;
+            open_hi = last;
+        }
+    }
+    var j0 = blk.begin;
+    for (; j0 < open_lo; j0 += DS_LANES) {
+        st = block_step(st, blk, lid, j0, true);
+    }
+    for (; j0 < open_hi; j0 += DS_LANES) {
+        st = block_step(st, blk, lid, j0, false);
+    }
+    for (; j0 < blk.stop; j0 += DS_LANES) {
+        st = block_step(st, blk, lid, j0, true);
+    }
+    let max0 = st.max0;
+    let sum0 = st.sum0;
+    let max1 = st.max1;
+    let sum1 = st.sum1;
+    let dv8 = (p.head_dim_v + 7u) / 8u;
+
+    // Partials: rows normalised, with their log-sum-exp over this split's keys (every
+    // lane holds the same maxima and sums; lane r < 4 stores row r of each quad).
+    if lid < 4u {
+        store_partial_lse(blk, lid, max0[lid], sum0[lid]);
+        if DEC_QUADS > 1u {
+            store_partial_lse(blk, 4u + lid, max1[lid], sum1[lid]);
+        }
+    }
+    let inv0 = vec4<f32>(row_inv_sum(sum0.x), row_inv_sum(sum0.y), row_inv_sum(sum0.z), row_inv_sum(sum0.w));
+    let inv1 = vec4<f32>(row_inv_sum(sum1.x), row_inv_sum(sum1.y), row_inv_sum(sum1.z), row_inv_sum(sum1.w));
+    for (var c = 0u; c < dv8; c++) {
+        let col = c * DS_LANES + lid;
+        if col >= p.head_dim_v {
+            break;
+        }
+        for (var qd = 0u; qd < DEC_QUADS; qd++) {
+            let o = ds_acc[(qd * DS_SLOTS + c) * DS_LANES + lid] * select(inv0, inv1, qd == 1u);
+            for (var r = 0u; r < 4u; r++) {
+                store_partial(blk, qd * 4u + r, col, o[r]);
+            }
+        }
+    }
+}
