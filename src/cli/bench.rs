@@ -262,6 +262,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     let fused_tiling_f16 = ctx
         .fused_config_for(FusedTiling::Auto, DType::F16, plan.precision)?
         .name();
+    let decode_design = wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, FusedTiling::Auto)?.name();
     let gemm_tiling = ctx.linear_tiling_for(DType::F32, plan.precision).name();
     let gemm_tiling_f16 = ctx.linear_tiling_for(DType::F16, plan.precision).name();
     let clock = Clock::for_context(ctx);
@@ -279,7 +280,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         args.reps
     );
     outln!(
-        "tiles (precision {}): f32 fused {fused_tiling}, GEMM {gemm_tiling}; f16 fused {fused_tiling_f16}, GEMM {gemm_tiling_f16}",
+        "tiles (precision {}): f32 fused {fused_tiling}, GEMM {gemm_tiling}; f16 fused {fused_tiling_f16}, GEMM {gemm_tiling_f16}; decode {decode_design}",
         plan.precision.name()
     );
     let coop: Vec<String> = ctx
@@ -340,6 +341,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         "subgroups": caps.subgroups.map(|(lo, hi)| json!([lo, hi])),
         "precision": plan.precision.name(),
         "fused_tiling": fused_tiling,
+        "decode_design": decode_design,
         "fused_tiling_f16": fused_tiling_f16,
         "gemm_tiling": gemm_tiling,
         "gemm_tiling_f16": gemm_tiling_f16,
