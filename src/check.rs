@@ -208,6 +208,18 @@ pub struct Variant {
 }
 
 impl Variant {
+    /// Why this adapter cannot run the variant (a fused tiling or decode design whose
+    /// needs it does not meet), if it cannot.
+    pub fn unmet(&self, ctx: &Context) -> Option<crate::Error> {
+        let runs = match self.kernel {
+            KernelChoice::Decode => crate::kernels::decode::DecodeDesign::for_context(ctx, self.tiling).map(|_| ()),
+            _ => ctx
+                .fused_config_for(self.tiling, self.dtype, self.precision)
+                .map(|_| ()),
+        };
+        runs.err()
+    }
+
     /// The case run by this variant.
     pub fn apply(&self, case: &CheckCase) -> CheckCase {
         let mut case = case.clone();

@@ -40,7 +40,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     );
     for variant in variants(ctx.capabilities().f16) {
         let label = variant.label.clone();
-        if let Err(e) = ctx.fused_config_for(variant.tiling, variant.dtype, variant.precision) {
+        if let Some(e) = variant.unmet(&ctx) {
             outln!("{label:<20} skipped: {e}");
             report.skipped.push((label, e.to_string()));
             continue;

@@ -51,7 +51,7 @@ impl AttentionContext {
         let ctx = Context::new_async().await.map_err(js_error)?;
         let grid = variants(ctx.capabilities().f16)
             .into_iter()
-            .filter(|v| ctx.fused_config_for(v.tiling, v.dtype, v.precision).is_ok())
+            .filter(|v| v.unmet(&ctx).is_none())
             .flat_map(|v| standard_grid(DEFAULT_SEED).into_iter().map(move |c| (v.clone(), c)))
             .collect();
         Ok(AttentionContext {
