@@ -130,3 +130,28 @@ fn store_partial(blk: DecodeBlock, r: u32, col: u32, value: f32) {
         scores[(blk.split * n_rows + decode_partial_index(blk, r)) * p.head_dim_v + col] = value;
     }
 }
+
+// The block's Q rows, scaled: row r's elements 4t .. 4t + 3 at r * DEC_MAX_VEC4 + t
+// (head dims up to 256). Each kernel fills it, and every lane reads it at the same
+// address.
+const DEC_MAX_VEC4: u32 = 64u;
+var<workgroup> dec_q: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>;
+
+fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
+    return dot(dec_q[r * DEC_MAX_VEC4 + t], kv);
+}
+
+// The scores of the key whose K row starts at k_row against the block's quads (the
+// second quad's zero in 4-row blocks), K loaded 4 elements at a time.
+fn decode_scores(k_row: u32, d4: u32) -> array<vec4<f32>, 2> {
+    var raw0 = vec4<f32>(0.0);
+    var raw1 = vec4<f32>(0.0);
+    for (var t = 0u; t < d4; t++) {
+        let kv = load4(true, k_row, t, p.head_dim);
+        raw0 += vec4<f32>(q_dot(0u, t, kv), q_dot(1u, t, kv), q_dot(2u, t, kv), q_dot(3u, t, kv));
+        if DEC_QUADS > 1u {
+            raw1 += vec4<f32>(q_dot(4u, t, kv), q_dot(5u, t, kv), q_dot(6u, t, kv), q_dot(7u, t, kv));
+        }
+    }
+    return array<vec4<f32>, 2>(raw0, raw1);
+}

@@ -25,10 +25,8 @@
 // and lse -inf.
 
 const DEC_LANES: u32 = 64u;
-const DEC_MAX_VEC4: u32 = 64u; // head dims up to 256
 const DEC_MAX_COLS: u32 = 4u; // Dv up to 256 = 4 x 64 lanes
 
-var<workgroup> q_tile: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>; // pre-scaled Q rows
 // Per quad, per tile key: the quad's four scores, then probabilities.
 var<workgroup> s_tile: array<vec4<f32>, DEC_QUADS * DEC_TILE>;
 var<workgroup> quad_alpha: array<vec4<f32>, DEC_QUADS>;
@@ -36,11 +34,6 @@ var<workgroup> quad_inv: array<vec4<f32>, DEC_QUADS>;
 // Offset of each tile key's V row, found once by the key's own lane (a paged cache
 // reads it through the block table) and read by all lanes in the values step.
 var<workgroup> v_rows: array<u32, DEC_TILE>;
-
-// Row r's Q elements t*4 .. t*4+3 from the workgroup tile, as a dot product with kv.
-fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
-    return dot(q_tile[r * DEC_MAX_VEC4 + t], kv);
-}
 
 @compute @workgroup_size(64)
 fn decode_split(
@@ -57,7 +50,7 @@ fn decode_split(
 
     // Q rows, scaled, zero past the head dim and for rows past the block's end.
     for (var x = lid; x < DEC_ROWS * DEC_MAX_VEC4; x += DEC_LANES) {
-        q_tile[x] = decode_q4(blk, x / DEC_MAX_VEC4, x % DEC_MAX_VEC4);
+        dec_q[x] = decode_q4(blk, x / DEC_MAX_VEC4, x % DEC_MAX_VEC4);
     }
     workgroupBarrier();
 
@@ -80,18 +73,10 @@ fn decode_split(
         let j = tile0 + lid;
         let k_row = k_base + kv_offset(true, b, min(j, last_k));
         v_rows[lid] = v_base + kv_offset(false, b, min(j, last_k));
-        var raw0 = vec4<f32>(0.0);
-        var raw1 = vec4<f32>(0.0);
-        for (var t = 0u; t < d4; t++) {
-            let kv = load4(true, k_row, t, p.head_dim);
-            raw0 += vec4<f32>(q_dot(0u, t, kv), q_dot(1u, t, kv), q_dot(2u, t, kv), q_dot(3u, t, kv));
-            if DEC_QUADS > 1u {
-                raw1 += vec4<f32>(q_dot(4u, t, kv), q_dot(5u, t, kv), q_dot(6u, t, kv), q_dot(7u, t, kv));
-            }
-        }
-        s_tile[lid] = mask_quad(b, hk, block, 0u, j, split_stop, raw0);
+        let raw = decode_scores(k_row, d4);
+        s_tile[lid] = mask_quad(b, hk, block, 0u, j, split_stop, raw[0]);
         if DEC_QUADS > 1u {
-            s_tile[DEC_TILE + lid] = mask_quad(b, hk, block, 1u, j, split_stop, raw1);
+            s_tile[DEC_TILE + lid] = mask_quad(b, hk, block, 1u, j, split_stop, raw[1]);
         }
         workgroupBarrier();
 

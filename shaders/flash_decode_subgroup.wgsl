@@ -14,8 +14,9 @@
 // rows that share one kv head, in quads (four rows as a vec4's components). Keys go
 // in blocks of 8, key j0 + l to invocation l:
 //   1. scores: invocation l computes its key's dot products with the block's Q rows
-//      (scaled, in workgroup memory, read at the same address by every lane) and
-//      masks them;
+//      (decode_scores: scaled, in workgroup memory, read at the same address by every
+//      lane; handing Q round by subgroupBroadcast instead was 1.6x slower on lavapipe)
+//      and masks them;
 //   2. softmax: subgroupMax and subgroupAdd give every lane the block's maxima and
 //      sums, so all lanes keep the same running maxima and sums;
 //   3. values: subgroupBroadcast hands every lane the 8 keys' probabilities and V row
@@ -28,36 +29,14 @@
 // nothing.
 
 const DS_LANES: u32 = 8u;
-const DS_MAX_VEC4: u32 = 64u; // head dims up to 256
 const DS_SLOTS: u32 = 32u; // Dv up to 256 = 32 column slots of 8 lanes
 
-var<workgroup> ds_q: array<vec4<f32>, DEC_ROWS * DS_MAX_VEC4>;
 // Quad qd's accumulator for column slot c of invocation l: (qd * DS_SLOTS + c) * 8 + l.
 var<workgroup> ds_acc: array<vec4<f32>, DEC_QUADS * DS_SLOTS * DS_LANES>;
 
 alias Octet = array<vec4<f32>, 8>;
 alias OctetU = array<u32, 8>;
 alias OctetF = array<f32, 8>;
-
-fn ds_q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
-    return dot(ds_q[r * DS_MAX_VEC4 + t], kv);
-}
-
-// This lane's key's scores against the block's quads (the second quad's zero in
-// 4-row blocks), its K row loaded 4 elements at a time. Every lane reads the same Q
-// address (handing Q round by subgroupBroadcast instead was 1.6x slower on lavapipe).
-fn ds_scores(k_row: u32, d4: u32) -> array<vec4<f32>, 2> {
-    var raw0 = vec4<f32>(0.0);
-    var raw1 = vec4<f32>(0.0);
-    for (var t = 0u; t < d4; t++) {
-        let kv = load4(true, k_row, t, p.head_dim);
-        raw0 += vec4<f32>(ds_q_dot(0u, t, kv), ds_q_dot(1u, t, kv), ds_q_dot(2u, t, kv), ds_q_dot(3u, t, kv));
-        if DEC_QUADS > 1u {
-            raw1 += vec4<f32>(ds_q_dot(4u, t, kv), ds_q_dot(5u, t, kv), ds_q_dot(6u, t, kv), ds_q_dot(7u, t, kv));
-        }
-    }
-    return array<vec4<f32>, 2>(raw0, raw1);
-}
 
 // Every lane's x, lane i's as element i (the lane index must be a constant).
 fn broadcast_octet(x: vec4<f32>) -> Octet {
@@ -151,7 +130,7 @@ fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -
     let jc = min(j, p.len_k - 1u);
     let k_row = blk.b * p.k_stride_b + blk.hk * p.k_stride_h + kv_offset(true, blk.b, jc);
     let rows = broadcast_octet_u(blk.b * p.v_stride_b + blk.hk * p.v_stride_h + kv_offset(false, blk.b, jc));
-    let raw = ds_scores(k_row, d4);
+    let raw = decode_scores(k_row, d4);
     // 2. The softmax step, quad by quad.
     var s0 = raw[0];
     if masked {
@@ -196,7 +175,7 @@ fn decode_split_subgroup(
     for (var x = lid; x < DEC_ROWS * d4; x += DS_LANES) {
         let r = x / d4;
         let t = x % d4;
-        ds_q[r * DS_MAX_VEC4 + t] = decode_q4(blk, r, t);
+        dec_q[r * DEC_MAX_VEC4 + t] = decode_q4(blk, r, t);
     }
     for (var x = lid; x < DEC_QUADS * DS_SLOTS * DS_LANES; x += DS_LANES) {
         ds_acc[x] = vec4<f32>(0.0);
