@@ -142,12 +142,13 @@ fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
 }
 
 // The scores of the key whose K row starts at k_row against the block's quads (the
-// second quad's zero in 4-row blocks), K loaded 4 elements at a time.
+// second quad's zero in 4-row blocks), K loaded 4 elements at a time by the kernel's
+// decode_k4 (each kernel file defines it: one design binds k4, the other k).
 fn decode_scores(k_row: u32, d4: u32) -> array<vec4<f32>, 2> {
     var raw0 = vec4<f32>(0.0);
     var raw1 = vec4<f32>(0.0);
     for (var t = 0u; t < d4; t++) {
-        let kv = load4(true, k_row, t, p.head_dim);
+        let kv = decode_k4(k_row, t);
         raw0 += vec4<f32>(q_dot(0u, t, kv), q_dot(1u, t, kv), q_dot(2u, t, kv), q_dot(3u, t, kv));
         if DEC_QUADS > 1u {
             raw1 += vec4<f32>(q_dot(4u, t, kv), q_dot(5u, t, kv), q_dot(6u, t, kv), q_dot(7u, t, kv));

@@ -35,6 +35,11 @@ var<workgroup> quad_inv: array<vec4<f32>, DEC_QUADS>;
 // reads it through the block table) and read by all lanes in the values step.
 var<workgroup> v_rows: array<u32, DEC_TILE>;
 
+// K elements 4t .. 4t + 3 of the row at k_row, for decode_scores (any head dim).
+fn decode_k4(k_row: u32, t: u32) -> vec4<f32> {
+    return load4(true, k_row, t, p.head_dim);
+}
+
 @compute @workgroup_size(64)
 fn decode_split(
     @builtin(local_invocation_index) lid: u32,

@@ -707,9 +707,11 @@ impl Context {
         Ok(texture)
     }
 
-    /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`].
+    /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`]: whole
+    /// words, and at least 16 bytes, so any buffer can be bound as an array of vec4s
+    /// (the subgroup decode design binds K and V so, used or not).
     fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {
-        let size = bytes.max(4).div_ceil(4) * 4;
+        let size = bytes.max(16).div_ceil(4) * 4;
         if size > self.caps.max_buffer {
             return Err(Error::LimitExceeded {
                 what: label.into(),

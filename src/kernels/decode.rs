@@ -56,6 +56,20 @@ impl DecodeDesign {
         }
     }
 
+    /// The split kernel's override constants: the subgroup design reads K and V as
+    /// vec4s (`KV_VEC4`) where every row starts on a multiple of 4 elements. The
+    /// layouts make every K stride a multiple of D and every V stride one of Dv (a
+    /// paged pool's too), so the head dims decide.
+    pub fn constants(self, s: &AttentionShape) -> Vec<(&'static str, u32)> {
+        match self {
+            DecodeDesign::Tiles => Vec::new(),
+            DecodeDesign::Subgroup => {
+                let vec4 = s.head_dim.is_multiple_of(4) && s.head_dim_v.is_multiple_of(4);
+                vec![("KV_VEC4", u32::from(vec4))]
+            }
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             DecodeDesign::Tiles => "tiles",
@@ -84,7 +98,8 @@ impl DecodeDesign {
     /// Loop iterations of one invocation walking `keys` keys in one split, for the
     /// 8-row variant (the 4-row one needs fewer). Every loop is counted with its exit
     /// check, the constant-trip ones too, and load4's and qload4's 4-trip tail loops
-    /// as if they always ran.
+    /// as if they always ran wherever the kernel calls them (the subgroup design's
+    /// vec4 reads of K and V have none).
     pub fn iterations(self, s: &AttentionShape, keys: usize) -> u64 {
         let d4 = (s.head_dim as u64).div_ceil(4);
         let tail = 4 + 1;
@@ -103,15 +118,19 @@ impl DecodeDesign {
                 tiles * per_tile + around
             }
             // Per block of 8 keys: the block loop; the score loop over the head dim;
-            // the two quads' mask loops; the column-slot loop. Around it: the Q load
-            // (8 rows × d4 vec4s over 8 lanes), the accumulator clear (2 × 32 slots),
-            // the block bounds, the stores (column slots × 2 quads × 4 rows) and the
-            // exits of the three key loops (masked edges, plain middle).
+            // the two quads' mask loops; the loop over chunks of 32 columns (eight
+            // 4-column V loads each, with load4's tail where K and V are read element
+            // by element). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
+            // accumulator clear (2 × 32 slots), the block bounds, the stores (4 slots a
+            // chunk × 2 quads × 4 rows) and the exits of the three key loops (masked
+            // edges, plain middle).
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(u64::from(SUBGROUP_LANES));
-                let dv8 = (s.head_dim_v as u64).div_ceil(8);
-                let per_block = 1 + (d4 * (1 + tail) + 1) + 2 * (4 + 1) + (dv8 + 1);
-                let stores = dv8 * (1 + 2 * (1 + 4 + 1) + 1) + 1;
+                let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
+                let vec4 = self.constants(s).contains(&("KV_VEC4", 1));
+                let load_tail = if vec4 { 0 } else { tail };
+                let per_block = 1 + (d4 * (1 + load_tail) + 1) + 2 * (4 + 1) + (chunks * (1 + 8 * load_tail) + 1);
+                let stores = 4 * chunks * (1 + 2 * (1 + 4 + 1) + 1) + 1;
                 let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 3;
                 blocks * per_block + around
             }
@@ -131,6 +150,7 @@ const fn split_variant(
     (file, source, entry): (&'static str, &'static str, &'static str),
     preludes: &'static [&'static str],
     variant: &'static str,
+    slots: &'static [Slot],
 ) -> SplitVariant {
     SplitVariant {
         rows,
@@ -138,21 +158,35 @@ const fn split_variant(
             file,
             source,
             entry,
-            slots: &[
-                Slot::Params,
-                Slot::Q,
-                Slot::K,
-                Slot::V,
-                Slot::Mask,
-                Slot::SideWords,
-                Slot::Scores,
-            ],
+            slots,
             preludes,
             variant,
         },
     }
 }
 
+const TILES_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+];
+/// K and V twice: element by element, and as vec4s where `KV_VEC4` is set (WebGPU's
+/// default 8 storage buffers per stage, all used).
+const SUBGROUP_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::K4,
+    Slot::V4,
+];
 const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON];
 const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON];
 const TILES_FILE: (&str, &str, &str) = ("flash_decode.wgsl", SOURCE, "decode_split");
@@ -162,14 +196,14 @@ const SUBGROUP_FILE: (&str, &str, &str) = ("flash_decode_subgroup.wgsl", SUBGROU
 /// at Lq = 1 (no lane computes a row that does not exist), 8 rows read K and V once
 /// for more rows.
 pub const SPLIT_VARIANTS: [SplitVariant; 2] = [
-    split_variant(4, TILES_FILE, ROWS_4, "[4 rows]"),
-    split_variant(8, TILES_FILE, ROWS_8, "[8 rows]"),
+    split_variant(4, TILES_FILE, ROWS_4, "[4 rows]", TILES_SLOTS),
+    split_variant(8, TILES_FILE, ROWS_8, "[8 rows]", TILES_SLOTS),
 ];
 
 /// The same for the `Subgroup` design.
 pub const SUBGROUP_SPLIT_VARIANTS: [SplitVariant; 2] = [
-    split_variant(4, SUBGROUP_FILE, ROWS_4, "[4 rows]"),
-    split_variant(8, SUBGROUP_FILE, ROWS_8, "[8 rows]"),
+    split_variant(4, SUBGROUP_FILE, ROWS_4, "[4 rows]", SUBGROUP_SLOTS),
+    split_variant(8, SUBGROUP_FILE, ROWS_8, "[8 rows]", SUBGROUP_SLOTS),
 ];
 
 /// Merges the splits of each row into the output and the log-sum-exp (`DEC_ROWS` is
@@ -311,7 +345,7 @@ pub(crate) fn encode(
         }
     }
     let split_kernel = split.design.variant_for(shape).kernel;
-    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &[])?;
+    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &split.design.constants(shape))?;
     dispatch(
         ctx,
         encoder,

@@ -247,6 +247,10 @@ pub enum Slot {
     SideWords = 6,
     Scores = 7,
     Lse = 8,
+    /// K again, read as vec4s.
+    K4 = 9,
+    /// V again, read as vec4s.
+    V4 = 10,
 }
 
 impl Slot {
@@ -262,6 +266,8 @@ impl Slot {
             Slot::SideWords => "side_words",
             Slot::Scores => "scores",
             Slot::Lse => "lse",
+            Slot::K4 => "k4",
+            Slot::V4 => "v4",
         }
     }
 }
@@ -282,6 +288,8 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
+                    Slot::K4 => self.k,
+                    Slot::V4 => self.v,
                 };
                 (slot as u32, buffer)
             })
