@@ -137,22 +137,42 @@ fn store_partial(blk: DecodeBlock, r: u32, col: u32, value: f32) {
 const DEC_MAX_VEC4: u32 = 64u;
 var<workgroup> dec_q: array<vec4<f32>, DEC_ROWS * DEC_MAX_VEC4>;
 
-fn q_dot(r: u32, t: u32, kv: vec4<f32>) -> f32 {
-    return dot(dec_q[r * DEC_MAX_VEC4 + t], kv);
+// Elements 4t .. 4t + 3 of quad qd's four rows.
+fn q_quad(qd: u32, t: u32) -> array<vec4<f32>, 4> {
+    let at = qd * 4u * DEC_MAX_VEC4 + t;
+    return array<vec4<f32>, 4>(dec_q[at], dec_q[at + DEC_MAX_VEC4], dec_q[at + 2u * DEC_MAX_VEC4], dec_q[at + 3u * DEC_MAX_VEC4]);
 }
 
-// The scores of the key whose K row starts at k_row against the block's quads (the
-// second quad's zero in 4-row blocks), K loaded 4 elements at a time by the kernel's
-// decode_k4 (each kernel file defines it: one design binds k4, the other k).
-fn decode_scores(k_row: u32, d4: u32) -> array<vec4<f32>, 2> {
-    var raw0 = vec4<f32>(0.0);
-    var raw1 = vec4<f32>(0.0);
+// Each of the four rows dotted with the same four K elements.
+fn quad_dots(rows: array<vec4<f32>, 4>, kv: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(rows[0], kv), dot(rows[1], kv), dot(rows[2], kv), dot(rows[3], kv));
+}
+
+// The scores against the block's quads of the key whose K row starts at k_rows.x and,
+// when `two` (a constant at every call, so the other form compiles away), of the key
+// at k_rows.y: [x quad 0, x quad 1, y quad 0, y quad 1], the second quads zero in
+// 4-row blocks. Each Q element is read once for both keys: on llvmpipe these
+// workgroup reads go lane by lane and cost as much as the K loads. K comes 4 elements
+// at a time from the kernel's decode_k4 (each kernel file defines it: one design binds
+// k4, the other k).
+fn decode_scores(k_rows: vec2<u32>, d4: u32, two: bool) -> array<vec4<f32>, 4> {
+    var raw = array<vec4<f32>, 4>();
     for (var t = 0u; t < d4; t++) {
-        let kv = decode_k4(k_row, t);
-        raw0 += vec4<f32>(q_dot(0u, t, kv), q_dot(1u, t, kv), q_dot(2u, t, kv), q_dot(3u, t, kv));
+        let ka = decode_k4(k_rows.x, t);
+        let q0 = q_quad(0u, t);
+        raw[0] += quad_dots(q0, ka);
+        var q1 = q0;
         if DEC_QUADS > 1u {
-            raw1 += vec4<f32>(q_dot(4u, t, kv), q_dot(5u, t, kv), q_dot(6u, t, kv), q_dot(7u, t, kv));
+            q1 = q_quad(1u, t);
+            raw[1] += quad_dots(q1, ka);
+        }
+        if two {
+            let kb = decode_k4(k_rows.y, t);
+            raw[2] += quad_dots(q0, kb);
+            if DEC_QUADS > 1u {
+                raw[3] += quad_dots(q1, kb);
+            }
         }
     }
-    return array<vec4<f32>, 2>(raw0, raw1);
+    return raw;
 }

@@ -78,7 +78,7 @@ fn decode_split(
         let j = tile0 + lid;
         let k_row = k_base + kv_offset(true, b, min(j, last_k));
         v_rows[lid] = v_base + kv_offset(false, b, min(j, last_k));
-        let raw = decode_scores(k_row, d4);
+        let raw = decode_scores(vec2<u32>(k_row), d4, false);
         s_tile[lid] = mask_quad(b, hk, block, 0u, j, split_stop, raw[0]);
         if DEC_QUADS > 1u {
             s_tile[DEC_TILE + lid] = mask_quad(b, hk, block, 1u, j, split_stop, raw[1]);

@@ -12,28 +12,29 @@
 //
 // Tiling. Workgroup (x, y) takes split x and row block y: DEC_ROWS (4 or 8) query
 // rows that share one kv head, in quads (four rows as a vec4's components). Keys go
-// in blocks of 8, key j0 + l to invocation l:
-//   1. scores: invocation l computes its key's dot products with the block's Q rows
-//      (decode_scores: scaled, in workgroup memory, read at the same address by every
-//      lane; handing Q round by subgroupBroadcast instead was 1.6x slower on lavapipe)
-//      and masks them;
+// in blocks of 16, keys j0 + l and j0 + 8 + l to invocation l:
+//   1. scores: invocation l computes its two keys' dot products with the block's Q
+//      rows (decode_scores: scaled, in workgroup memory, read at the same address by
+//      every lane, once for both keys; handing Q round by subgroupBroadcast instead
+//      was 1.6x slower on lavapipe) and masks them;
 //   2. softmax: subgroupMax and subgroupAdd give every lane the block's maxima and
 //      sums, so all lanes keep the same running maxima and sums;
-//   3. values: subgroupBroadcast hands every lane the 8 keys' probabilities and V row
-//      offsets; invocation l owns output columns 4 (8c + l) .. 4 (8c + l) + 3, one
+//   3. values: subgroupBroadcast hands every lane the 16 keys' probabilities and V
+//      row offsets; invocation l owns output columns 4 (8c + l) .. 4 (8c + l) + 3, one
 //      vec4 per quad and column in its own slots of workgroup memory (llvmpipe
 //      compiles a dynamically indexed private array into a ladder of branches),
-//      rescales them and adds the 8 probabilities times V.
+//      rescales them and adds the 16 probabilities times V, in key order.
 // K and V are read four elements to a load where KV_VEC4 is set (head dims and row
-// strides multiples of 4; the host checks): llvmpipe loads storage lane by lane, so
-// a vec4 costs about what one element does. This made the kernel 1.4-1.5x faster on Mesa
-// 22.3's lavapipe and 1.13x on 25.0's. Otherwise the same columns come element by
-// element.
+// strides multiples of 4; the host checks): llvmpipe loads storage lane by lane, so a
+// vec4 costs about what one element does (1.4-1.5x faster on Mesa 22.3's lavapipe,
+// 1.13x on 25.0's). Otherwise the same columns come element by element.
 // The block's keys past the split or the row's visible range are masked; their
 // probabilities are 0 and their V rows (clamped to the last key) are read but add
 // nothing.
 
 const DS_LANES: u32 = 8u;
+// Keys a block: two per lane, so each read of Q serves two keys.
+const DS_BLOCK: u32 = 2u * DS_LANES;
 // Columns a chunk covers: 4 for each of the 8 lanes.
 const DS_CHUNK: u32 = 4u * DS_LANES;
 const DS_SLOTS: u32 = 32u; // Dv up to 256 = 8 chunks of 4 columns per lane
@@ -123,31 +124,37 @@ fn add_pv(o: vec4<f32>, pr: Octet, vals: Octet, e: u32) -> vec4<f32> {
     return r;
 }
 
-// A quad's four column slots from slot index a: rescaled by alpha, plus the 8 keys'
-// probabilities times their V values (written out, not looped: each loop counts
-// toward the driver's iteration cap).
-fn accumulate(a: u32, alpha: vec4<f32>, pr: Octet, vals: Octet) {
-    ds_acc[a] = add_pv(ds_acc[a] * alpha, pr, vals, 0u);
-    ds_acc[a + DS_LANES] = add_pv(ds_acc[a + DS_LANES] * alpha, pr, vals, 1u);
-    ds_acc[a + 2u * DS_LANES] = add_pv(ds_acc[a + 2u * DS_LANES] * alpha, pr, vals, 2u);
-    ds_acc[a + 3u * DS_LANES] = add_pv(ds_acc[a + 3u * DS_LANES] * alpha, pr, vals, 3u);
+// A quad's four column slots from slot index a: rescaled by alpha, plus the 16 keys'
+// probabilities (pa for keys j0 .. j0 + 7, pb for the rest) times their V values
+// (written out, not looped: each loop counts toward the driver's iteration cap).
+fn accumulate(a: u32, alpha: vec4<f32>, pa: Octet, pb: Octet, va: Octet, vb: Octet) {
+    for_column(a, alpha, pa, pb, va, vb, 0u);
+    for_column(a + DS_LANES, alpha, pa, pb, va, vb, 1u);
+    for_column(a + 2u * DS_LANES, alpha, pa, pb, va, vb, 2u);
+    for_column(a + 3u * DS_LANES, alpha, pa, pb, va, vb, 3u);
 }
 
-// One online-softmax step of a quad over the block's 8 keys, the same in every lane:
-// the new running maxima, the factor that rescales the old state, this lane's
-// probabilities and the new running sums.
+fn for_column(a: u32, alpha: vec4<f32>, pa: Octet, pb: Octet, va: Octet, vb: Octet, e: u32) {
+    ds_acc[a] = add_pv(add_pv(ds_acc[a] * alpha, pa, va, e), pb, vb, e);
+}
+
+// One online-softmax step of a quad over the block's 16 keys, the same in every lane:
+// the new running maxima, the factor that rescales the old state, the probabilities
+// of this lane's two keys and the new running sums.
 struct QuadStep {
     max: vec4<f32>,
     alpha: vec4<f32>,
-    probs: vec4<f32>,
+    probs_a: vec4<f32>,
+    probs_b: vec4<f32>,
     sum: vec4<f32>,
 }
 
-fn quad_step(old_max: vec4<f32>, old_sum: vec4<f32>, s: vec4<f32>) -> QuadStep {
-    let new_max = max(old_max, subgroupMax(s));
+fn quad_step(old_max: vec4<f32>, old_sum: vec4<f32>, sa: vec4<f32>, sb: vec4<f32>) -> QuadStep {
+    let new_max = max(old_max, subgroupMax(max(sa, sb)));
     let alpha = softmax_rescale(old_max, new_max);
-    let probs = softmax_probs(s, new_max);
-    return QuadStep(new_max, alpha, probs, old_sum * alpha + subgroupAdd(probs));
+    let pa = softmax_probs(sa, new_max);
+    let pb = softmax_probs(sb, new_max);
+    return QuadStep(new_max, alpha, pa, pb, old_sum * alpha + subgroupAdd(pa + pb));
 }
 
 // Each quad's running maxima and sums (the same in every lane).
@@ -158,44 +165,63 @@ struct RunState {
     sum1: vec4<f32>,
 }
 
-// Keys j0 .. j0 + 7 of the block `blk`, key j0 + lid to this lane: scores, masked
-// unless `masked` is false (the caller knows no rule applies), the softmax step, and
-// P·V into this lane's accumulator slots. Called with a constant `masked`, so the
-// driver compiles the plain loop without the rules' code.
+// Where the rows of key j start in K (x) and V (y): clamped to the last key (a masked
+// key's rows are read but add nothing).
+fn key_rows(blk: DecodeBlock, j: u32) -> vec2<u32> {
+    let jc = min(j, p.len_k - 1u);
+    return vec2<u32>(
+        blk.b * p.k_stride_b + blk.hk * p.k_stride_h + kv_offset(true, blk.b, jc),
+        blk.b * p.v_stride_b + blk.hk * p.v_stride_h + kv_offset(false, blk.b, jc),
+    );
+}
+
+// Quad qd's scores of this lane's two keys, masked unless `masked` is false, and the
+// softmax step over the block.
+fn quad_block(st_max: vec4<f32>, st_sum: vec4<f32>, blk: DecodeBlock, qd: u32, ja: u32, sa: vec4<f32>, sb: vec4<f32>, masked: bool) -> QuadStep {
+    if masked {
+        let ma = mask_quad(blk.b, blk.hk, blk.block, qd, ja, blk.stop, sa);
+        let mb = mask_quad(blk.b, blk.hk, blk.block, qd, ja + DS_LANES, blk.stop, sb);
+        return quad_step(st_max, st_sum, ma, mb);
+    }
+    return quad_step(st_max, st_sum, sa, sb);
+}
+
+// Keys j0 .. j0 + 15 of the block `blk`, keys j0 + lid and j0 + 8 + lid to this lane:
+// scores, masked unless `masked` is false (the caller knows no rule applies), the
+// softmax step, and P·V into this lane's accumulator slots. Called with a constant
+// `masked`, so the driver compiles the plain loop without the rules' code.
 fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -> RunState {
     let d4 = (p.head_dim + 3u) / 4u;
     let dv4 = (p.head_dim_v + 3u) / 4u;
     let chunks = (p.head_dim_v + DS_CHUNK - 1u) / DS_CHUNK;
-    // 1. This lane's key against the block's rows.
-    let j = j0 + lid;
-    let jc = min(j, p.len_k - 1u);
-    let k_row = blk.b * p.k_stride_b + blk.hk * p.k_stride_h + kv_offset(true, blk.b, jc);
-    let rows = broadcast_octet_u(blk.b * p.v_stride_b + blk.hk * p.v_stride_h + kv_offset(false, blk.b, jc));
-    let raw = decode_scores(k_row, d4);
+    // 1. This lane's two keys against the block's rows.
+    let ja = j0 + lid;
+    let rows_a = key_rows(blk, ja);
+    let rows_b = key_rows(blk, ja + DS_LANES);
+    let raw = decode_scores(vec2<u32>(rows_a.x, rows_b.x), d4, true);
+    let v_rows_a = broadcast_octet_u(rows_a.y);
+    let v_rows_b = broadcast_octet_u(rows_b.y);
     // 2. The softmax step, quad by quad.
-    var s0 = raw[0];
-    if masked {
-        s0 = mask_quad(blk.b, blk.hk, blk.block, 0u, j, blk.stop, s0);
-    }
-    let step0 = quad_step(st.max0, st.sum0, s0);
-    let pr0 = broadcast_octet(step0.probs);
-    var step1 = QuadStep(st.max1, vec4<f32>(0.0), vec4<f32>(0.0), st.sum1);
-    var pr1: Octet;
+    let step0 = quad_block(st.max0, st.sum0, blk, 0u, ja, raw[0], raw[2], masked);
+    let pa0 = broadcast_octet(step0.probs_a);
+    let pb0 = broadcast_octet(step0.probs_b);
+    var step1 = QuadStep(st.max1, vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), st.sum1);
+    var pa1: Octet;
+    var pb1: Octet;
     if DEC_QUADS > 1u {
-        var s1 = raw[1];
-        if masked {
-            s1 = mask_quad(blk.b, blk.hk, blk.block, 1u, j, blk.stop, s1);
-        }
-        step1 = quad_step(st.max1, st.sum1, s1);
-        pr1 = broadcast_octet(step1.probs);
+        step1 = quad_block(st.max1, st.sum1, blk, 1u, ja, raw[1], raw[3], masked);
+        pa1 = broadcast_octet(step1.probs_a);
+        pb1 = broadcast_octet(step1.probs_b);
     }
     // 3. Columns 4 (8c + lid) .. + 3: rescale, add the block's probabilities times V.
     // Lanes past Dv read the last four columns and their slots are never stored.
     for (var c = 0u; c < chunks; c++) {
-        let vals = v_octet(rows, min(c * DS_LANES + lid, dv4 - 1u));
-        accumulate(4u * c * DS_LANES + lid, step0.alpha, pr0, vals);
+        let w = min(c * DS_LANES + lid, dv4 - 1u);
+        let va = v_octet(v_rows_a, w);
+        let vb = v_octet(v_rows_b, w);
+        accumulate(4u * c * DS_LANES + lid, step0.alpha, pa0, pb0, va, vb);
         if DEC_QUADS > 1u {
-            accumulate((DS_SLOTS + 4u * c) * DS_LANES + lid, step1.alpha, pr1, vals);
+            accumulate((DS_SLOTS + 4u * c) * DS_LANES + lid, step1.alpha, pa1, pb1, va, vb);
         }
     }
     return RunState(step0.max, step0.sum, step1.max, step1.sum);
@@ -221,27 +247,27 @@ fn decode_split_subgroup(
     workgroupBarrier();
 
     var st = RunState(vec4<f32>(neg_inf()), vec4<f32>(0.0), vec4<f32>(neg_inf()), vec4<f32>(0.0));
-    // Blocks of 8 from blk.begin: those wholly inside blk.open_begin .. open_end need no
+    // Blocks of 16 from blk.begin: those wholly inside blk.open_begin .. open_end need no
     // masking when visible ranges are the only rule (the edges of a window, causal
     // boundary or split go through the rules).
     var open_lo = blk.stop;
     var open_hi = blk.stop;
-    if only_key_ranges() && blk.open_end >= blk.begin + DS_LANES {
-        let first = blk.begin + (max(blk.open_begin, blk.begin) - blk.begin + DS_LANES - 1u) / DS_LANES * DS_LANES;
-        let last = blk.begin + (blk.open_end - blk.begin) / DS_LANES * DS_LANES;
+    if only_key_ranges() && blk.open_end >= blk.begin + DS_BLOCK {
+        let first = blk.begin + (max(blk.open_begin, blk.begin) - blk.begin + DS_BLOCK - 1u) / DS_BLOCK * DS_BLOCK;
+        let last = blk.begin + (blk.open_end - blk.begin) / DS_BLOCK * DS_BLOCK;
         if first < last {
             open_lo = first;
             open_hi = last;
         }
     }
     var j0 = blk.begin;
-    for (; j0 < open_lo; j0 += DS_LANES) {
+    for (; j0 < open_lo; j0 += DS_BLOCK) {
         st = block_step(st, blk, lid, j0, true);
     }
-    for (; j0 < open_hi; j0 += DS_LANES) {
+    for (; j0 < open_hi; j0 += DS_BLOCK) {
         st = block_step(st, blk, lid, j0, false);
     }
-    for (; j0 < blk.stop; j0 += DS_LANES) {
+    for (; j0 < blk.stop; j0 += DS_BLOCK) {
         st = block_step(st, blk, lid, j0, true);
     }
     let max0 = st.max0;

@@ -117,19 +117,21 @@ impl DecodeDesign {
                 let around = (8 * (1 + tail) + 1) + (8 + 1) + (4 + 1) + (4 + 1) + stores + 1;
                 tiles * per_tile + around
             }
-            // Per block of 8 keys: the block loop; the score loop over the head dim;
-            // the two quads' mask loops; the loop over chunks of 32 columns (eight
-            // 4-column V loads each, with load4's tail where K and V are read element
-            // by element). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
-            // accumulator clear (2 × 32 slots), the block bounds, the stores (4 slots a
-            // chunk × 2 quads × 4 rows) and the exits of the three key loops (masked
-            // edges, plain middle).
+            // Per block of 16 keys: the block loop; the score loop over the head dim
+            // (two K loads a trip, with load4's tail where K and V are read element by
+            // element); the two quads' mask loops for each of the lane's two keys; the
+            // loop over chunks of 32 columns (sixteen 4-column V loads each). Around
+            // it: the Q load (8 rows × d4 vec4s over 8 lanes), the accumulator clear
+            // (2 × 32 slots), the block bounds, the stores (4 slots a chunk × 2 quads
+            // × 4 rows) and the exits of the three key loops (masked edges, plain
+            // middle).
             DecodeDesign::Subgroup => {
-                let blocks = (keys as u64).div_ceil(u64::from(SUBGROUP_LANES));
+                let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
                 let vec4 = self.constants(s).contains(&("KV_VEC4", 1));
                 let load_tail = if vec4 { 0 } else { tail };
-                let per_block = 1 + (d4 * (1 + load_tail) + 1) + 2 * (4 + 1) + (chunks * (1 + 8 * load_tail) + 1);
+                let per_block =
+                    1 + (d4 * (1 + 2 * load_tail) + 1) + 2 * 2 * (4 + 1) + (chunks * (1 + 16 * load_tail) + 1);
                 let stores = 4 * chunks * (1 + 2 * (1 + 4 + 1) + 1) + 1;
                 let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 3;
                 blocks * per_block + around
