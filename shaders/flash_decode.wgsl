@@ -35,9 +35,13 @@ var<workgroup> quad_inv: array<vec4<f32>, DEC_QUADS>;
 // reads it through the block table) and read by all lanes in the values step.
 var<workgroup> v_rows: array<u32, DEC_TILE>;
 
-// K elements 4t .. 4t + 3 of the row at k_row, for decode_scores (any head dim).
-fn decode_k4(k_row: u32, t: u32) -> vec4<f32> {
-    return load4(true, k_row, t, p.head_dim);
+// For decode_scores: K is read 4 elements a load, element by element (any head dim).
+fn kv_vec4s() -> u32 {
+    return 1u;
+}
+
+fn decode_k_load(k_row: u32, t: u32) -> KvLoad {
+    return KvLoad(load4(true, k_row, t, p.head_dim), vec4<f32>(0.0));
 }
 
 @compute @workgroup_size(64)

@@ -24,10 +24,12 @@
 //      vec4 per quad and column in its own slots of workgroup memory (llvmpipe
 //      compiles a dynamically indexed private array into a ladder of branches),
 //      rescales them and adds the 16 probabilities times V, in key order.
-// K and V are read four elements to a load where KV_VEC4 is set (head dims and row
-// strides multiples of 4; the host checks): llvmpipe loads storage lane by lane, so a
-// vec4 costs about what one element does (1.4-1.5x faster on Mesa 22.3's lavapipe,
-// 1.13x on 25.0's). Otherwise the same columns come element by element.
+// K and V are read 16 bytes to a load (4 f32 or 8 f16 elements, through k4 and v4)
+// where KV_WIDE is set (head dims, so row strides, multiples of that; the host
+// checks): llvmpipe loads storage lane by lane, so such a load costs about what one
+// element does. Four f32 a load made the kernel 1.4-1.5x faster on Mesa 22.3's
+// lavapipe and 1.13x on 25.0's; eight f16 instead of four, 1.24x and 1.06x.
+// Otherwise the same columns come 4 elements at a time, element by element.
 // The block's keys past the split or the row's visible range are masked; their
 // probabilities are 0 and their V rows (clamped to the last key) are read but add
 // nothing.
@@ -35,35 +37,50 @@
 const DS_LANES: u32 = 8u;
 // Keys a block: two per lane, so each read of Q serves two keys.
 const DS_BLOCK: u32 = 2u * DS_LANES;
-// Columns a chunk covers: 4 for each of the 8 lanes.
-const DS_CHUNK: u32 = 4u * DS_LANES;
-const DS_SLOTS: u32 = 32u; // Dv up to 256 = 8 chunks of 4 columns per lane
+const DS_SLOTS: u32 = 32u; // a lane's columns: Dv up to 256 over 8 lanes
 
-// 1 where K and V are read as vec4s through k4 and v4 (set by the host).
-override KV_VEC4: u32 = 0u;
+// 1 where K and V are read 16 bytes at a time through k4 and v4 (set by the host).
+override KV_WIDE: u32 = 0u;
 
-// Quad qd's accumulator for slot c of invocation l, at (qd * DS_SLOTS + c) * 8 + l:
-// slot 4 * chunk + e holds column slot_column(c, l).
+// Vec4s a load of K or V gives: 2 for f16 read 16 bytes at a time, else 1.
+fn kv_vec4s() -> u32 {
+    return select(1u, ELEMS_PER_WORD, KV_WIDE != 0u);
+}
+
+// Quad qd's accumulator for slot c of invocation l, at (qd * DS_SLOTS + c) * 8 + l.
+// Lane l owns the columns of loads 8c' + l, each kv_vec4s() slots of 4 columns.
 var<workgroup> ds_acc: array<vec4<f32>, DEC_QUADS * DS_SLOTS * DS_LANES>;
 
 fn slot_column(c: u32, lid: u32) -> u32 {
-    return (c / 4u * DS_LANES + lid) * 4u + c % 4u;
+    let per = kv_vec4s();
+    let unit = c / 4u;
+    return ((unit / per * DS_LANES + lid) * per + unit % per) * 4u + c % 4u;
 }
 
-// K elements 4t .. 4t + 3 of the row at k_row, for decode_scores.
-fn decode_k4(k_row: u32, t: u32) -> vec4<f32> {
-    if KV_VEC4 != 0u {
-        return vec4<f32>(k4[k_row / 4u + t]);
+// Load u of the K or V row at `row` (elements from u * 4 * kv_vec4s()).
+fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
+    if KV_WIDE != 0u {
+        let at = row / (4u * ELEMS_PER_WORD) + u;
+        var w: vec4<u32>;
+        if is_k {
+            w = k4[at];
+        } else {
+            w = v4[at];
+        }
+        if ELEMS_PER_WORD == 2u {
+            return KvLoad(
+                vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+                vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+            );
+        }
+        return KvLoad(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }
-    return load4(true, k_row, t, p.head_dim);
+    return KvLoad(load4(is_k, row, u, select(p.head_dim_v, p.head_dim, is_k)), vec4<f32>(0.0));
 }
 
-// V elements 4w .. 4w + 3 of the row at v_row.
-fn v_load4(v_row: u32, w: u32) -> vec4<f32> {
-    if KV_VEC4 != 0u {
-        return vec4<f32>(v4[v_row / 4u + w]);
-    }
-    return load4(false, v_row, w, p.head_dim_v);
+// For decode_scores.
+fn decode_k_load(k_row: u32, u: u32) -> KvLoad {
+    return kv_load(true, k_row, u);
 }
 
 alias Octet = array<vec4<f32>, 8>;
@@ -96,18 +113,25 @@ fn broadcast_octet_u(x: u32) -> OctetU {
     );
 }
 
-// V elements 4w .. 4w + 3 of the 8 rows starting at `rows`.
-fn v_octet(rows: OctetU, w: u32) -> Octet {
-    return Octet(
-        v_load4(rows[0], w),
-        v_load4(rows[1], w),
-        v_load4(rows[2], w),
-        v_load4(rows[3], w),
-        v_load4(rows[4], w),
-        v_load4(rows[5], w),
-        v_load4(rows[6], w),
-        v_load4(rows[7], w),
+alias LoadOctet = array<KvLoad, 8>;
+
+// Load w of the 8 V rows starting at `rows`.
+fn v_octet(rows: OctetU, w: u32) -> LoadOctet {
+    return LoadOctet(
+        kv_load(false, rows[0], w),
+        kv_load(false, rows[1], w),
+        kv_load(false, rows[2], w),
+        kv_load(false, rows[3], w),
+        kv_load(false, rows[4], w),
+        kv_load(false, rows[5], w),
+        kv_load(false, rows[6], w),
+        kv_load(false, rows[7], w),
     );
+}
+
+// Vec4 h of each of the 8 loads.
+fn octet_part(x: LoadOctet, h: u32) -> Octet {
+    return Octet(x[0][h], x[1][h], x[2][h], x[3][h], x[4][h], x[5][h], x[6][h], x[7][h]);
 }
 
 // o + Σ_i pr[i] * vals[i][e], in key order: column e of the 8 rows' vec4s.
@@ -192,8 +216,9 @@ fn quad_block(st_max: vec4<f32>, st_sum: vec4<f32>, blk: DecodeBlock, qd: u32, j
 // `masked`, so the driver compiles the plain loop without the rules' code.
 fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -> RunState {
     let d4 = (p.head_dim + 3u) / 4u;
-    let dv4 = (p.head_dim_v + 3u) / 4u;
-    let chunks = (p.head_dim_v + DS_CHUNK - 1u) / DS_CHUNK;
+    let per = kv_vec4s();
+    let v_loads = (p.head_dim_v + 4u * per - 1u) / (4u * per);
+    let chunks = (v_loads + DS_LANES - 1u) / DS_LANES;
     // 1. This lane's two keys against the block's rows.
     let ja = j0 + lid;
     let rows_a = key_rows(blk, ja);
@@ -213,15 +238,23 @@ fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -
         pa1 = broadcast_octet(step1.probs_a);
         pb1 = broadcast_octet(step1.probs_b);
     }
-    // 3. Columns 4 (8c + lid) .. + 3: rescale, add the block's probabilities times V.
-    // Lanes past Dv read the last four columns and their slots are never stored.
+    // 3. The columns of V load 8c + lid: rescale, add the block's probabilities times
+    // V. Lanes past Dv read the last load and their slots are never stored.
     for (var c = 0u; c < chunks; c++) {
-        let w = min(c * DS_LANES + lid, dv4 - 1u);
+        let w = min(c * DS_LANES + lid, v_loads - 1u);
         let va = v_octet(v_rows_a, w);
         let vb = v_octet(v_rows_b, w);
-        accumulate(4u * c * DS_LANES + lid, step0.alpha, pa0, pb0, va, vb);
+        // Each vec4 of the loads (constant indices: a loop would index them dynamically).
+        let slot = 4u * c * per;
+        accumulate(slot * DS_LANES + lid, step0.alpha, pa0, pb0, octet_part(va, 0u), octet_part(vb, 0u));
         if DEC_QUADS > 1u {
-            accumulate((DS_SLOTS + 4u * c) * DS_LANES + lid, step1.alpha, pa1, pb1, va, vb);
+            accumulate((DS_SLOTS + slot) * DS_LANES + lid, step1.alpha, pa1, pb1, octet_part(va, 0u), octet_part(vb, 0u));
+        }
+        if per > 1u {
+            accumulate((slot + 4u) * DS_LANES + lid, step0.alpha, pa0, pb0, octet_part(va, 1u), octet_part(vb, 1u));
+            if DEC_QUADS > 1u {
+                accumulate((DS_SLOTS + slot + 4u) * DS_LANES + lid, step1.alpha, pa1, pb1, octet_part(va, 1u), octet_part(vb, 1u));
+            }
         }
     }
     return RunState(step0.max, step0.sum, step1.max, step1.sum);
@@ -274,7 +307,8 @@ fn decode_split_subgroup(
     let sum0 = st.sum0;
     let max1 = st.max1;
     let sum1 = st.sum1;
-    let slots = (p.head_dim_v + DS_CHUNK - 1u) / DS_CHUNK * 4u;
+    let per = kv_vec4s();
+    let slots = (p.head_dim_v + 4u * per * DS_LANES - 1u) / (4u * per * DS_LANES) * 4u * per;
 
     // Partials: rows normalised, with their log-sum-exp over this split's keys (every
     // lane holds the same maxima and sums; lane r < 4 stores row r of each quad).

@@ -26,6 +26,13 @@ pub enum DecodeDesign {
     Subgroup,
 }
 
+/// Whether the subgroup design reads K and V of `dtype` 16 bytes at a time: both head
+/// dims (so every row stride) a multiple of the elements in 16 bytes.
+fn reads_wide(s: &AttentionShape, dtype: DType) -> bool {
+    let per_load = 16 / dtype.size();
+    s.head_dim.is_multiple_of(per_load) && s.head_dim_v.is_multiple_of(per_load)
+}
+
 /// Lanes `flash_decode_subgroup.wgsl` needs in a subgroup.
 pub const SUBGROUP_LANES: u32 = 8;
 
@@ -56,17 +63,14 @@ impl DecodeDesign {
         }
     }
 
-    /// The split kernel's override constants: the subgroup design reads K and V as
-    /// vec4s (`KV_VEC4`) where every row starts on a multiple of 4 elements. The
-    /// layouts make every K stride a multiple of D and every V stride one of Dv (a
-    /// paged pool's too), so the head dims decide.
-    pub fn constants(self, s: &AttentionShape) -> Vec<(&'static str, u32)> {
+    /// The split kernel's override constants: the subgroup design reads K and V 16
+    /// bytes at a time (`KV_WIDE`) where every row starts on a multiple of that many
+    /// bytes. The layouts make every K stride a multiple of D and every V stride one
+    /// of Dv (a paged pool's too), so the head dims decide.
+    pub fn constants(self, s: &AttentionShape, dtype: DType) -> Vec<(&'static str, u32)> {
         match self {
             DecodeDesign::Tiles => Vec::new(),
-            DecodeDesign::Subgroup => {
-                let vec4 = s.head_dim.is_multiple_of(4) && s.head_dim_v.is_multiple_of(4);
-                vec![("KV_VEC4", u32::from(vec4))]
-            }
+            DecodeDesign::Subgroup => vec![("KV_WIDE", u32::from(reads_wide(s, dtype)))],
         }
     }
 
@@ -118,21 +122,26 @@ impl DecodeDesign {
                 tiles * per_tile + around
             }
             // Per block of 16 keys: the block loop; the score loop over the head dim
-            // (two K loads a trip, with load4's tail where K and V are read element by
-            // element); the two quads' mask loops for each of the lane's two keys; the
-            // loop over chunks of 32 columns (sixteen 4-column V loads each). Around
-            // it: the Q load (8 rows × d4 vec4s over 8 lanes), the accumulator clear
-            // (2 × 32 slots), the block bounds, the stores (4 slots a chunk × 2 quads
-            // × 4 rows) and the exits of the three key loops (masked edges, plain
-            // middle).
+            // (at most d4 trips of two K loads, with load4's tail where K and V are read
+            // element by element); the two quads' mask loops for each of the lane's two
+            // keys; the loop over chunks of V (at most one per 32 columns, sixteen V
+            // loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
+            // accumulator clear (2 × 32 slots), the block bounds, the stores (a lane's
+            // slots × 2 quads × 4 rows) and the exits of the three key loops (masked
+            // edges, plain middle).
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
-                let vec4 = self.constants(s).contains(&("KV_VEC4", 1));
-                let load_tail = if vec4 { 0 } else { tail };
+                // Element by element in either dtype, the tails run (an upper bound
+                // where the dtype reads 16 bytes at a time).
+                let wide = reads_wide(s, DType::F32) && reads_wide(s, DType::F16);
+                let load_tail = if wide { 0 } else { tail };
                 let per_block =
                     1 + (d4 * (1 + 2 * load_tail) + 1) + 2 * 2 * (4 + 1) + (chunks * (1 + 16 * load_tail) + 1);
-                let stores = 4 * chunks * (1 + 2 * (1 + 4 + 1) + 1) + 1;
+                // A lane's slots: 4 per chunk of 32 columns, or 8 per chunk of 64 (f16
+                // read 16 bytes at a time), whichever is more.
+                let slots = (4 * chunks).max(8 * (s.head_dim_v as u64).div_ceil(64));
+                let stores = slots * (1 + 2 * (1 + 4 + 1) + 1) + 1;
                 let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 3;
                 blocks * per_block + around
             }
@@ -347,7 +356,7 @@ pub(crate) fn encode(
         }
     }
     let split_kernel = split.design.variant_for(shape).kernel;
-    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &split.design.constants(shape))?;
+    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &split.design.constants(shape, dtype))?;
     dispatch(
         ctx,
         encoder,

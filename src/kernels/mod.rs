@@ -1,7 +1,8 @@
 //! WGSL kernels: one module per kernel (its pipeline and dispatch), the shared uniform
 //! block, and the machinery to assemble, compile and cache shader variants.
 //!
-//! A kernel's source is a generated two-line header (`enable f16;`, `alias elem = ...;`)
+//! A kernel's source is a generated header (`enable f16;`, `alias elem = ...;`, and
+//! `ELEMS_PER_WORD`, the elements a u32 word holds)
 //! followed by the kernel's preludes (`shaders/attention_common.wgsl`, and for the fused
 //! kernels `shaders/flash_common.wgsl`) and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
@@ -96,8 +97,8 @@ pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
         .lines()
         .partition(|line| line.trim_start().starts_with("enable "));
     let elem = match dtype {
-        DType::F32 => "alias elem = f32;\n",
-        DType::F16 => "alias elem = f16;\n",
+        DType::F32 => "alias elem = f32;\nconst ELEMS_PER_WORD: u32 = 1u;\n",
+        DType::F16 => "alias elem = f16;\nconst ELEMS_PER_WORD: u32 = 2u;\n",
     };
     let mut header = String::new();
     if dtype == DType::F16 && !directives.iter().any(|d| d.contains("f16")) {
