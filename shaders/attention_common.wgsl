@@ -96,8 +96,9 @@ struct Params {
 // K and V again, 16 bytes to a load (4 f32 or 8 f16 elements, ELEMS_PER_WORD to a
 // word): llvmpipe loads storage lane by lane, or a gather per component, so one such
 // load costs about what one element does. Bound to the same buffers as k and v, only by
-// kernels that read them this way (the subgroup decode design, where row strides and
-// head dims are multiples of the elements of a load).
+// kernels that read them this way (the subgroup decode design: whole loads where row
+// strides and head dims are multiples of the elements of one, else single elements
+// out of them). Buffers are whole 16-byte units (Context::check_buffer_size).
 @group(0) @binding(9) var<storage, read> k4: array<vec4<u32>>;
 @group(0) @binding(10) var<storage, read> v4: array<vec4<u32>>;
 

@@ -57,16 +57,29 @@ fn slot_column(c: u32, lid: u32) -> u32 {
     return ((unit / per * DS_LANES + lid) * per + unit % per) * 4u + c % 4u;
 }
 
-// Load u of the K or V row at `row` (elements from u * 4 * kv_vec4s()).
+// The 16 bytes of K or V holding element e (this kernel binds K and V only so).
+fn kv_words(is_k: bool, e: u32) -> vec4<u32> {
+    let at = e / (4u * ELEMS_PER_WORD);
+    if is_k {
+        return k4[at];
+    }
+    return v4[at];
+}
+
+// Element e of K or V.
+fn kv_element(is_k: bool, e: u32) -> f32 {
+    let word = kv_words(is_k, e)[e % (4u * ELEMS_PER_WORD) / ELEMS_PER_WORD];
+    if ELEMS_PER_WORD == 2u {
+        return unpack2x16float(word)[e % 2u];
+    }
+    return bitcast<f32>(word);
+}
+
+// Load u of the K or V row at `row` (elements from u * 4 * kv_vec4s(), zero past the
+// head dim where read element by element).
 fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
     if KV_WIDE != 0u {
-        let at = row / (4u * ELEMS_PER_WORD) + u;
-        var w: vec4<u32>;
-        if is_k {
-            w = k4[at];
-        } else {
-            w = v4[at];
-        }
+        let w = kv_words(is_k, row + u * 4u * ELEMS_PER_WORD);
         if ELEMS_PER_WORD == 2u {
             return KvLoad(
                 vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
@@ -75,7 +88,14 @@ fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
         }
         return KvLoad(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }
-    return KvLoad(load4(is_k, row, u, select(p.head_dim_v, p.head_dim, is_k)), vec4<f32>(0.0));
+    let len = select(p.head_dim_v, p.head_dim, is_k);
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if u * 4u + c < len {
+            r[c] = kv_element(is_k, row + u * 4u + c);
+        }
+    }
+    return KvLoad(r, vec4<f32>(0.0));
 }
 
 // For decode_scores.

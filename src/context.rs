@@ -708,10 +708,10 @@ impl Context {
     }
 
     /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`]: whole
-    /// words, and at least 16 bytes, so any buffer can be bound as an array of vec4s
-    /// (the subgroup decode design binds K and V so, used or not).
+    /// 16-byte units, so any buffer can be bound as an array of vec4s that reaches its
+    /// last element (the subgroup decode design reads K and V only so).
     fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {
-        let size = bytes.max(16).div_ceil(4) * 4;
+        let size = bytes.max(16).div_ceil(16) * 16;
         if size > self.caps.max_buffer {
             return Err(Error::LimitExceeded {
                 what: label.into(),

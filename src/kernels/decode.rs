@@ -185,18 +185,15 @@ const TILES_SLOTS: &[Slot] = &[
     Slot::SideWords,
     Slot::Scores,
 ];
-/// K and V twice: element by element, and as vec4s where `KV_VEC4` is set (WebGPU's
-/// default 8 storage buffers per stage, all used).
+/// K and V through their 16-byte views only, read whole or element by element.
 const SUBGROUP_SLOTS: &[Slot] = &[
     Slot::Params,
     Slot::Q,
-    Slot::K,
-    Slot::V,
+    Slot::K4,
+    Slot::V4,
     Slot::Mask,
     Slot::SideWords,
     Slot::Scores,
-    Slot::K4,
-    Slot::V4,
 ];
 const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON];
 const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON];
