@@ -20,16 +20,17 @@
 //   2. softmax: subgroupMax and subgroupAdd give every lane the block's maxima and
 //      sums, so all lanes keep the same running maxima and sums;
 //   3. values: subgroupBroadcast hands every lane the 16 keys' probabilities and V
-//      row offsets; invocation l owns output columns 4 (8c + l) .. 4 (8c + l) + 3, one
-//      vec4 per quad and column in its own slots of workgroup memory (llvmpipe
-//      compiles a dynamically indexed private array into a ladder of branches),
-//      rescales them and adds the 16 probabilities times V, in key order.
+//      row offsets; invocation l owns the output columns of V loads 8c + l (4 each,
+//      8 for f16 read whole), one vec4 per quad and column in its own slots of
+//      workgroup memory (llvmpipe compiles a dynamically indexed private array into
+//      a ladder of branches), rescales them and adds the 16 probabilities times V,
+//      in key order.
 // K and V are read 16 bytes to a load (4 f32 or 8 f16 elements, through k4 and v4)
 // where KV_WIDE is set (head dims, so row strides, multiples of that; the host
 // checks): llvmpipe loads storage lane by lane, so such a load costs about what one
 // element does. Four f32 a load made the kernel 1.4-1.5x faster on Mesa 22.3's
 // lavapipe and 1.13x on 25.0's; eight f16 instead of four, 1.24x and 1.06x.
-// Otherwise the same columns come 4 elements at a time, element by element.
+// Otherwise loads take 4 single elements out of the same views.
 // The block's keys past the split or the row's visible range are masked; their
 // probabilities are 0 and their V rows (clamped to the last key) are read but add
 // nothing.
@@ -172,13 +173,13 @@ fn add_pv(o: vec4<f32>, pr: Octet, vals: Octet, e: u32) -> vec4<f32> {
 // probabilities (pa for keys j0 .. j0 + 7, pb for the rest) times their V values
 // (written out, not looped: each loop counts toward the driver's iteration cap).
 fn accumulate(a: u32, alpha: vec4<f32>, pa: Octet, pb: Octet, va: Octet, vb: Octet) {
-    for_column(a, alpha, pa, pb, va, vb, 0u);
-    for_column(a + DS_LANES, alpha, pa, pb, va, vb, 1u);
-    for_column(a + 2u * DS_LANES, alpha, pa, pb, va, vb, 2u);
-    for_column(a + 3u * DS_LANES, alpha, pa, pb, va, vb, 3u);
+    accumulate_column(a, alpha, pa, pb, va, vb, 0u);
+    accumulate_column(a + DS_LANES, alpha, pa, pb, va, vb, 1u);
+    accumulate_column(a + 2u * DS_LANES, alpha, pa, pb, va, vb, 2u);
+    accumulate_column(a + 3u * DS_LANES, alpha, pa, pb, va, vb, 3u);
 }
 
-fn for_column(a: u32, alpha: vec4<f32>, pa: Octet, pb: Octet, va: Octet, vb: Octet, e: u32) {
+fn accumulate_column(a: u32, alpha: vec4<f32>, pa: Octet, pb: Octet, va: Octet, vb: Octet, e: u32) {
     ds_acc[a] = add_pv(add_pv(ds_acc[a] * alpha, pa, va, e), pb, vb, e);
 }
 

@@ -103,7 +103,8 @@ impl DecodeDesign {
     /// 8-row variant (the 4-row one needs fewer). Every loop is counted with its exit
     /// check, the constant-trip ones too, and load4's and qload4's 4-trip tail loops
     /// as if they always ran wherever the kernel calls them (the subgroup design's
-    /// vec4 reads of K and V have none).
+    /// 16-byte reads of K and V have none; its element-by-element ones have the same
+    /// 4-trip loop).
     pub fn iterations(self, s: &AttentionShape, keys: usize) -> u64 {
         let d4 = (s.head_dim as u64).div_ceil(4);
         let tail = 4 + 1;

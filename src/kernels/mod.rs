@@ -248,9 +248,9 @@ pub enum Slot {
     SideWords = 6,
     Scores = 7,
     Lse = 8,
-    /// K again, read as vec4s.
+    /// K again, as 16-byte units (`array<vec4<u32>>`).
     K4 = 9,
-    /// V again, read as vec4s.
+    /// V again, as 16-byte units.
     V4 = 10,
 }
 
