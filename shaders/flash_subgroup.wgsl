@@ -11,10 +11,11 @@
 //
 // Tiling: a workgroup owns ROWS query rows of one (batch, head), ROWS / 4 invocations;
 // invocation `lid` owns rows row0 + lid + r * ROWS / 4 for r = 0..3 (component r). Keys
-// are consumed in blocks of 16: 64 scores held in registers, masked in a loop over
-// the block's four quads (skipped where no rule applies), one online-softmax step
-// per row, then one pass over the accumulator, an octet of head-dim elements at a
-// time, that rescales it and adds the block's probabilities times V. The accumulator
+// are consumed in blocks of 16 (or 32, see KEYS_PER_BLOCK): 64 (128) scores held in
+// registers, masked in a loop over each four quads (skipped where no rule applies),
+// one online-softmax step per row, then one pass over the accumulator, an octet of
+// head-dim elements at a time, that rescales it and adds the block's probabilities
+// times V. The accumulator
 // lives in workgroup memory, which llvmpipe reads lane by lane: blocks of 16 keys
 // touch it a quarter as often as blocks of 4 did (1.8x faster on lavapipe). No
 // barriers (each invocation touches only its own slot of the workgroup arrays below).
@@ -43,12 +44,16 @@ var<private> q_rows: vec4<u32>; // where its 4 Q rows start in q
 var<private> row_max: vec4<f32>;
 var<private> row_sum: vec4<f32>;
 
-// Keys go in blocks of 16, as four quads of 4 keys. Per quad, a `array<vec4<f32>, 4>`
-// holds component r of row r for keys 4q + c, c = 0..3 (scores, then probabilities).
-// Every array here is passed and indexed by value with constant indices, so the driver
-// keeps it in registers: llvmpipe spills a dynamically indexed array to a ladder of
-// branches, and does not unroll short constant-trip loops before it would.
-const KEYS_PER_BLOCK: u32 = 16u;
+// Keys go in blocks of KEYS_PER_BLOCK (16 or 32, from a prelude), as quads of 4 keys.
+// Per quad, a `array<vec4<f32>, 4>` holds component r of row r for keys 4q + c,
+// c = 0..3 (scores, then probabilities). Every array here is passed and indexed by
+// value with constant indices, so the driver keeps it in registers: llvmpipe spills a
+// dynamically indexed array to a ladder of branches, and does not unroll short
+// constant-trip loops before it would. Blocks of 32 halve the accumulator's passes
+// through workgroup memory and run faster on Mesa 22.3 (1.25-1.3x); on Mesa 25 they
+// are slower (0.75x), so the host picks by driver. The second half-block's code is
+// compiled only into the 32-key variants.
+const WIDE_BLOCKS: bool = KEYS_PER_BLOCK > 16u;
 alias Quad = array<vec4<f32>, 4>;
 alias Octet = array<vec4<f32>, 8>;
 
@@ -244,10 +249,18 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         var s1 = Quad();
         var s2 = Quad();
         var s3 = Quad();
+        var s4 = Quad();
+        var s5 = Quad();
+        var s6 = Quad();
+        var s7 = Quad();
         let kr0 = row_offsets(true, hd.b, k_base, j0);
         let kr1 = row_offsets(true, hd.b, k_base, j0 + 4u);
         let kr2 = row_offsets(true, hd.b, k_base, j0 + 8u);
         let kr3 = row_offsets(true, hd.b, k_base, j0 + 12u);
+        let kr4 = row_offsets(true, hd.b, k_base, j0 + 16u);
+        let kr5 = row_offsets(true, hd.b, k_base, j0 + 20u);
+        let kr6 = row_offsets(true, hd.b, k_base, j0 + 24u);
+        let kr7 = row_offsets(true, hd.b, k_base, j0 + 28u);
         for (var t = 0u; t < d8; t++) {
             let d = t * LANES + lane;
             let qo = q_octet(t);
@@ -255,10 +268,16 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             s1 = add_scores(s1, qo, k_column(kr1, d));
             s2 = add_scores(s2, qo, k_column(kr2, d));
             s3 = add_scores(s3, qo, k_column(kr3, d));
+            if WIDE_BLOCKS {
+                s4 = add_scores(s4, qo, k_column(kr4, d));
+                s5 = add_scores(s5, qo, k_column(kr5, d));
+                s6 = add_scores(s6, qo, k_column(kr6, d));
+                s7 = add_scores(s7, qo, k_column(kr7, d));
+            }
         }
         // Masks, softcap and ALiBi, unless the block needs none of them: in a loop over
         // the quads, so that the rules' code is compiled once rather than for each of
-        // the 16 keys (Mesa 25 took 10 s to compile the unrolled form cold).
+        // the block's keys (Mesa 25 took 10 s to compile the unrolled form cold).
         if !(only_key_ranges() && all(starts <= vec4<u32>(j0)) && all(vec4<u32>(j0 + KEYS_PER_BLOCK) <= ends)) {
             var quads = array<Quad, 4>(s0, s1, s2, s3);
             for (var c = 0u; c < 4u; c++) {
@@ -268,23 +287,53 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             s1 = quads[1];
             s2 = quads[2];
             s3 = quads[3];
+            if WIDE_BLOCKS {
+                quads = array<Quad, 4>(s4, s5, s6, s7);
+                for (var c = 0u; c < 4u; c++) {
+                    quads[c] = mask_quad(hd, clamped, starts, ends, j0 + 16u + 4u * c, quads[c]);
+                }
+                s4 = quads[0];
+                s5 = quads[1];
+                s6 = quads[2];
+                s7 = quads[3];
+            }
         }
 
         // One online-softmax step over the block. The rescale of the accumulator rides
         // on the V pass below (alpha is exactly 1 where the maximum did not move).
-        let new_max = max(row_max, max(max(quad_max(s0), quad_max(s1)), max(quad_max(s2), quad_max(s3))));
+        var block_max = max(max(quad_max(s0), quad_max(s1)), max(quad_max(s2), quad_max(s3)));
+        if WIDE_BLOCKS {
+            block_max = max(block_max, max(max(quad_max(s4), quad_max(s5)), max(quad_max(s6), quad_max(s7))));
+        }
+        let new_max = max(row_max, block_max);
         let alpha = softmax_rescale(row_max, new_max);
         row_max = new_max;
         let p0 = quad_probs(s0, new_max);
         let p1 = quad_probs(s1, new_max);
         let p2 = quad_probs(s2, new_max);
         let p3 = quad_probs(s3, new_max);
-        row_sum = row_sum * alpha + ((quad_sum(p0) + quad_sum(p1)) + (quad_sum(p2) + quad_sum(p3)));
+        var block_sum = (quad_sum(p0) + quad_sum(p1)) + (quad_sum(p2) + quad_sum(p3));
+        var p4 = Quad();
+        var p5 = Quad();
+        var p6 = Quad();
+        var p7 = Quad();
+        if WIDE_BLOCKS {
+            p4 = quad_probs(s4, new_max);
+            p5 = quad_probs(s5, new_max);
+            p6 = quad_probs(s6, new_max);
+            p7 = quad_probs(s7, new_max);
+            block_sum += (quad_sum(p4) + quad_sum(p5)) + (quad_sum(p6) + quad_sum(p7));
+        }
+        row_sum = row_sum * alpha + block_sum;
 
         let vr0 = row_offsets(false, hd.b, v_base, j0);
         let vr1 = row_offsets(false, hd.b, v_base, j0 + 4u);
         let vr2 = row_offsets(false, hd.b, v_base, j0 + 8u);
         let vr3 = row_offsets(false, hd.b, v_base, j0 + 12u);
+        let vr4 = row_offsets(false, hd.b, v_base, j0 + 16u);
+        let vr5 = row_offsets(false, hd.b, v_base, j0 + 20u);
+        let vr6 = row_offsets(false, hd.b, v_base, j0 + 24u);
+        let vr7 = row_offsets(false, hd.b, v_base, j0 + 28u);
         for (var t = 0u; t < dv8; t++) {
             let d = t * LANES + lane;
             var a = acc_octet(t);
@@ -300,6 +349,12 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             a = add_values(a, p1, v_column(vr1, d));
             a = add_values(a, p2, v_column(vr2, d));
             a = add_values(a, p3, v_column(vr3, d));
+            if WIDE_BLOCKS {
+                a = add_values(a, p4, v_column(vr4, d));
+                a = add_values(a, p5, v_column(vr5, d));
+                a = add_values(a, p6, v_column(vr6, d));
+                a = add_values(a, p7, v_column(vr7, d));
+            }
             acc_set_octet(t, a);
         }
     }

@@ -98,6 +98,9 @@ pub struct Capabilities {
     /// llvmpipe up to 22.x: 65535), as [`crate::kernels::loop_probe`] observed on a CPU
     /// adapter; `None` where loops run to the end (GPUs, Mesa 25's lavapipe).
     pub loop_cap: Option<u64>,
+    /// The Mesa release (major, minor) of a Mesa driver, from the adapter's driver
+    /// info (`Mesa 22.3.6 (LLVM 15.0.6)`): some tilings run best differently per release.
+    pub mesa_version: Option<(u32, u32)>,
 }
 
 /// One cooperative-matrix configuration: `M x N x K` tiles with A/B elements of `ab`
@@ -188,8 +191,18 @@ impl Capabilities {
             cooperative_matrix: Vec::new(),
             coop_emulated: false,
             loop_cap: None,
+            mesa_version: mesa_version(&info.driver_info),
         }
     }
+}
+
+/// The (major, minor) release after "Mesa " in a driver-info string, if any.
+pub fn mesa_version(driver_info: &str) -> Option<(u32, u32)> {
+    let rest = &driver_info[driver_info.find("Mesa ")? + "Mesa ".len()..];
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// The token that lets a device enable `EXPERIMENTAL_COOPERATIVE_MATRIX`, when the

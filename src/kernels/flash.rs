@@ -52,12 +52,15 @@ pub const SHARED: Kernel = Kernel {
 /// indexed private arrays into branch ladders: the 128 variant took 15 s to compile
 /// cold on Mesa 22.3 with private arrays, 2 s now); at 256 only the accumulator fits,
 /// and Q is read from the Q buffer at every block (25 s to compile as a private array).
+/// Each in blocks of 16 keys, and (`_WIDE`) of 32, which Mesa 22's llvmpipe runs
+/// faster ([`subgroup_keys_per_block`]).
 pub const SUBGROUP_64: Kernel = subgroup_variant(
     &[
         COMMON,
         "const MAX_DIM: u32 = 64u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
+        KEYS_16,
     ],
     "[64]",
 );
@@ -67,6 +70,7 @@ pub const SUBGROUP_128: Kernel = subgroup_variant(
         "const MAX_DIM: u32 = 128u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
+        KEYS_16,
     ],
     "[128]",
 );
@@ -76,9 +80,53 @@ pub const SUBGROUP_256: Kernel = subgroup_variant(
         "const MAX_DIM: u32 = 256u;\n",
         SUBGROUP_Q_STORAGE,
         SUBGROUP_ACC_SHARED,
+        KEYS_16,
     ],
     "[256]",
 );
+pub const SUBGROUP_WIDE_64: Kernel = subgroup_variant(
+    &[
+        COMMON,
+        "const MAX_DIM: u32 = 64u;\n",
+        SUBGROUP_Q_SHARED,
+        SUBGROUP_ACC_SHARED,
+        KEYS_32,
+    ],
+    "[64, 32 keys]",
+);
+pub const SUBGROUP_WIDE_128: Kernel = subgroup_variant(
+    &[
+        COMMON,
+        "const MAX_DIM: u32 = 128u;\n",
+        SUBGROUP_Q_SHARED,
+        SUBGROUP_ACC_SHARED,
+        KEYS_32,
+    ],
+    "[128, 32 keys]",
+);
+pub const SUBGROUP_WIDE_256: Kernel = subgroup_variant(
+    &[
+        COMMON,
+        "const MAX_DIM: u32 = 256u;\n",
+        SUBGROUP_Q_STORAGE,
+        SUBGROUP_ACC_SHARED,
+        KEYS_32,
+    ],
+    "[256, 32 keys]",
+);
+const KEYS_16: &str = "const KEYS_PER_BLOCK: u32 = 16u;\n";
+const KEYS_32: &str = "const KEYS_PER_BLOCK: u32 = 32u;\n";
+
+/// Keys per block of the subgroup tiling on an adapter: 32 on Mesa 22's llvmpipe,
+/// where (1,8,2048,64) f32 ran 1.25-1.3x faster that way (fewer passes over the
+/// accumulator in workgroup memory), 16 elsewhere: 32 ran 0.75x on Mesa 25.0, and
+/// the versions between were not measured.
+pub fn subgroup_keys_per_block(caps: &Capabilities) -> u32 {
+    match caps.mesa_version {
+        Some((major, _)) if major <= 22 => 32,
+        _ => 16,
+    }
+}
 
 /// Workgroup memory the subgroup tiling needs (its 128 variant: Q and the accumulator
 /// of 8 invocations; the 256 variant's accumulator alone is as large; the 64 variant
@@ -420,11 +468,15 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
             workgroup_bytes: SUBGROUP_WORKGROUP_BYTES,
         },
         f16_products: false,
-        launch: |d, dv, _| {
-            let kernel = match d.max(dv).next_multiple_of(SUBGROUP_LANES) {
-                0..=64 => SUBGROUP_64,
-                65..=128 => SUBGROUP_128,
-                _ => SUBGROUP_256,
+        launch: |d, dv, caps| {
+            let wide = subgroup_keys_per_block(caps) == 32;
+            let kernel = match (d.max(dv).next_multiple_of(SUBGROUP_LANES), wide) {
+                (0..=64, false) => SUBGROUP_64,
+                (65..=128, false) => SUBGROUP_128,
+                (_, false) => SUBGROUP_256,
+                (0..=64, true) => SUBGROUP_WIDE_64,
+                (65..=128, true) => SUBGROUP_WIDE_128,
+                (_, true) => SUBGROUP_WIDE_256,
             };
             Launch::rows_override(kernel, 32)
         },
@@ -613,6 +665,39 @@ mod tests {
             cooperative_matrix: Vec::new(),
             coop_emulated: false,
             loop_cap: None,
+            mesa_version: None,
+        }
+    }
+
+    #[test]
+    fn subgroup_key_blocks_follow_the_mesa_release() {
+        let mut c = caps(Some((8, 8)), 32768);
+        assert_eq!(crate::context::mesa_version("Mesa 22.3.6 (LLVM 15.0.6)"), Some((22, 3)));
+        assert_eq!(
+            crate::context::mesa_version("4.5 (Core Profile) Mesa 25.0.7-2~bpo12+1"),
+            Some((25, 0))
+        );
+        assert_eq!(crate::context::mesa_version("NVIDIA 550.54"), None);
+        assert_eq!(crate::context::mesa_version("Mesa x"), None);
+        assert_eq!(subgroup_keys_per_block(&c), 16);
+        c.mesa_version = Some((22, 3));
+        assert_eq!(subgroup_keys_per_block(&c), 32);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(64, 64, &c);
+        assert_eq!(launch.kernel, SUBGROUP_WIDE_64);
+        c.mesa_version = Some((25, 0));
+        assert_eq!(subgroup_keys_per_block(&c), 16);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(200, 64, &c);
+        assert_eq!(launch.kernel, SUBGROUP_256);
+    }
+
+    #[test]
+    fn the_subgroup_model_bounds_both_key_blocks() {
+        for (lk, d) in [(1, 8), (16, 64), (17, 64), (48, 128), (1000, 256), (43_456, 64)] {
+            let s = AttentionShape::new(1, 1, 1, 1, lk, d, d);
+            let model = loop_budget::subgroup_iterations(&s);
+            for keys in [16, 32] {
+                assert!(model >= loop_budget::subgroup_iterations_per(&s, keys), "{s:?} {keys}");
+            }
         }
     }
 

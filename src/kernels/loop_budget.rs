@@ -28,18 +28,26 @@ pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
 }
 
 /// `flash_subgroup.wgsl`, each loop counting one more trip for the check that ends
-/// it (measured on Mesa 22.3: at D 64, 3431 blocks pass and 3432 fail without masks).
-/// Per block of 16 keys: the block itself, the K octets, the masking loop over 4 quads
-/// (worst case: every block masked) and the V octets (which also rescale). Around it:
-/// Q load by octets, accumulator resume over padded dims, 4 rows stored.
+/// it (measured on Mesa 22.3: at D 64, 3431 blocks pass and 3432 fail without masks):
+/// the larger of its two variants' counts, blocks of 16 and of 32 keys, as the adapter
+/// picks one ([`super::flash::subgroup_keys_per_block`]; 16 counts more but for the
+/// shortest key ranges).
 pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
-    let blocks = s.len_k.div_ceil(16) as u64;
+    subgroup_iterations_per(s, 16).max(subgroup_iterations_per(s, 32))
+}
+
+/// Per block of `keys` keys: the block itself, the K octets, the masking loops over 4
+/// quads each (worst case: every block masked) and the V octets (which also rescale).
+/// Around it: Q load by octets, accumulator resume over padded dims, 4 rows stored.
+pub fn subgroup_iterations_per(s: &AttentionShape, keys: u64) -> u64 {
+    let blocks = (s.len_k as u64).div_ceil(keys);
     let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
     let dv = s.head_dim_v as u64;
     let prologue = (d8 + 1) + (8 * dv8 + 1);
     let epilogue = 5 + 4 * (dv + 1);
+    let masking = keys / 16 * (4 + 1);
     // The block loop's own exit, then per block: its trip, K octets, masking, V octets.
-    1 + blocks * (1 + (d8 + 1) + (4 + 1) + (dv8 + 1)) + prologue + epilogue
+    1 + blocks * (1 + (d8 + 1) + masking + (dv8 + 1)) + prologue + epilogue
 }
 
 /// `flash_attention.wgsl`'s registers entry. Per block of 4 keys: K vec4s, V vec4s,

@@ -53,7 +53,7 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 32] = [
+pub const ALL_KERNELS: [Kernel; 35] = [
     loop_probe::KERNEL,
     kv_append::KERNEL,
     layer_norm::KERNEL,
@@ -76,6 +76,9 @@ pub const ALL_KERNELS: [Kernel; 32] = [
     flash::SUBGROUP_64,
     flash::SUBGROUP_128,
     flash::SUBGROUP_256,
+    flash::SUBGROUP_WIDE_64,
+    flash::SUBGROUP_WIDE_128,
+    flash::SUBGROUP_WIDE_256,
     flash::BLOCKED_VARIANTS[0].kernel,
     flash::BLOCKED_VARIANTS[1].kernel,
     flash::BLOCKED_VARIANTS[2].kernel,
