@@ -15,14 +15,13 @@
 // registers, masked in a loop over each four quads (skipped where no rule applies),
 // one online-softmax step per row, then one pass over the accumulator, an octet of
 // head-dim elements at a time, that rescales it and adds the block's probabilities
-// times V. The accumulator
-// lives in workgroup memory, which llvmpipe reads lane by lane: blocks of 16 keys
-// touch it a quarter as often as blocks of 4 did (1.8x faster on lavapipe). No
-// barriers (each invocation touches only its own slot of the workgroup arrays below).
-// Lanes 0..7 of each subgroup must be active (the key loop is uniform across the
-// workgroup). A dispatch walks the keys p.key_begin .. p.key_stop (masking those of
-// its last block past p.key_stop) and may resume from an earlier one's results
-// (resume_rows).
+// times V. The accumulator lives in workgroup memory, which llvmpipe reads lane by
+// lane: blocks of 16 keys touch it a quarter as often as blocks of 4 did (1.8x faster
+// on lavapipe). No barriers (each invocation touches only its own slot of the
+// workgroup arrays below). Lanes 0..7 of each subgroup must be active (the key loop is
+// uniform across the workgroup). A dispatch walks the keys p.key_begin .. p.key_stop
+// (masking those of its last block past p.key_stop) and may resume from an earlier
+// one's results (resume_rows).
 
 // Per invocation, the scaled Q rows and the unnormalised output rows are MAX_DIM
 // vec4s each (component r: row r), reached by octets through q_octet/q_set_octet and
@@ -50,8 +49,8 @@ var<private> row_sum: vec4<f32>;
 // value with constant indices, so the driver keeps it in registers: llvmpipe spills a
 // dynamically indexed array to a ladder of branches, and does not unroll short
 // constant-trip loops before it would. Blocks of 32 halve the accumulator's passes
-// through workgroup memory and run faster on Mesa 22.3 (1.25-1.3x); on Mesa 25 they
-// are slower (0.75x), so the host picks by driver. The second half-block's code is
+// through workgroup memory and run faster on Mesa 22.3 (1.15-1.2x at (1,8,2048,64));
+// on Mesa 25 they are slower (0.75x), so the host picks by driver. The second half-block's code is
 // compiled only into the 32-key variants.
 const WIDE_BLOCKS: bool = KEYS_PER_BLOCK > 16u;
 alias Quad = array<vec4<f32>, 4>;
