@@ -32,7 +32,6 @@ fn every_kernel_validates_in_f32_and_f16() {
 fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
     // Validation alone misses naga SPIR-V writer failures, such as the cooperative-matrix
     // trap (an index inside coopLoad's pointer argument: "Expression [N] is not cached").
-    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     for kernel in ALL_KERNELS {
         for dtype in [DType::F32, DType::F16] {
             let source = shader_source(&kernel, dtype);
@@ -41,33 +40,60 @@ fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
                 naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
                     .validate(&module)
                     .expect("validates");
-            // Overrides take their defaults, as wgpu resolves them before writing SPIR-V.
-            let (module, info) = naga::back::pipeline_constants::process_overrides(
-                &module,
-                &info,
-                Some((naga::ShaderStage::Compute, kernel.entry)),
-                &naga::back::PipelineConstants::default(),
-            )
-            .unwrap_or_else(|e| panic!("{}: overrides: {e}", kernel.file));
-            for policy in [BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Unchecked] {
-                let options = naga::back::spv::Options {
-                    bounds_check_policies: BoundsCheckPolicies {
-                        index: policy,
-                        buffer: policy,
-                        image_load: policy,
-                        binding_array: policy,
-                    },
-                    ..Default::default()
-                };
-                let entry = naga::back::spv::PipelineOptions {
-                    shader_stage: naga::ShaderStage::Compute,
-                    entry_point: kernel.entry.into(),
-                };
-                let words = naga::back::spv::write_vec(&module, &info, &options, Some(&entry))
-                    .unwrap_or_else(|e| panic!("{}:{} ({dtype:?}, {policy:?}): {e}", kernel.file, kernel.entry));
-                assert!(words.len() > 5, "{}: empty SPIR-V", kernel.file);
+            // Overrides take their defaults, as wgpu resolves them before writing SPIR-V,
+            // and every other set of values the host passes (the subgroup decode
+            // design's 16-byte reads, KV_WIDE = 1).
+            for constants in override_sets(&kernel, dtype) {
+                let (module, info) = naga::back::pipeline_constants::process_overrides(
+                    &module,
+                    &info,
+                    Some((naga::ShaderStage::Compute, kernel.entry)),
+                    &constants,
+                )
+                .unwrap_or_else(|e| panic!("{}: overrides {constants:?}: {e}", kernel.file));
+                write_spirv(&kernel, dtype, &module, &info);
             }
         }
+    }
+}
+
+/// The override values a kernel is compiled with besides its defaults.
+fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<naga::back::PipelineConstants> {
+    use wgpu_attention::kernels::decode::{DecodeDesign, SUBGROUP_SPLIT_VARIANTS};
+    let mut sets = vec![naga::back::PipelineConstants::default()];
+    if SUBGROUP_SPLIT_VARIANTS.iter().any(|v| v.kernel == *kernel) {
+        let wide = wgpu_attention::AttentionShape::new(1, 8, 2, 1, 64, 128, 128);
+        let constants = DecodeDesign::Subgroup.constants(&wide, dtype);
+        assert!(constants.contains(&("KV_WIDE", 1)), "{constants:?}");
+        sets.push(constants.iter().map(|&(n, v)| (n.to_string(), f64::from(v))).collect());
+    }
+    sets
+}
+
+fn write_spirv(
+    kernel: &wgpu_attention::kernels::Kernel,
+    dtype: DType,
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+) {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    for policy in [BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Unchecked] {
+        let options = naga::back::spv::Options {
+            bounds_check_policies: BoundsCheckPolicies {
+                index: policy,
+                buffer: policy,
+                image_load: policy,
+                binding_array: policy,
+            },
+            ..Default::default()
+        };
+        let entry = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: kernel.entry.into(),
+        };
+        let words = naga::back::spv::write_vec(module, info, &options, Some(&entry))
+            .unwrap_or_else(|e| panic!("{}:{} ({dtype:?}, {policy:?}): {e}", kernel.file, kernel.entry));
+        assert!(words.len() > 5, "{}: empty SPIR-V", kernel.file);
     }
 }
 
