@@ -118,7 +118,7 @@ const KEYS_16: &str = "const KEYS_PER_BLOCK: u32 = 16u;\n";
 const KEYS_32: &str = "const KEYS_PER_BLOCK: u32 = 32u;\n";
 
 /// Keys per block of the subgroup tiling on an adapter: 32 on Mesa 22's llvmpipe,
-/// where (1,8,2048,64) f32 ran 1.25-1.3x faster that way (fewer passes over the
+/// where (1,8,2048,64) f32 ran 1.14-1.21x faster that way (fewer passes over the
 /// accumulator in workgroup memory), 16 elsewhere: 32 ran 0.75x on Mesa 25.0, and
 /// the versions between were not measured.
 pub fn subgroup_keys_per_block(caps: &Capabilities) -> u32 {
