@@ -691,12 +691,18 @@ mod tests {
     }
 
     #[test]
-    fn the_subgroup_model_bounds_both_key_blocks() {
-        for (lk, d) in [(1, 8), (16, 64), (17, 64), (48, 128), (1000, 256), (43_456, 64)] {
-            let s = AttentionShape::new(1, 1, 1, 1, lk, d, d);
-            let model = loop_budget::subgroup_iterations(&s);
-            for keys in [16, 32] {
-                assert!(model >= loop_budget::subgroup_iterations_per(&s, keys), "{s:?} {keys}");
+    fn blocks_of_16_keys_bound_the_subgroup_model_past_the_shortest_ranges() {
+        // The model takes the larger count of the two block sizes; past 32 keys it is
+        // the 16-key one, so picking 32 on Mesa 22 never shortens its dispatches.
+        for d in [8, 64, 128, 256] {
+            for lk in (32..2000).step_by(7) {
+                let s = AttentionShape::new(1, 1, 1, 1, lk, d, d);
+                let (k16, k32) = (
+                    loop_budget::subgroup_iterations_per(&s, 16),
+                    loop_budget::subgroup_iterations_per(&s, 32),
+                );
+                assert!(k16 >= k32, "D {d}, {lk} keys: {k16} < {k32}");
+                assert_eq!(loop_budget::subgroup_iterations(&s), k16);
             }
         }
     }
