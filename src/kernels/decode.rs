@@ -21,8 +21,8 @@ pub enum DecodeDesign {
     /// workgroup memory between barriers. GPUs, and CPU adapters without subgroups.
     Tiles,
     /// `flash_decode_subgroup.wgsl`: a workgroup is one subgroup of 8 invocations,
-    /// blocks of 8 keys, softmax by subgroup reductions, no barriers. CPU adapters
-    /// with subgroups of at least 8 lanes (lavapipe).
+    /// blocks of 16 keys (two per lane), softmax by subgroup reductions, no barriers.
+    /// CPU adapters with subgroups of at least 8 lanes (lavapipe).
     Subgroup,
 }
 
