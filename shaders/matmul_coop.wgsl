@@ -8,9 +8,10 @@ enable wgpu_cooperative_matrix;
 //
 // Tiling: a workgroup of 4 subgroups of SG invocations. SG must be the adapter's
 // fixed subgroup size (subgroup_min_size == subgroup_max_size), so that subgroup_id
-// runs 0..3; the host must check this, and the 16x16x16 f16->f32 configuration,
-// before dispatching (not wired yet). The workgroup owns a 64 x 64 block of Y;
-// subgroup q owns the 32 x 32 quadrant q as four 16 x 16 f32 accumulator tiles. Per step of 32 along K, all invocations stage X[64 x 32]
+// runs 0..3; the host checks this, and the 16x16x16 f16->f32 configuration, before
+// dispatching (Capabilities::coop_subgroup_size). The workgroup owns a 64 x 64 block
+// of Y; subgroup q owns the 32 x 32 quadrant q as four 16 x 16 f32 accumulator tiles.
+// Per step of 32 along K, all invocations stage X[64 x 32]
 // and W[64 x 32] as f16 in workgroup memory, rows padded by 8 halves, zeros past M, N
 // and K: every cooperative load reads a whole 16 x 16 tile from workgroup memory, never
 // past a buffer. Each subgroup then does 2 x 4 multiply-adds (A from X row-major, B =

@@ -214,11 +214,11 @@ fn experimental_features(features: wgpu::Features) -> wgpu::ExperimentalFeatures
     }
     // SAFETY: wgpu asks us to acknowledge that its experimental features may have bugs
     // with undefined behaviour. Enabling the feature changes nothing for shaders that do
-    // not `enable wgpu_cooperative_matrix`, and no shader this crate dispatches does yet:
-    // shaders/matmul_coop.wgsl is only validated and written to SPIR-V by naga in the
-    // tests. Its loads and stores stay inside workgroup arrays it declares (operands are
-    // staged there with bounds checks). Before it is dispatched, the host must check that
-    // the adapter lists 16x16x16 f16->f32 and has a fixed subgroup size to set as `SG`.
+    // not `enable wgpu_cooperative_matrix`. The two that do (shaders/matmul_coop.wgsl,
+    // shaders/flash_coop.wgsl) keep every cooperative load and store inside workgroup
+    // arrays they declare (operands are staged there with bounds checks), and the host
+    // dispatches them only where `Capabilities::coop_subgroup_size` found the 16x16x16
+    // f16->f32 configuration and a fixed subgroup size to set as `SG`.
     unsafe { wgpu::ExperimentalFeatures::enabled() }
 }
 
