@@ -6,9 +6,10 @@
 // of element b is row r % page_size of page table[b][r / page_size], and dst_b is the
 // page stride.
 //
-// Tiling: workgroups of 64 invocations; workgroup row y is one (b, h) pair and the
-// invocations of a row stride over its new_len x dim elements (one element each per
-// trip), so any number of new rows fits one dispatch.
+// Tiling: workgroups of 64 invocations; workgroup (y, z) is one (b, h) pair, number
+// y + z * groups.y (z exists only past the 65535 workgroups one grid axis allows), and
+// the invocations of a pair stride over its new_len x dim elements (one element each
+// per trip), so any number of new rows fits one dispatch.
 
 struct AppendParams {
     heads: u32,
@@ -43,8 +44,12 @@ fn dst_row(b: u32, r: u32) -> u32 {
 
 @compute @workgroup_size(64, 1, 1)
 fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let b = gid.y / ap.heads;
-    let h = gid.y % ap.heads;
+    let pair = gid.y + gid.z * groups.y;
+    if pair >= ap.batch * ap.heads {
+        return;
+    }
+    let b = pair / ap.heads;
+    let h = pair % ap.heads;
     let start = rows_of[b];
     let count = min(rows_of[ap.batch + b], ap.new_len);
     let total = count * ap.dim;

@@ -7,6 +7,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::kv_append;
 use crate::options::AttentionOptions;
+use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
 
 /// Keys `[B, Hkv, capacity, D]` and values `[B, Hkv, capacity, Dv]` in one layout and
@@ -17,6 +18,10 @@ use crate::tensor::{DType, Layout, Tensor};
 /// [`KvCache::grow`] makes room explicitly. [`KvCache::attend`] runs attention of new
 /// queries against what each element holds, positions aligned bottom-right to each
 /// element's own length (the last query row sits at the last cached key).
+///
+/// On the web, wgpu reports GPU validation errors after the call returns, so an
+/// append the device rejects there (one every host-side check passed, which should
+/// not happen) still advances the lengths; native targets wait for the verdict first.
 pub struct KvCache {
     k: Tensor,
     v: Tensor,
@@ -39,6 +44,7 @@ impl KvCache {
         if capacity == 0 || capacity > u32::MAX as usize / 2 {
             return Err(Error::unsupported("KV cache capacity", capacity, "1 to 2^31 - 1 rows"));
         }
+        check_attendable(ctx, batch, heads_kv, capacity, head_dim, head_dim_v, dtype)?;
         // Buffers start zeroed, so unwritten rows are finite, as masked value rows must be.
         Ok(KvCache {
             k: Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?,
@@ -79,8 +85,9 @@ impl KvCache {
     /// Appends the first `counts[b]` of the `n` rows of `k_new` and `v_new` to batch
     /// element `b` (sequences of a batch that grow unevenly, e.g. ragged prompts).
     pub fn append_rows(&mut self, ctx: &Context, k_new: &Tensor, v_new: &Tensor, counts: &[u32]) -> Result<()> {
-        self.check_rows("k_new", k_new, self.k.shape()[3])?;
-        self.check_rows("v_new", v_new, self.v.shape()[3])?;
+        self.k.check_context(ctx, "KV cache")?;
+        self.check_rows(ctx, "k_new", k_new, self.k.shape()[3])?;
+        self.check_rows(ctx, "v_new", v_new, self.v.shape()[3])?;
         let n = k_new.shape()[2];
         if v_new.shape()[2] != n {
             return Err(Error::shape(
@@ -148,9 +155,18 @@ impl KvCache {
         Ok(())
     }
 
-    /// Forgets every row (the buffers are kept).
-    pub fn clear(&mut self) {
+    /// Forgets every row: the buffers are kept and zeroed again, so rows past a length
+    /// stay finite, as masked value rows must be (a stale infinity times a zero weight
+    /// would be NaN).
+    pub fn clear(&mut self, ctx: &Context) -> Result<()> {
+        self.k.check_context(ctx, "KV cache")?;
+        ctx.record_and_submit("submitting a KV cache clear", |encoder| {
+            encoder.clear_buffer(self.k.buffer(), 0, None);
+            encoder.clear_buffer(self.v.buffer(), 0, None);
+            Ok(())
+        })?;
         self.lengths.fill(0);
+        Ok(())
     }
 
     /// Attention of `q` `[B, Hq, Lq, D]` against the rows each batch element holds:
@@ -159,6 +175,10 @@ impl KvCache {
     /// causal mask, the window and ALiBi. Every other option applies as in
     /// [`crate::sdpa`] with `Lk` = the capacity (an explicit mask spans the capacity's
     /// keys); `key_lengths` must be left unset (the cache supplies them).
+    ///
+    /// With more query rows than an element holds, its first rows sit before key 0:
+    /// under the causal mask they see no key (zero output, log-sum-exp −inf), and
+    /// without it they see every held key, like the rest.
     pub fn attend(&self, ctx: &Context, q: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
         sdpa(ctx, q, &self.k, &self.v, &self.attend_options(options)?)
     }
@@ -201,15 +221,39 @@ impl KvCache {
         })
     }
 
-    fn check_rows(&self, what: &str, t: &Tensor, dim: usize) -> Result<()> {
+    fn check_rows(&self, ctx: &Context, what: &str, t: &Tensor, dim: usize) -> Result<()> {
         let [b, h, _, _] = self.k.shape();
-        check_new_rows(what, t, ("B", b), h, dim, self.k.dtype())
+        check_new_rows(ctx, what, t, ("B", b), h, dim, self.k.dtype())
     }
 }
 
+/// Refuses a cache that attention could never read: no batch elements or heads, a head
+/// dim past the kernels' limit, or f16 on an adapter without it. `rows` is the rows one
+/// batch element (or page) holds.
+pub(crate) fn check_attendable(
+    ctx: &Context,
+    batch: usize,
+    heads_kv: usize,
+    rows: usize,
+    head_dim: usize,
+    head_dim_v: usize,
+    dtype: DType,
+) -> Result<()> {
+    AttentionShape::from_qkv(
+        [batch, heads_kv, 1, head_dim],
+        [batch, heads_kv, rows, head_dim],
+        [batch, heads_kv, rows, head_dim_v],
+    )?;
+    if dtype == DType::F16 {
+        ctx.require_f16("an f16 KV cache")?;
+    }
+    Ok(())
+}
+
 /// New rows `t` for a cache must be `[batch, heads, n, dim]` in the cache's dtype;
-/// `batch` is named (`B`, `sequences`) for the error.
+/// `batch` is named (`B`, `sequences`) for the error, and `t` must be `ctx`'s.
 pub(crate) fn check_new_rows(
+    ctx: &Context,
     what: &str,
     t: &Tensor,
     (batch_name, batch): (&str, usize),
@@ -217,6 +261,7 @@ pub(crate) fn check_new_rows(
     dim: usize,
     dtype: DType,
 ) -> Result<()> {
+    t.check_context(ctx, what)?;
     let [tb, th, _, td] = t.shape();
     if (tb, th, td) != (batch, heads, dim) {
         return Err(Error::shape(

@@ -10,7 +10,7 @@ use crate::attention::{sdpa_paged, AttentionOutput};
 use crate::context::Context;
 use crate::error::{checked_product, Error, Result};
 use crate::kernels::kv_append;
-use crate::kv_cache::check_new_rows;
+use crate::kv_cache::{check_attendable, check_new_rows};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
@@ -125,6 +125,7 @@ impl PageTable {
 
 /// Identifies one sequence of a [`PagedKvCache`]: a slot and the generation of its
 /// occupant, so the id of a removed sequence never names the one that reuses its slot.
+/// An id does not name its cache: one given to another cache may name a sequence there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SequenceId {
     slot: usize,
@@ -175,6 +176,7 @@ impl PagedKvCache {
         if page_size == 0 || page_size > u32::MAX as usize / 2 {
             return Err(Error::unsupported("KV page size", page_size, "1 to 2^31 - 1 rows"));
         }
+        check_attendable(ctx, 1, heads_kv, page_size, head_dim, head_dim_v, dtype)?;
         // Pages are cleared when handed out, by buffer clears, which need whole 4-byte words.
         let odd = |dim: usize| {
             let bytes = heads_kv as u128 * page_size as u128 * dim as u128 * dtype.size() as u128;
@@ -261,6 +263,9 @@ impl PagedKvCache {
 
     /// The block table of `ids`, one row each.
     pub fn table(&self, ids: &[SequenceId]) -> Result<PageTable> {
+        if ids.is_empty() {
+            return Err(Error::invalid("sequences for a block table", "none given"));
+        }
         let pages: Vec<&[u32]> = ids.iter().map(|&id| self.pages(id)).collect::<Result<_>>()?;
         PageTable::from_sequences(&pages)
     }
@@ -282,8 +287,14 @@ impl PagedKvCache {
         v_new: &Tensor,
         counts: &[u32],
     ) -> Result<()> {
-        self.check_rows("k_new", k_new, ids.len(), self.k.shape()[3])?;
-        self.check_rows("v_new", v_new, ids.len(), self.v.shape()[3])?;
+        if ids.is_empty() {
+            return Err(Error::invalid("sequences to append to", "none given"));
+        }
+        // Before anything is recorded, so a foreign pool is named as such rather than
+        // surfacing as a wgpu validation error on the page clears.
+        self.k.check_context(ctx, "paged KV pool")?;
+        self.check_rows(ctx, "k_new", k_new, ids.len(), self.k.shape()[3])?;
+        self.check_rows(ctx, "v_new", v_new, ids.len(), self.v.shape()[3])?;
         let n = k_new.shape()[2];
         if v_new.shape()[2] != n {
             return Err(Error::shape(
@@ -370,7 +381,8 @@ impl PagedKvCache {
 
     /// Attention of `q` `[N, Hq, Lq, D]` against what the sequences `ids` (N of them)
     /// hold: query `i` of sequence `ids[b]` sits at `len − Lq + i` for the causal mask,
-    /// the window and ALiBi, and keys past each length are masked. Every other option
+    /// the window and ALiBi (as in [`crate::KvCache::attend`], also for Lq > len), and
+    /// keys past each length are masked. Every other option
     /// applies as in [`crate::sdpa_paged`] (`Lk` = the longest sequence's pages times
     /// the page size); `key_lengths` must be left unset.
     pub fn attend(
@@ -406,8 +418,8 @@ impl PagedKvCache {
             .ok_or_else(|| Error::invalid("sequence", format!("{id:?} is not in this cache (removed?)")))
     }
 
-    fn check_rows(&self, what: &str, t: &Tensor, sequences: usize, dim: usize) -> Result<()> {
+    fn check_rows(&self, ctx: &Context, what: &str, t: &Tensor, sequences: usize, dim: usize) -> Result<()> {
         let heads = self.k.shape()[1];
-        check_new_rows(what, t, ("sequences", sequences), heads, dim, self.k.dtype())
+        check_new_rows(ctx, what, t, ("sequences", sequences), heads, dim, self.k.dtype())
     }
 }

@@ -151,8 +151,69 @@ fn overflow_is_refused_and_changes_nothing_until_grown() {
     let v_ok = Tensor::from_f32(ctx, [B, HKV, 1, DV], Layout::Bhsd, &[0.5; B * HKV * DV]).expect("upload");
     assert!(matches!(cache.append(ctx, &wrong, &v_ok), Err(Error::Shape { .. })));
     assert_eq!(cache.lengths(), &[8, 5, 9]);
-    cache.clear();
+    // Clearing zeroes the rows too, not only the lengths: stale rows past a length
+    // could hold infinities, and masked value rows must be finite.
+    cache.clear(ctx).expect("clears");
     assert_eq!(cache.lengths(), &[0, 0, 0]);
+    assert_holds(ctx, &cache, &Expected::new());
+}
+
+#[test]
+fn caches_attention_could_not_read_are_refused_at_construction() {
+    let Some(ctx) = common::ctx() else { return };
+    let new = |b, h, d, dv, dtype| KvCache::new(ctx, b, h, 8, d, dv, Layout::Bhsd, dtype);
+    for (b, h, d, dv, what) in [
+        (0, HKV, D, DV, "no batch elements"),
+        (B, 0, D, DV, "no heads"),
+        (B, HKV, 0, DV, "head dim 0"),
+        (B, HKV, D, 257, "value head dim past 256"),
+        (B, HKV, 512, DV, "head dim past 256"),
+    ] {
+        let err = new(b, h, d, dv, DType::F32).err();
+        assert!(matches!(err, Some(Error::Unsupported { .. })), "{what}: {err:?}");
+    }
+    assert!(new(B, HKV, 256, 256, DType::F32).is_ok(), "head dim 256 is attendable");
+    if !ctx.capabilities().f16 {
+        let err = new(B, HKV, D, DV, DType::F16).err();
+        assert!(
+            matches!(err, Some(Error::MissingFeature { .. })),
+            "f16 without SHADER_F16: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn rows_or_a_cache_from_another_context_are_refused() {
+    let Some(ctx) = common::ctx() else { return };
+    let other = Context::new().expect("a second context on the same adapter");
+    let mut cache = KvCache::new(ctx, B, HKV, 8, D, DV, Layout::Bhsd, DType::F32).expect("cache");
+    let mut rng = Rng::new(64);
+    let k = Tensor::from_f32(&other, [B, HKV, 1, D], Layout::Bhsd, &rng.vec(B * HKV * D, -1.0, 1.0)).expect("upload");
+    let v = Tensor::from_f32(ctx, [B, HKV, 1, DV], Layout::Bhsd, &rng.vec(B * HKV * DV, -1.0, 1.0)).expect("upload");
+    assert!(matches!(cache.append(ctx, &k, &v), Err(Error::Invalid { .. })));
+    // The cache's own context is checked too, before anything is recorded.
+    assert!(matches!(cache.clear(&other), Err(Error::Invalid { .. })));
+    assert_eq!(cache.lengths(), &[0, 0, 0]);
+}
+
+#[test]
+fn appends_over_more_pairs_than_one_grid_axis_holds_fit_one_call() {
+    let Some(ctx) = common::ctx() else { return };
+    // 70,000 (batch, head) pairs: past the 65,535 workgroups of one grid axis.
+    let (b, h) = (35_000, 2);
+    let mut cache = KvCache::new(ctx, b, h, 2, 1, 1, Layout::Bhsd, DType::F32).expect("cache");
+    let seed = 65;
+    let mut rng = Rng::new(seed);
+    let (k, v) = (rng.vec(b * h, -1.0, 1.0), rng.vec(b * h, -1.0, 1.0));
+    let upload = |data: &[f32]| Tensor::from_f32(ctx, [b, h, 1, 1], Layout::Bhsd, data).expect("upload");
+    cache.append(ctx, &upload(&k), &upload(&v)).expect("fits");
+    for (tensor, want) in [(cache.keys(), &k), (cache.values(), &v)] {
+        let got = tensor.to_f32_vec(ctx).expect("read back"); // [b, h, 2, 1]
+        for pair in 0..b * h {
+            assert_eq!(got[2 * pair], want[pair], "seed {seed}: pair {pair}, row 0");
+            assert_eq!(got[2 * pair + 1], 0.0, "seed {seed}: pair {pair}, row 1 was written");
+        }
+    }
 }
 
 #[test]

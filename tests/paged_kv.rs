@@ -94,6 +94,47 @@ fn bad_tables_and_pools_are_refused() {
     let odd = PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F16);
     assert!(matches!(odd, Err(Error::Unsupported { .. })), "{:?}", odd.err());
     assert!(PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F32).is_ok());
+    // Pools attention could never read.
+    for (heads, d, what) in [
+        (0, D, "no heads"),
+        (HKV, 512, "head dim past 256"),
+        (HKV, 0, "head dim 0"),
+    ] {
+        let pool = PagedKvCache::new(ctx, 4, PAGE, heads, d, DV, Layout::Bshd, DType::F32);
+        assert!(
+            matches!(pool, Err(Error::Unsupported { .. })),
+            "{what}: {:?}",
+            pool.err()
+        );
+    }
+}
+
+#[test]
+fn appends_from_another_context_or_to_no_sequence_are_refused() {
+    let Some(ctx) = common::ctx() else { return };
+    let other = Context::new().expect("a second context on the same adapter");
+    let mut cache = PagedKvCache::new(ctx, 4, PAGE, HKV, D, DV, Layout::Bhsd, DType::F32).expect("pool");
+    let id = cache.add_sequence();
+    let mut rng = Rng::new(73);
+    let mut rows =
+        |c: &Context, dim| Tensor::from_f32(c, [1, HKV, 1, dim], Layout::Bhsd, &rng.vec(HKV * dim, -1.0, 1.0));
+    let (k, v) = (rows(&other, D).expect("upload"), rows(&other, DV).expect("upload"));
+    // Another device's rows, and this pool appended to through another device (whose
+    // page clears would name a foreign buffer).
+    assert!(matches!(cache.append(ctx, &[id], &k, &v), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        cache.append(&other, &[id], &k, &v),
+        Err(Error::Invalid { .. })
+    ));
+    assert_eq!(
+        (cache.len(id).expect("live"), cache.free_pages()),
+        (0, 4),
+        "a refused append changed the pool"
+    );
+    let err = cache.append_rows(ctx, &[], &k, &v, &[]).expect_err("no sequences");
+    assert!(err.to_string().contains("none given"), "{err}");
+    let err = cache.table(&[]).expect_err("no sequences");
+    assert!(err.to_string().contains("none given"), "{err}");
 }
 
 /// Host copy of what each sequence holds: rows of [Hkv, len, dim] per head, BHSD.

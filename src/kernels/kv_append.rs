@@ -53,14 +53,16 @@ pub(crate) fn encode(
     dst.check_context(ctx, "KV cache")?;
     let [batch, heads, new_len, dim] = src.shape();
     let pairs = batch * heads;
-    let max = ctx.capabilities().max_workgroups_per_dim;
-    if pairs > max as usize {
+    let max = ctx.capabilities().max_workgroups_per_dim as usize;
+    // (batch, head) pairs fill grid rows y, then planes z.
+    let (rows, planes) = (pairs.min(max), pairs.div_ceil(max));
+    if planes > max {
         return Err(Error::LimitExceeded {
             what: format!("KV cache append over {batch} x {heads} (batch, head) pairs"),
-            limit: "max_compute_workgroups_per_dimension",
+            limit: "max_compute_workgroups_per_dimension squared",
             unit: "workgroups",
             requested: pairs as u64,
-            max: u64::from(max),
+            max: (max * max) as u64,
         });
     }
     let [sb, sh, ss, _] = src.strides();
@@ -94,14 +96,14 @@ pub(crate) fn encode(
     let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
     // Enough workgroups per row that each invocation takes a handful of elements (the
     // grid-stride loop stays far below llvmpipe's loop cap).
-    let per_pair = (new_len * dim).div_ceil(64).clamp(1, max as usize) as u32;
+    let per_pair = (new_len * dim).div_ceil(64).clamp(1, max) as u32;
     ctx.scoped("recording a KV cache append", || {
         dispatch(
             ctx,
             encoder,
             &pipeline,
             &[(0, &params), (1, src.buffer()), (2, dst.buffer()), (3, &rows_of)],
-            [per_pair, pairs as u32, 1],
+            [per_pair, rows as u32, planes as u32],
         )
     })
 }
