@@ -159,6 +159,54 @@ fn overflow_is_refused_and_changes_nothing_until_grown() {
 }
 
 #[test]
+fn attention_after_clear_never_sees_the_forgotten_rows() {
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 66;
+    let mut rng = Rng::new(seed);
+    let mut cache = KvCache::new(ctx, B, HKV, 8, D, DV, Layout::Bhsd, DType::F32).expect("cache");
+    // Rows of infinities, forgotten, then one finite row each: the infinities now sit
+    // past the lengths, where kernels load (and mask) whole blocks of rows.
+    let inf = |dim| {
+        Tensor::from_f32(
+            ctx,
+            [B, HKV, 8, dim],
+            Layout::Bhsd,
+            &vec![f32::INFINITY; B * HKV * 8 * dim],
+        )
+    };
+    cache
+        .append(ctx, &inf(D).expect("upload"), &inf(DV).expect("upload"))
+        .expect("fits");
+    cache.clear(ctx).expect("clears");
+    let mut expected = Expected::new();
+    append(
+        ctx,
+        &mut cache,
+        &mut expected,
+        &mut rng,
+        (1, &[1, 1, 1], Layout::Bhsd, DType::F32),
+    )
+    .expect("fits");
+    let hq = 2 * HKV;
+    let q = Tensor::from_f32(ctx, [B, hq, 1, D], Layout::Bhsd, &rng.vec(B * hq * D, -1.0, 1.0)).expect("upload");
+    for kernel in [KernelChoice::Fused, KernelChoice::Decode, KernelChoice::Materialized] {
+        let options = AttentionOptions {
+            kernel,
+            ..Default::default()
+        };
+        let out = cache.attend(ctx, &q, &options).expect("attends");
+        let got = out.out.to_f32_vec(ctx).expect("read back");
+        // One key each: the output is its value row, for every query head of the group.
+        for b in 0..B {
+            for h in 0..hq {
+                let row = &got[(b * hq + h) * DV..][..DV];
+                assert_eq!(row, &expected.v[b][h / 2][..], "seed {seed} {kernel:?}: b {b} h {h}");
+            }
+        }
+    }
+}
+
+#[test]
 fn caches_attention_could_not_read_are_refused_at_construction() {
     let Some(ctx) = common::ctx() else { return };
     let new = |b, h, d, dv, dtype| KvCache::new(ctx, b, h, 8, d, dv, Layout::Bhsd, dtype);
