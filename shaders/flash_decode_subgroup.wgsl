@@ -314,15 +314,23 @@ fn decode_split_subgroup(
             open_hi = last;
         }
     }
+    // Masked blocks up to open_lo, plain ones up to open_hi, masked ones to the stop:
+    // the second pass of the outer loop reuses the first masked loop, so each
+    // block_step body is inlined once (a third loop made Mesa 25's cold compile 2.5x
+    // longer; one loop branching per block ran 1.2x slower on Mesa 22.3).
     var j0 = blk.begin;
-    for (; j0 < open_lo; j0 += DS_BLOCK) {
-        st = block_step(st, blk, lid, j0, true);
-    }
-    for (; j0 < open_hi; j0 += DS_BLOCK) {
-        st = block_step(st, blk, lid, j0, false);
-    }
-    for (; j0 < blk.stop; j0 += DS_BLOCK) {
-        st = block_step(st, blk, lid, j0, true);
+    var masked_end = open_lo;
+    loop {
+        for (; j0 < masked_end; j0 += DS_BLOCK) {
+            st = block_step(st, blk, lid, j0, true);
+        }
+        if j0 >= blk.stop {
+            break;
+        }
+        for (; j0 < open_hi; j0 += DS_BLOCK) {
+            st = block_step(st, blk, lid, j0, false);
+        }
+        masked_end = blk.stop;
     }
     let max0 = st.max0;
     let sum0 = st.sum0;

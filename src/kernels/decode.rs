@@ -128,8 +128,8 @@ impl DecodeDesign {
             // keys; the loop over chunks of V (at most one per 32 columns, sixteen V
             // loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
             // accumulator clear (2 × 32 slots), the block bounds, the stores (a lane's
-            // slots × 2 quads × 4 rows) and the exits of the three key loops (masked
-            // edges, plain middle).
+            // slots × 2 quads × 4 rows) and the key loops' exits and passes (the masked
+            // loop's two exits, the plain one's, the two passes of the loop around them).
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
@@ -143,7 +143,7 @@ impl DecodeDesign {
                 // read 16 bytes at a time), whichever is more.
                 let slots = (4 * chunks).max(8 * (s.head_dim_v as u64).div_ceil(64));
                 let stores = slots * (1 + 2 * (1 + 4 + 1) + 1) + 1;
-                let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 3;
+                let around = (d4 * (1 + tail) + 1) + (2 * 32 + 1) + (8 + 1) + stores + 5;
                 blocks * per_block + around
             }
         }
