@@ -220,15 +220,18 @@ fn key_rows(blk: DecodeBlock, j: u32) -> vec2<u32> {
     );
 }
 
-// Quad qd's scores of this lane's two keys, masked unless `masked` is false, and the
-// softmax step over the block.
-fn quad_block(st_max: vec4<f32>, st_sum: vec4<f32>, blk: DecodeBlock, qd: u32, ja: u32, sa: vec4<f32>, sb: vec4<f32>, masked: bool) -> QuadStep {
-    if masked {
-        let ma = mask_quad(blk.b, blk.hk, blk.block, qd, ja, blk.stop, sa);
-        let mb = mask_quad(blk.b, blk.hk, blk.block, qd, ja + DS_LANES, blk.stop, sb);
-        return quad_step(st_max, st_sum, ma, mb);
+// This lane's scores, masked: raw[2k + qd] is quad qd's scores of key k of its two
+// (ja, ja + 8). One loop over the (key, quad) pairs, so the rules' code is compiled
+// once, not once per pair (inlined per pair it was half the 8-row kernel's cold
+// compile on Mesa 25); it runs only in the blocks at the edges of the visible range.
+fn mask_scores(blk: DecodeBlock, ja: u32, raw: array<vec4<f32>, 4>) -> array<vec4<f32>, 4> {
+    var s = raw;
+    for (var i = 0u; i < 2u * DEC_QUADS; i++) {
+        let qd = i % DEC_QUADS;
+        let key = i / DEC_QUADS;
+        s[2u * key + qd] = mask_quad(blk.b, blk.hk, blk.block, qd, ja + key * DS_LANES, blk.stop, s[2u * key + qd]);
     }
-    return quad_step(st_max, st_sum, sa, sb);
+    return s;
 }
 
 // Keys j0 .. j0 + 15 of the block `blk`, keys j0 + lid and j0 + 8 + lid to this lane:
@@ -244,18 +247,21 @@ fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -
     let ja = j0 + lid;
     let rows_a = key_rows(blk, ja);
     let rows_b = key_rows(blk, ja + DS_LANES);
-    let raw = decode_scores(vec2<u32>(rows_a.x, rows_b.x), d4, true);
+    var raw = decode_scores(vec2<u32>(rows_a.x, rows_b.x), d4, true);
+    if masked {
+        raw = mask_scores(blk, ja, raw);
+    }
     let v_rows_a = broadcast_octet_u(rows_a.y);
     let v_rows_b = broadcast_octet_u(rows_b.y);
     // 2. The softmax step, quad by quad.
-    let step0 = quad_block(st.max0, st.sum0, blk, 0u, ja, raw[0], raw[2], masked);
+    let step0 = quad_step(st.max0, st.sum0, raw[0], raw[2]);
     let pa0 = broadcast_octet(step0.probs_a);
     let pb0 = broadcast_octet(step0.probs_b);
     var step1 = QuadStep(st.max1, vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), st.sum1);
     var pa1: Octet;
     var pb1: Octet;
     if DEC_QUADS > 1u {
-        step1 = quad_block(st.max1, st.sum1, blk, 1u, ja, raw[1], raw[3], masked);
+        step1 = quad_step(st.max1, st.sum1, raw[1], raw[3]);
         pa1 = broadcast_octet(step1.probs_a);
         pb1 = broadcast_octet(step1.probs_b);
     }

@@ -124,8 +124,8 @@ impl DecodeDesign {
             }
             // Per block of 16 keys: the block loop; the score loop over the head dim
             // (at most d4 trips of two K loads, with load4's tail where K and V are read
-            // element by element); the two quads' mask loops for each of the lane's two
-            // keys; the loop over chunks of V (at most one per 32 columns, sixteen V
+            // element by element); the loop over the lane's two keys times two quads,
+            // each pair's mask loop over 4 rows; the loop over chunks of V (at most one per 32 columns, sixteen V
             // loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
             // accumulator clear (2 × 32 slots), the block bounds, the stores (a lane's
             // slots × 2 quads × 4 rows) and the key loops' exits and passes (the masked
@@ -137,8 +137,10 @@ impl DecodeDesign {
                 // where the dtype reads 16 bytes at a time).
                 let wide = reads_wide(s, DType::F32) && reads_wide(s, DType::F16);
                 let load_tail = if wide { 0 } else { tail };
-                let per_block =
-                    1 + (d4 * (1 + 2 * load_tail) + 1) + 2 * 2 * (4 + 1) + (chunks * (1 + 16 * load_tail) + 1);
+                let per_block = 1
+                    + (d4 * (1 + 2 * load_tail) + 1)
+                    + (2 * 2 * (1 + 4 + 1) + 1)
+                    + (chunks * (1 + 16 * load_tail) + 1);
                 // A lane's slots: 4 per chunk of 32 columns, or 8 per chunk of 64 (f16
                 // read 16 bytes at a time), whichever is more.
                 let slots = (4 * chunks).max(8 * (s.head_dim_v as u64).div_ceil(64));
