@@ -125,8 +125,8 @@ impl DecodeDesign {
             // Per block of 16 keys: the block loop; the score loop over the head dim
             // (at most d4 trips of two K loads, with load4's tail where K and V are read
             // element by element); the loop over the lane's two keys times two quads,
-            // each pair's mask loop over 4 rows; the loop over chunks of V (at most one per 32 columns, sixteen V
-            // loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
+            // each pair's mask loop over 4 rows; the loop over chunks of V (at most one
+            // per 32 columns, sixteen V loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
             // accumulator clear (2 × 32 slots), the block bounds, the stores (a lane's
             // slots × 2 quads × 4 rows) and the key loops' exits and passes (the masked
             // loop's two exits, the plain one's, the two passes of the loop around them).
