@@ -30,7 +30,10 @@
 // checks): llvmpipe loads storage lane by lane, so such a load costs about what one
 // element does. Four f32 a load made the kernel 1.4-1.5x faster on Mesa 22.3's
 // lavapipe and 1.13x on 25.0's; eight f16 instead of four, 1.24x and 1.06x.
-// Otherwise loads take 4 single elements out of the same views.
+// Otherwise a load of 4 elements reads the two 16-byte words they can span and picks
+// them out with selects (kv_quad): against four single-element reads, 1.6-1.85x
+// faster on Mesa 22.3 and 1.4-1.6x on 25.0 at head dims 99 and 100, and half the cold
+// compile on 25.0.
 // The block's keys past the split or the row's visible range are masked; their
 // probabilities are 0 and their V rows (clamped to the last key) are read but add
 // nothing.
@@ -67,17 +70,42 @@ fn kv_words(is_k: bool, e: u32) -> vec4<u32> {
     return v4[at];
 }
 
-// Element e of K or V.
-fn kv_element(is_k: bool, e: u32) -> f32 {
-    let word = kv_words(is_k, e)[e % (4u * ELEMS_PER_WORD) / ELEMS_PER_WORD];
-    if ELEMS_PER_WORD == 2u {
-        return unpack2x16float(word)[e % 2u];
+// Elements e .. e + 3 of K or V, those from index n on as 0: read from the two 16-byte
+// words they can span (the second may lie past the buffer, where WGSL's bounds checks
+// keep the read inside it; its elements are then past n) and picked out by selects.
+// Four element reads, each a load, an index ladder and a branch, made Mesa 25's cold
+// compile of this path 13-22 s.
+fn kv_quad(is_k: bool, e: u32, n: u32) -> vec4<f32> {
+    let per_word = 4u * ELEMS_PER_WORD;
+    let w0 = kv_words(is_k, e);
+    let w1 = kv_words(is_k, e + per_word);
+    let o = e % per_word;
+    var r: vec4<f32>;
+    if ELEMS_PER_WORD == 1u {
+        let a = bitcast<vec4<f32>>(w0);
+        let b = bitcast<vec4<f32>>(w1);
+        r = a;
+        r = select(r, vec4<f32>(a.yzw, b.x), o == 1u);
+        r = select(r, vec4<f32>(a.zw, b.xy), o == 2u);
+        r = select(r, vec4<f32>(a.w, b.xyz), o == 3u);
+    } else {
+        // Halves o .. o + 3: the u32 words o / 2 .. o / 2 + 2, shifted by a half where o
+        // is odd.
+        let i = o / 2u;
+        var t = w0.xyz;
+        t = select(t, w0.yzw, i == 1u);
+        t = select(t, vec3<u32>(w0.zw, w1.x), i == 2u);
+        t = select(t, vec3<u32>(w0.w, w1.xy), i == 3u);
+        let odd = o % 2u == 1u;
+        let lo = select(t.x, (t.x >> 16u) | (t.y << 16u), odd);
+        let hi = select(t.y, (t.y >> 16u) | (t.z << 16u), odd);
+        r = vec4<f32>(unpack2x16float(lo), unpack2x16float(hi));
     }
-    return bitcast<f32>(word);
+    return select(r, vec4<f32>(0.0), vec4<u32>(0u, 1u, 2u, 3u) >= vec4<u32>(n));
 }
 
 // Load u of the K or V row at `row` (elements from u * 4 * kv_vec4s(), zero past the
-// head dim where read element by element).
+// head dim where not read 16 bytes at a time).
 fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
     if KV_WIDE != 0u {
         let w = kv_words(is_k, row + u * 4u * ELEMS_PER_WORD);
@@ -90,13 +118,8 @@ fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
         return KvLoad(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
     }
     let len = select(p.head_dim_v, p.head_dim, is_k);
-    var r = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if u * 4u + c < len {
-            r[c] = kv_element(is_k, row + u * 4u + c);
-        }
-    }
-    return KvLoad(r, vec4<f32>(0.0));
+    let first = u * 4u;
+    return KvLoad(kv_quad(is_k, row + first, len - min(len, first)), vec4<f32>(0.0));
 }
 
 // For decode_scores.

@@ -100,7 +100,8 @@ fn every_tiling_is_exact_at_its_loop_budget() {
 fn decode_is_exact_at_its_loop_budget() {
     // The split-K decode kernel's iteration model, as the fused tilings' above: splits of
     // exactly the most keys the model allows, in its worst case (8-row blocks, Dv 256:
-    // every column slot; D 2, so load4's tail loop runs at every key), so an undercounted
+    // every column slot; D 2, read element by element: the tiles design's load4 runs its
+    // tail loop at every key), so an undercounted
     // loop would let the driver cut them short.
     // 256 query heads on one kv head make 32 row blocks, a CPU adapter's target, so one
     // split per block.

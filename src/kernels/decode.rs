@@ -103,8 +103,7 @@ impl DecodeDesign {
     /// 8-row variant (the 4-row one needs fewer). Every loop is counted with its exit
     /// check, the constant-trip ones too, and load4's and qload4's 4-trip tail loops
     /// as if they always ran wherever the kernel calls them (the subgroup design's
-    /// 16-byte reads of K and V have none; its element-by-element ones have the same
-    /// 4-trip loop).
+    /// reads of K and V have none).
     pub fn iterations(self, s: &AttentionShape, keys: usize) -> u64 {
         let d4 = (s.head_dim as u64).div_ceil(4);
         let tail = 4 + 1;
@@ -123,24 +122,18 @@ impl DecodeDesign {
                 tiles * per_tile + around
             }
             // Per block of 16 keys: the block loop; the score loop over the head dim
-            // (at most d4 trips of two K loads, with load4's tail where K and V are read
-            // element by element); the loop over the lane's two keys times two quads,
-            // each pair's mask loop over 4 rows; the loop over chunks of V (at most one
-            // per 32 columns, sixteen V loads each). Around it: the Q load (8 rows × d4 vec4s over 8 lanes), the
-            // accumulator clear (2 × 32 slots), the block bounds, the stores (a lane's
-            // slots × 2 quads × 4 rows) and the key loops' exits and passes (the masked
-            // loop's two exits, the plain one's, the two passes of the loop around them).
+            // (at most d4 trips of two K loads, none of which loops: 16-byte words, or
+            // kv_quad's two words and selects); the loop over the lane's two keys times
+            // two quads, each pair's mask loop over 4 rows; the loop over chunks of V (at
+            // most one per 32 columns, sixteen V loads each). Around it: the Q load (8
+            // rows × d4 vec4s over 8 lanes), the accumulator clear (2 × 32 slots), the
+            // block bounds, the stores (a lane's slots × 2 quads × 4 rows) and the key
+            // loops' exits and passes (the masked loop's two exits, the plain one's, the
+            // two passes of the loop around them).
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
-                // Element by element in either dtype, the tails run (an upper bound
-                // where the dtype reads 16 bytes at a time).
-                let wide = reads_wide(s, DType::F32) && reads_wide(s, DType::F16);
-                let load_tail = if wide { 0 } else { tail };
-                let per_block = 1
-                    + (d4 * (1 + 2 * load_tail) + 1)
-                    + (2 * 2 * (1 + 4 + 1) + 1)
-                    + (chunks * (1 + 16 * load_tail) + 1);
+                let per_block = 1 + (d4 + 1) + (2 * 2 * (1 + 4 + 1) + 1) + (chunks + 1);
                 // A lane's slots: 4 per chunk of 32 columns, or 8 per chunk of 64 (f16
                 // read 16 bytes at a time), whichever is more.
                 let slots = (4 * chunks).max(8 * (s.head_dim_v as u64).div_ceil(64));
