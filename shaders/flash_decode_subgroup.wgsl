@@ -30,8 +30,9 @@
 // checks): llvmpipe loads storage lane by lane, so such a load costs about what one
 // element does. Four f32 a load made the kernel 1.4-1.5x faster on Mesa 22.3's
 // lavapipe and 1.13x on 25.0's; eight f16 instead of four, 1.24x and 1.06x.
-// Otherwise a load of 4 elements reads the two 16-byte words they can span and picks
-// them out with selects (kv_quad): against four single-element reads, 1.6-1.85x
+// f16 head dims that are multiples of 4 but not 8 (KV_WIDE 2) read 4 elements, one
+// half of a 16-byte word, a load. Otherwise a load of 4 elements reads the two 16-byte
+// words they can span and picks them out with selects (kv_quad): against four single-element reads, 1.6-1.85x
 // faster on Mesa 22.3 and 1.4-1.6x on 25.0 at head dims 99 and 100, and half the cold
 // compile on 25.0.
 // The block's keys past the split or the row's visible range are masked; their
@@ -43,12 +44,13 @@ const DS_LANES: u32 = 8u;
 const DS_BLOCK: u32 = 2u * DS_LANES;
 const DS_SLOTS: u32 = 32u; // a lane's columns: Dv up to 256 over 8 lanes
 
-// 1 where K and V are read 16 bytes at a time through k4 and v4 (set by the host).
+// 1 where K and V are read 16 bytes at a time through k4 and v4; 2 where f16 rows are
+// read 8 bytes (4 elements, half a word) at a time (set by the host, kernels::decode).
 override KV_WIDE: u32 = 0u;
 
 // Vec4s a load of K or V gives: 2 for f16 read 16 bytes at a time, else 1.
 fn kv_vec4s() -> u32 {
-    return select(1u, ELEMS_PER_WORD, KV_WIDE != 0u);
+    return select(1u, ELEMS_PER_WORD, KV_WIDE == 1u);
 }
 
 // Quad qd's accumulator for slot c of invocation l, at (qd * DS_SLOTS + c) * 8 + l.
@@ -107,7 +109,13 @@ fn kv_quad(is_k: bool, e: u32, n: u32) -> vec4<f32> {
 // Load u of the K or V row at `row` (elements from u * 4 * kv_vec4s(), zero past the
 // head dim where not read 16 bytes at a time).
 fn kv_load(is_k: bool, row: u32, u: u32) -> KvLoad {
-    if KV_WIDE != 0u {
+    if KV_WIDE == 2u {
+        let e = row + u * 4u;
+        let w = kv_words(is_k, e);
+        let h = select(w.xy, w.zw, e % 8u != 0u);
+        return KvLoad(vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y)), vec4<f32>(0.0));
+    }
+    if KV_WIDE == 1u {
         let w = kv_words(is_k, row + u * 4u * ELEMS_PER_WORD);
         if ELEMS_PER_WORD == 2u {
             return KvLoad(

@@ -28,6 +28,20 @@ pub enum DecodeDesign {
 
 /// Whether the subgroup design reads K and V of `dtype` 16 bytes at a time: both head
 /// dims (so every row stride) a multiple of the elements in 16 bytes.
+/// `KV_WIDE` of the subgroup design: 1 where K and V are read 16 bytes a load; 2 for
+/// f16 head dims that are multiples of 4 but not 8, read 8 bytes (4 elements) a load
+/// out of a 16-byte word, 1.25x faster than picking them out of two words on Mesa 25;
+/// else 0. (8 bytes a load where 16 would do was 1.25-1.7x slower there.)
+fn kv_wide(s: &AttentionShape, dtype: DType) -> u32 {
+    if reads_wide(s, dtype) {
+        1
+    } else if dtype == DType::F16 && s.head_dim.is_multiple_of(4) && s.head_dim_v.is_multiple_of(4) {
+        2
+    } else {
+        0
+    }
+}
+
 fn reads_wide(s: &AttentionShape, dtype: DType) -> bool {
     let per_load = 16 / dtype.size();
     s.head_dim.is_multiple_of(per_load) && s.head_dim_v.is_multiple_of(per_load)
@@ -70,7 +84,7 @@ impl DecodeDesign {
     pub fn constants(self, s: &AttentionShape, dtype: DType) -> Vec<(&'static str, u32)> {
         match self {
             DecodeDesign::Tiles => Vec::new(),
-            DecodeDesign::Subgroup => vec![("KV_WIDE", u32::from(reads_wide(s, dtype)))],
+            DecodeDesign::Subgroup => vec![("KV_WIDE", kv_wide(s, dtype))],
         }
     }
 
