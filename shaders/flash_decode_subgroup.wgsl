@@ -53,6 +53,12 @@ fn kv_vec4s() -> u32 {
     return select(1u, ELEMS_PER_WORD, KV_WIDE == 1u);
 }
 
+// Whether the key loop is one loop whose blocks each choose the masked or the plain
+// body (set by the host, kernels::decode::one_key_loop): half the cold compile on Mesa
+// 25.0's lavapipe (the body inlined once, not twice) at the same speed, but 1.04-1.19x
+// slower on Mesa 22.3's, where a masked loop and a plain one are kept.
+override ONE_KEY_LOOP: bool = true;
+
 // Quad qd's accumulator for slot c of invocation l, at (qd * DS_SLOTS + c) * 8 + l.
 // Lane l owns the columns of loads 8c' + l, each kv_vec4s() slots of 4 columns.
 var<workgroup> ds_acc: array<vec4<f32>, DEC_QUADS * DS_SLOTS * DS_LANES>;
@@ -267,8 +273,9 @@ fn mask_scores(blk: DecodeBlock, ja: u32, raw: array<vec4<f32>, 4>) -> array<vec
 
 // Keys j0 .. j0 + 15 of the block `blk`, keys j0 + lid and j0 + 8 + lid to this lane:
 // scores, masked unless `masked` is false (the caller knows no rule applies), the
-// softmax step, and P·V into this lane's accumulator slots. Called with a constant
-// `masked`, so the driver compiles the plain loop without the rules' code.
+// softmax step, and P·V into this lane's accumulator slots. Without ONE_KEY_LOOP it is
+// called with a constant `masked`, so the driver compiles the plain loop without the
+// rules' code.
 fn block_step(st: RunState, blk: DecodeBlock, lid: u32, j0: u32, masked: bool) -> RunState {
     let d4 = (p.head_dim + 3u) / 4u;
     let per = kv_vec4s();
@@ -351,23 +358,30 @@ fn decode_split_subgroup(
             open_hi = last;
         }
     }
-    // Masked blocks up to open_lo, plain ones up to open_hi, masked ones to the stop:
-    // the second pass of the outer loop reuses the first masked loop, so each
-    // block_step body is inlined once (a third loop made Mesa 25's cold compile 2.5x
-    // longer; one loop branching per block ran 1.2x slower on Mesa 22.3).
-    var j0 = blk.begin;
-    var masked_end = open_lo;
-    loop {
-        for (; j0 < masked_end; j0 += DS_BLOCK) {
-            st = block_step(st, blk, lid, j0, true);
+    if ONE_KEY_LOOP {
+        // Each block chooses the masked or the plain body: block_step is inlined once.
+        for (var j0 = blk.begin; j0 < blk.stop; j0 += DS_BLOCK) {
+            st = block_step(st, blk, lid, j0, j0 < open_lo || j0 >= open_hi);
         }
-        if j0 >= blk.stop {
-            break;
+    } else {
+        // Masked blocks up to open_lo, plain ones up to open_hi, masked ones to the
+        // stop: the second pass of the outer loop reuses the first masked loop, so each
+        // of the two bodies is inlined once (a third loop made Mesa 25's cold compile
+        // 2.5x longer).
+        var j0 = blk.begin;
+        var masked_end = open_lo;
+        loop {
+            for (; j0 < masked_end; j0 += DS_BLOCK) {
+                st = block_step(st, blk, lid, j0, true);
+            }
+            if j0 >= blk.stop {
+                break;
+            }
+            for (; j0 < open_hi; j0 += DS_BLOCK) {
+                st = block_step(st, blk, lid, j0, false);
+            }
+            masked_end = blk.stop;
         }
-        for (; j0 < open_hi; j0 += DS_BLOCK) {
-            st = block_step(st, blk, lid, j0, false);
-        }
-        masked_end = blk.stop;
     }
     let max0 = st.max0;
     let sum0 = st.sum0;

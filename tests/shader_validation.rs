@@ -63,9 +63,12 @@ fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<
     let mut sets = vec![naga::back::PipelineConstants::default()];
     if SUBGROUP_SPLIT_VARIANTS.iter().any(|v| v.kernel == *kernel) {
         let wide = wgpu_attention::AttentionShape::new(1, 8, 2, 1, 64, 128, 128);
-        let constants = DecodeDesign::Subgroup.constants(&wide, dtype);
-        assert!(constants.contains(&("KV_WIDE", 1)), "{constants:?}");
-        sets.push(constants.iter().map(|&(n, v)| (n.to_string(), f64::from(v))).collect());
+        // Mesa 22's two key loops and the one loop of other drivers.
+        for mesa in [Some((22, 3)), None] {
+            let constants = DecodeDesign::Subgroup.constants(mesa, &wide, dtype);
+            assert!(constants.contains(&("KV_WIDE", 1)), "{constants:?}");
+            sets.push(constants.iter().map(|&(n, v)| (n.to_string(), f64::from(v))).collect());
+        }
     }
     sets
 }

@@ -47,6 +47,17 @@ fn reads_wide(s: &AttentionShape, dtype: DType) -> bool {
     s.head_dim.is_multiple_of(per_load) && s.head_dim_v.is_multiple_of(per_load)
 }
 
+/// Whether the subgroup design walks its keys in one loop whose blocks each choose the
+/// masked or the plain body (`ONE_KEY_LOOP`), rather than a masked loop and a plain one
+/// (the body inlined twice). Mesa 25.0's lavapipe compiles the one loop in 2.3-2.6x
+/// less time (the 8-row f16 kernel: 12-13.5 s to 4.5-5.9 s, cold) and runs it as fast;
+/// Mesa 22.3's compiles either in under 2 s and runs the one loop 1.04-1.19x slower, so
+/// Mesa 22 keeps two. Releases between were not measured and take the one loop, as
+/// other drivers do (docs/design.md, "Decode").
+pub fn one_key_loop(mesa_version: Option<(u32, u32)>) -> bool {
+    !matches!(mesa_version, Some((major, _)) if major <= 22)
+}
+
 /// Lanes `flash_decode_subgroup.wgsl` needs in a subgroup.
 pub const SUBGROUP_LANES: u32 = 8;
 
@@ -77,14 +88,24 @@ impl DecodeDesign {
         }
     }
 
-    /// The split kernel's override constants: the subgroup design reads K and V 16
+    /// The split kernel's override constants for a driver (`mesa_version`, as in
+    /// [`crate::Capabilities::mesa_version`]): the subgroup design reads K and V 16
     /// bytes at a time (`KV_WIDE`) where every row starts on a multiple of that many
-    /// bytes. The layouts make every K stride a multiple of D and every V stride one
-    /// of Dv (a paged pool's too), so the head dims decide.
-    pub fn constants(self, s: &AttentionShape, dtype: DType) -> Vec<(&'static str, u32)> {
+    /// bytes (the layouts make every K stride a multiple of D and every V stride one
+    /// of Dv, a paged pool's too, so the head dims decide), and walks its keys in one
+    /// loop or two ([`one_key_loop`]).
+    pub fn constants(
+        self,
+        mesa_version: Option<(u32, u32)>,
+        s: &AttentionShape,
+        dtype: DType,
+    ) -> Vec<(&'static str, u32)> {
         match self {
             DecodeDesign::Tiles => Vec::new(),
-            DecodeDesign::Subgroup => vec![("KV_WIDE", kv_wide(s, dtype))],
+            DecodeDesign::Subgroup => vec![
+                ("KV_WIDE", kv_wide(s, dtype)),
+                ("ONE_KEY_LOOP", u32::from(one_key_loop(mesa_version))),
+            ],
         }
     }
 
@@ -143,7 +164,7 @@ impl DecodeDesign {
             // rows × d4 vec4s over 8 lanes), the accumulator clear (2 × 32 slots), the
             // block bounds, the stores (a lane's slots × 2 quads × 4 rows) and the key
             // loops' exits and passes (the masked loop's two exits, the plain one's, the
-            // two passes of the loop around them).
+            // two passes of the loop around them; `ONE_KEY_LOOP`'s one exit is fewer).
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
@@ -363,7 +384,12 @@ pub(crate) fn encode(
         }
     }
     let split_kernel = split.design.variant_for(shape).kernel;
-    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &split.design.constants(shape, dtype))?;
+    let split_pipeline = pipeline(
+        ctx,
+        &split_kernel,
+        dtype,
+        &split.design.constants(ctx.capabilities().mesa_version, shape, dtype),
+    )?;
     dispatch(
         ctx,
         encoder,
@@ -383,4 +409,23 @@ pub(crate) fn encode(
             combine_z as u32,
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_mesa_22_and_older_walk_keys_in_two_loops() {
+        assert!(!one_key_loop(Some((22, 3))));
+        assert!(!one_key_loop(Some((21, 0))));
+        assert!(one_key_loop(Some((23, 1))));
+        assert!(one_key_loop(Some((25, 0))));
+        assert!(one_key_loop(None));
+        let s = AttentionShape::new(1, 8, 2, 1, 64, 128, 128);
+        let loops = |mesa| DecodeDesign::Subgroup.constants(mesa, &s, DType::F32);
+        assert!(loops(Some((22, 3))).contains(&("ONE_KEY_LOOP", 0)));
+        assert!(loops(Some((25, 0))).contains(&("ONE_KEY_LOOP", 1)));
+        assert!(DecodeDesign::Tiles.constants(None, &s, DType::F32).is_empty());
+    }
 }
