@@ -54,9 +54,10 @@ fn kv_vec4s() -> u32 {
 }
 
 // Whether the key loop is one loop whose blocks each choose the masked or the plain
-// body (set by the host, kernels::decode::one_key_loop): half the cold compile on Mesa
-// 25.0's lavapipe (the body inlined once, not twice) at the same speed, but 1.04-1.19x
-// slower on Mesa 22.3's, where a masked loop and a plain one are kept.
+// body (set by the host, kernels::decode::one_key_loop): a third to a half of the
+// cold compile on Mesa 25.0's lavapipe (the body inlined once, not twice) at the same
+// speed, but 1.04-1.19x slower on Mesa 22.3's, where a masked loop and a plain one
+// are kept.
 override ONE_KEY_LOOP: bool = true;
 
 // Quad qd's accumulator for slot c of invocation l, at (qd * DS_SLOTS + c) * 8 + l.

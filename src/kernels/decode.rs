@@ -49,9 +49,9 @@ fn reads_wide(s: &AttentionShape, dtype: DType) -> bool {
 
 /// Whether the subgroup design walks its keys in one loop whose blocks each choose the
 /// masked or the plain body (`ONE_KEY_LOOP`), rather than a masked loop and a plain one
-/// (the body inlined twice). Mesa 25.0's lavapipe compiles the one loop in 2.3-2.6x
-/// less time (the 8-row f16 kernel: 12-13.5 s to 4.5-5.9 s, cold) and runs it as fast;
-/// Mesa 22.3's compiles either in under 2 s and runs the one loop 1.04-1.19x slower, so
+/// (the body inlined twice). Mesa 25.0's lavapipe compiles the one loop in 2.3-3x
+/// less time (the 8-row f16 kernel: 10.9-13.5 s to 3.9-5.9 s, cold) and runs it as fast;
+/// Mesa 22.3's compiles either in under 2.6 s and runs the one loop 1.04-1.19x slower, so
 /// Mesa 22 keeps two. Releases between were not measured and take the one loop, as
 /// other drivers do (docs/design.md, "Decode").
 pub fn one_key_loop(mesa_version: Option<(u32, u32)>) -> bool {
