@@ -210,6 +210,7 @@ fn bench_json_has_every_field_and_compares() {
             "max_ms",
             "gflops",
             "gbps",
+            "tokens_per_second",
             "percent_of_probe_gflops",
             "percent_of_probe_gbps",
             "speedup_over_materialized",
@@ -348,4 +349,58 @@ fn viz_max_pools_large_weights_into_a_bounded_image() {
     }
     let grid = decode_png(&dir.join("png/attention_b0_heads.png"));
     assert!(grid.0 < 1400 && grid.1 < 1400, "grid {}x{}", grid.0, grid.1);
+}
+
+#[test]
+fn bench_decode_reports_tokens_per_second() {
+    // Issue 14: `bench --decode` gives tokens per second (B·Lq over the median) beside
+    // GB/s, in the table and the JSON, for the decode row and the fused one.
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("bench-decode");
+    let output = bin()
+        .current_dir(&dir)
+        .args(["bench", "--decode", "3,4,2,300,32", "--dtype", "f32", "--reps", "1"])
+        .args(["--probe", "64", "--copy-mib", "1", "--json", "d.json"])
+        .output()
+        .expect("runs");
+    ok(&output);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.lines().any(|l| l.trim_end().ends_with("tok/s")), "{text}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("d.json")).expect("json written")).expect("valid json");
+    let rows = doc["runs"][0]["rows"].as_array().expect("rows");
+    let kernels: Vec<&str> = rows.iter().filter_map(|r| r["kernel"].as_str()).collect();
+    assert!(kernels.contains(&"decode"), "{kernels:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in rows {
+        assert_eq!(row["status"], "measured", "{row}");
+        assert_eq!(
+            (row["batch"].as_u64(), row["len_q"].as_u64()),
+            (Some(3), Some(1)),
+            "{row}"
+        );
+        let median_s = row["median_ms"].as_f64().expect("median") / 1e3;
+        let tokens = row["tokens_per_second"].as_f64().expect("tokens_per_second");
+        assert!(
+            (tokens * median_s - 3.0).abs() < 1e-9,
+            "{tokens} tok/s at {median_s} s: {row}"
+        );
+        // The table's last column is the same figure.
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("3,4,2,1,300,32,32") && l.contains(row["kernel"].as_str().unwrap()))
+            .expect("the row's line");
+        let printed: f64 = line
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .parse()
+            .expect("tok/s is a number");
+        assert!(
+            (printed - tokens).abs() <= 0.05 + 1e-9 * tokens,
+            "{line} against {tokens}"
+        );
+    }
 }

@@ -63,7 +63,7 @@ async function run(ctx, adapter, suite, kernels, reps) {
         const r = { ...base, kernel: name, flops, compulsory_bytes: bytes,
           status: 'measured', clock: 'wall-clock', reps, first_ms: first, median_ms: med,
           min_ms: Math.min(...samples), max_ms: Math.max(...samples),
-          gflops: flops / med / 1e6, gbps: bytes / med / 1e6 };
+          gflops: flops / med / 1e6, gbps: bytes / med / 1e6, tokens_per_second: b * lq / med * 1e3 };
         rows.push(r);
         row([label, r.kernel, first.toFixed(1), med.toFixed(2), r.min_ms.toFixed(2), r.gflops.toFixed(2),
           r.gbps.toFixed(2)]);

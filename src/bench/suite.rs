@@ -60,6 +60,10 @@ pub struct Measured {
     pub timing: Timing,
     pub gflops: f64,
     pub gbps: f64,
+    /// Query rows of every sequence per second, B·Lq over the median: with `bench
+    /// --decode` (Lq = 1), the tokens a decode step's attention yields per second
+    /// across the batch.
+    pub tokens_per_second: f64,
     /// GFLOP/s as a percentage of the probe's GEMM.
     pub percent_of_probe_gflops: f64,
     /// GB/s as a percentage of the probe's copy.
@@ -93,10 +97,13 @@ pub fn run_kernel(
     let outcome = match outcome {
         Ok((timing, allocated_bytes)) => {
             let gf = gflops(case.flops(), timing.median);
-            let gbps = case.compulsory_bytes() / timing.median.as_secs_f64() / 1e9;
+            let seconds = timing.median.as_secs_f64();
+            let gbps = case.compulsory_bytes() / seconds / 1e9;
+            let tokens = (case.shape.batch * case.shape.len_q) as f64;
             RowOutcome::Measured(Measured {
                 gflops: gf,
                 gbps,
+                tokens_per_second: tokens / seconds,
                 percent_of_probe_gflops: 100.0 * gf / probe.gemm_gflops_for(case.dtype),
                 percent_of_probe_gbps: 100.0 * gbps / probe.copy_gbps,
                 allocated_bytes,

@@ -332,7 +332,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         rows.extend(case_rows);
     }
     progress.finish_and_clear();
-    outln!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once.");
+    outln!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once; tok/s is B·Lq over the median (with --decode: tokens per second across the batch).");
 
     let caps = ctx.capabilities();
     Ok(json!({
@@ -388,7 +388,7 @@ pub fn shape_text(s: &AttentionShape) -> String {
 
 fn print_header() -> Result<(), CliError> {
     outln!(
-        "{:<26} {:<29} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9}",
+        "{:<26} {:<29} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>10}",
         "B,Hq,Hkv,Lq,Lk,D,Dv",
         "mask",
         "dtype",
@@ -403,7 +403,8 @@ fn print_header() -> Result<(), CliError> {
         "%copy",
         "x mat",
         "x cpu",
-        "alloc MiB"
+        "alloc MiB",
+        "tok/s"
     );
     Ok(())
 }
@@ -421,7 +422,7 @@ fn print_row(row: &BenchRow) -> Result<(), CliError> {
         RowOutcome::Measured(m) => {
             let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
             outln!(
-                "{head} {:>9.1} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.2} {:>6.0}% {:>6.0}% {:>8} {:>8} {:>9}",
+                "{head} {:>9.1} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.2} {:>6.0}% {:>6.0}% {:>8} {:>8} {:>9} {:>10.1}",
                 ms(m.timing.first),
                 ms(m.timing.median),
                 ms(m.timing.min),
@@ -434,6 +435,7 @@ fn print_row(row: &BenchRow) -> Result<(), CliError> {
                 ratio(m.speedup_over_cpu_reference),
                 m.allocated_bytes
                     .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1048576.0)),
+                m.tokens_per_second,
             );
         }
     }
@@ -469,6 +471,7 @@ fn row_json(row: &BenchRow) -> Value {
             "max_ms": ms(m.timing.max),
             "gflops": m.gflops,
             "gbps": m.gbps,
+            "tokens_per_second": m.tokens_per_second,
             "percent_of_probe_gflops": m.percent_of_probe_gflops,
             "percent_of_probe_gbps": m.percent_of_probe_gbps,
             "speedup_over_materialized": m.speedup_over_materialized,
