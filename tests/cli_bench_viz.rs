@@ -390,12 +390,12 @@ fn bench_decode_reports_tokens_per_second() {
         // The table's last column is the same figure.
         let line = text
             .lines()
-            .find(|l| l.starts_with("3,4,2,1,300,32,32") && l.contains(row["kernel"].as_str().unwrap()))
+            .find(|l| l.starts_with("3,4,2,1,300,32,32") && l.contains(row["kernel"].as_str().expect("kernel")))
             .expect("the row's line");
         let printed: f64 = line
             .split_whitespace()
             .last()
-            .unwrap()
+            .expect("a last column")
             .parse()
             .expect("tok/s is a number");
         assert!(
