@@ -93,14 +93,6 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> scores: array<f32>;
 // Log-sum-exp per row over all (batch, head) pairs: [B * Hq, Lq].
 @group(0) @binding(8) var<storage, read_write> lse: array<f32>;
-// K and V again, 16 bytes to a load (4 f32 or 8 f16 elements, ELEMS_PER_WORD to a
-// word): llvmpipe loads storage lane by lane, or a gather per component, so one such
-// load costs about what one element does. Bound to the same buffers as k and v, only by
-// kernels that read them this way (the subgroup decode design: whole loads where row
-// strides and head dims are multiples of the elements of one, else single elements
-// out of them). Buffers are whole 16-byte units (Context::check_buffer_size).
-@group(0) @binding(9) var<storage, read> k4: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> v4: array<vec4<u32>>;
 
 const MASK_NONE: u32 = 0u;
 const MASK_BOOL: u32 = 1u;

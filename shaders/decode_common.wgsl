@@ -177,7 +177,7 @@ fn add_scores(raw: array<vec4<f32>, 4>, t: u32, ka: vec4<f32>, kb: vec4<f32>, tw
 // 4-row blocks. Each Q element is read once for both keys: on llvmpipe these
 // workgroup reads go lane by lane and cost as much as the K loads. K comes from the
 // kernel's decode_k_load, kv_vec4s() vec4s a load (each kernel file defines both: one
-// design binds k4, the other k).
+// design reads K through kv_words, the other from k).
 fn decode_scores(k_rows: vec2<u32>, d4: u32, two: bool) -> array<vec4<f32>, 4> {
     var raw = array<vec4<f32>, 4>();
     let per = kv_vec4s();

@@ -1,7 +1,8 @@
 // Split-K decode for CPU adapters with subgroups of at least 8 lanes (lavapipe): the
 // same splits, row blocks and partial results as flash_decode.wgsl (decode_combine
-// there merges them), arranged for a SIMD CPU. Appended to attention_common.wgsl and
-// decode_common.wgsl.
+// there merges them), arranged for a SIMD CPU. Appended to attention_common.wgsl,
+// decode_common.wgsl and one of decode_kv_buffers.wgsl (K and V from their buffers)
+// and decode_kv_texels.wgsl (from a KV cache's texel mirror), which define kv_words.
 //
 // Why a separate kernel: flash_decode.wgsl's workgroup of 64 invocations needs three
 // barriers per tile of 64 keys, and one invocation per quad of rows runs the softmax
@@ -25,7 +26,7 @@
 //      workgroup memory (llvmpipe compiles a dynamically indexed private array into
 //      a ladder of branches), rescales them and adds the 16 probabilities times V,
 //      in key order.
-// K and V are read 16 bytes to a load (4 f32 or 8 f16 elements, through k4 and v4)
+// K and V are read 16 bytes to a load (4 f32 or 8 f16 elements, through kv_words)
 // where KV_WIDE is set (head dims, so row strides, multiples of that; the host
 // checks): llvmpipe loads storage lane by lane, so such a load costs about what one
 // element does. Four f32 a load made the kernel 1.4-1.5x faster on Mesa 22.3's
@@ -44,7 +45,7 @@ const DS_LANES: u32 = 8u;
 const DS_BLOCK: u32 = 2u * DS_LANES;
 const DS_SLOTS: u32 = 32u; // a lane's columns: Dv up to 256 over 8 lanes
 
-// 1 where K and V are read 16 bytes at a time through k4 and v4; 2 where f16 rows are
+// 1 where K and V are read 16 bytes at a time through kv_words; 2 where f16 rows are
 // read 8 bytes (4 elements, half a word) at a time (set by the host, kernels::decode).
 override KV_WIDE: u32 = 0u;
 
@@ -68,15 +69,6 @@ fn slot_column(c: u32, lid: u32) -> u32 {
     let per = kv_vec4s();
     let unit = c / 4u;
     return ((unit / per * DS_LANES + lid) * per + unit % per) * 4u + c % 4u;
-}
-
-// The 16 bytes of K or V holding element e (this kernel binds K and V only so).
-fn kv_words(is_k: bool, e: u32) -> vec4<u32> {
-    let at = e / (4u * ELEMS_PER_WORD);
-    if is_k {
-        return k4[at];
-    }
-    return v4[at];
 }
 
 // Elements e .. e + 3 of K or V, those from index n on as 0: read from the two 16-byte

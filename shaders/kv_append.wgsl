@@ -6,10 +6,18 @@
 // of element b is row r % page_size of page table[b][r / page_size], and dst_b is the
 // page stride.
 //
-// Tiling: workgroups of 64 invocations; workgroup (y, z) is one (b, h) pair, number
-// y + z * groups.y (z exists only past the 65535 workgroups one grid axis allows), and
-// the invocations of a pair stride over its new_len x dim elements (one element each
-// per trip), so any number of new rows fits one dispatch.
+// kv_texels copies the rows an append wrote from the cache into its texel mirror
+// (src/kernels/kv_texels.rs, read by decode_kv_texels.wgsl): the whole 16-byte words
+// that hold each row, word w of the buffer to texel (w % width, (w / width) %
+// TEXEL_ROWS) of layer w / (width * TEXEL_ROWS), width = 1 << TEXEL_SHIFT. A word two
+// rows share may be copied twice, with the same value: the buffer holds the written
+// rows by then.
+//
+// Tiling (both entry points): workgroups of 64 invocations; workgroup (y, z) is one
+// (b, h) pair, number y + z * groups.y (z exists only past the 65535 workgroups one
+// grid axis allows), and the invocations of a pair stride over its new rows' elements
+// (kv_append) or words (kv_texels), one per trip, so any number of new rows fits one
+// dispatch.
 
 struct AppendParams {
     heads: u32,
@@ -57,5 +65,40 @@ fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         let s = x / ap.dim;
         let d = x % ap.dim;
         dst[dst_row(b, start + s) + h * ap.dst_h + d] = src[b * ap.src_b + h * ap.src_h + s * ap.src_s + d];
+    }
+}
+
+// For kv_texels: the cache (dst) as 16-byte words, and its mirror.
+@group(0) @binding(4) var<storage, read> cache_words: array<vec4<u32>>;
+@group(0) @binding(5) var texels: texture_storage_2d_array<rgba32uint, write>;
+
+// log2 of the texels per texture row, and the rows per layer (set by the host,
+// kernels::kv_texels::TexelGrid).
+override TEXEL_SHIFT: u32 = 12u;
+override TEXEL_ROWS: u32 = 8192u;
+
+@compute @workgroup_size(64, 1, 1)
+fn kv_texels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let pair = gid.y + gid.z * groups.y;
+    if pair >= ap.batch * ap.heads {
+        return;
+    }
+    let b = pair / ap.heads;
+    let h = pair % ap.heads;
+    let start = rows_of[b];
+    let count = min(rows_of[ap.batch + b], ap.new_len);
+    let per_word = 4u * ELEMS_PER_WORD;
+    // Words a row can touch: its elements, and one more where it starts mid-word.
+    let row_words = (ap.dim + per_word - 1u) / per_word + 1u;
+    let words = arrayLength(&cache_words);
+    for (var x = gid.x; x < count * row_words; x += groups.x * 64u) {
+        let first = (dst_row(b, start + x / row_words) + h * ap.dst_h) / per_word;
+        let last = (dst_row(b, start + x / row_words) + h * ap.dst_h + ap.dim - 1u) / per_word;
+        let w = first + x % row_words;
+        if w <= last && w < words {
+            let row = w >> TEXEL_SHIFT;
+            let at = vec2<u32>(w & ((1u << TEXEL_SHIFT) - 1u), row % TEXEL_ROWS);
+            textureStore(texels, at, row / TEXEL_ROWS, cache_words[w]);
+        }
     }
 }

@@ -4,6 +4,7 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
+use crate::kernels::kv_texels::KvTexels;
 use crate::kernels::mean_heads::encode_accumulate_heads;
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
@@ -82,12 +83,19 @@ pub async fn sdpa_read_async(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<(AttentionOutput, Vec<f32>)> {
+    read_async(ctx, |encoder| encode_sdpa(ctx, encoder, q, k, v, options)).await
+}
+
+/// Records attention with `record`, submits it and reads the output back in the same
+/// submission.
+pub(crate) async fn read_async(
+    ctx: &Context,
+    record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<AttentionOutput>,
+) -> Result<(AttentionOutput, Vec<f32>)> {
     let (out, bytes) = ctx
-        .record_and_read_async(
-            "attention",
-            |encoder| encode_sdpa(ctx, encoder, q, k, v, options),
-            |out: &AttentionOutput| (out.out.buffer().clone(), out.out.byte_len()),
-        )
+        .record_and_read_async("attention", record, |out: &AttentionOutput| {
+            (out.out.buffer().clone(), out.out.byte_len())
+        })
         .await?;
     let values = out.out.values_of(&bytes);
     Ok((out, values))
@@ -116,8 +124,24 @@ pub fn encode_sdpa(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
+    encode_sdpa_with_texels(ctx, encoder, q, k, v, None, options)
+}
+
+/// [`encode_sdpa`] for a KV cache with a texel mirror of `k` and `v`, which the
+/// subgroup decode design reads instead of their buffers (docs/design.md, "KV cache").
+pub(crate) fn encode_sdpa_with_texels(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_texels: Option<&KvTexels>,
+    options: &AttentionOptions,
+) -> Result<AttentionOutput> {
     let plan = Plan::new(ctx, q, k, v, None, options)?;
-    ctx.scoped("recording attention", || plan.encode(ctx, encoder, q, k, v, options))
+    ctx.scoped("recording attention", || {
+        plan.encode(ctx, encoder, q, k, v, kv_texels, options)
+    })
 }
 
 /// Attention against keys and values kept in pages (paged KV, docs/design.md "Paged
@@ -152,7 +176,7 @@ pub fn encode_sdpa_paged(
 ) -> Result<AttentionOutput> {
     let plan = Plan::new(ctx, q, k_pages, v_pages, Some(table), options)?;
     ctx.scoped("recording attention", || {
-        plan.encode(ctx, encoder, q, k_pages, v_pages, options)
+        plan.encode(ctx, encoder, q, k_pages, v_pages, None, options)
     })
 }
 
@@ -479,6 +503,7 @@ impl Plan {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn encode(
         &self,
         ctx: &Context,
@@ -486,6 +511,7 @@ impl Plan {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        kv_texels: Option<&KvTexels>,
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
         let s = &self.shape;
@@ -523,6 +549,7 @@ impl Plan {
                     side_words: &side_words,
                     scores: $scores,
                     lse: lse.buffer(),
+                    kv_texels,
                 }
             };
         }

@@ -2,11 +2,13 @@
 //! the device with room to grow, one length per batch element, new rows written in
 //! place (docs/design.md, "KV cache").
 
-use crate::attention::{sdpa, AttentionOutput};
+use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::decode::DecodeDesign;
 use crate::kernels::kv_append;
-use crate::options::AttentionOptions;
+use crate::kernels::kv_texels::KvTexels;
+use crate::options::{AttentionOptions, FusedTiling};
 use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
 
@@ -19,6 +21,11 @@ use crate::tensor::{DType, Layout, Tensor};
 /// queries against what each element holds, positions aligned bottom-right to each
 /// element's own length (the last query row sits at the last cached key).
 ///
+/// Where split-K decode takes its subgroup design (CPU adapters with 8-lane subgroups:
+/// lavapipe), the cache also keeps K and V as texels, a second copy of both that every
+/// append updates and decode reads faster there ([`KvCache::has_texel_mirror`],
+/// [`KvCache::set_texel_mirror`]; docs/design.md, "KV cache").
+///
 /// On the web, wgpu reports GPU validation errors after the call returns, so an
 /// append the device rejects there (one every host-side check passed, which should
 /// not happen) still advances the lengths; native targets wait for the verdict first.
@@ -26,6 +33,7 @@ pub struct KvCache {
     k: Tensor,
     v: Tensor,
     lengths: Vec<u32>,
+    texels: Option<KvTexels>,
 }
 
 impl KvCache {
@@ -45,12 +53,58 @@ impl KvCache {
             return Err(Error::unsupported("KV cache capacity", capacity, "1 to 2^31 - 1 rows"));
         }
         check_attendable(ctx, batch, heads_kv, capacity, head_dim, head_dim_v, dtype)?;
-        // Buffers start zeroed, so unwritten rows are finite, as masked value rows must be.
+        // Buffers (and textures) start zeroed, so unwritten rows are finite, as masked
+        // value rows must be.
+        let k = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?;
+        let v = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?;
+        let texels = if DecodeDesign::for_context(ctx, FusedTiling::Auto)? == DecodeDesign::Subgroup {
+            // A mirror past the texture limits is only a lost speed-up.
+            KvTexels::new(ctx, &k, &v).ok()
+        } else {
+            None
+        };
         Ok(KvCache {
-            k: Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?,
-            v: Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?,
+            k,
+            v,
             lengths: vec![0; batch],
+            texels,
         })
+    }
+
+    /// Whether the cache keeps K and V as texels too, for split-K decode's subgroup
+    /// design (by default where that design is taken and the textures fit).
+    pub fn has_texel_mirror(&self) -> bool {
+        self.texels.is_some()
+    }
+
+    /// Keeps (`on`) or drops the texel mirror of K and V. Dropping frees its memory
+    /// (as much as the cache's own) and leaves decode reading the buffers; keeping
+    /// one builds it from the rows held. A mirror serves only the subgroup decode
+    /// design, so on other adapters `on` is refused with `Unsupported`, as it is past
+    /// the device's texture limits.
+    pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
+        self.k.check_context(ctx, "KV cache")?;
+        if !on {
+            self.texels = None;
+            return Ok(());
+        }
+        if self.texels.is_some() {
+            return Ok(());
+        }
+        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
+            return Err(Error::unsupported(
+                "a KV cache's texel mirror",
+                format!("adapter {}", ctx.adapter_info().name),
+                "CPU adapters where split-K decode takes its subgroup design (8-lane subgroups)",
+            ));
+        }
+        let texels = KvTexels::new(ctx, &self.k, &self.v)?;
+        let from_start = vec![0; self.lengths.len()];
+        ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| {
+            sync_texels(ctx, encoder, &self.k, &self.v, &texels, &from_start, &self.lengths)
+        })?;
+        self.texels = Some(texels);
+        Ok(())
     }
 
     /// Rows each batch element can hold.
@@ -125,7 +179,11 @@ impl KvCache {
         }
         ctx.record_and_submit("submitting a KV cache append", |encoder| {
             kv_append::encode(ctx, encoder, k_new, &self.k, &self.lengths, counts, None)?;
-            kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None)
+            kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None)?;
+            match &self.texels {
+                Some(texels) => sync_texels(ctx, encoder, &self.k, &self.v, texels, &self.lengths, counts),
+                None => Ok(()),
+            }
         })?;
         for (len, count) in self.lengths.iter_mut().zip(counts) {
             *len += count;
@@ -145,10 +203,17 @@ impl KvCache {
         let [b, h, _, d] = self.k.shape();
         let dv = self.v.shape()[3];
         let mut grown = KvCache::new(ctx, b, h, capacity, d, dv, self.k.layout(), self.k.dtype())?;
+        if self.texels.is_none() {
+            grown.texels = None;
+        }
         let from_start = vec![0; b];
         ctx.record_and_submit("submitting a KV cache growth", |encoder| {
             kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
-            kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None)
+            kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
+            match &grown.texels {
+                Some(texels) => sync_texels(ctx, encoder, &grown.k, &grown.v, texels, &from_start, &self.lengths),
+                None => Ok(()),
+            }
         })?;
         grown.lengths = std::mem::take(&mut self.lengths);
         *self = grown;
@@ -160,11 +225,17 @@ impl KvCache {
     /// would be NaN).
     pub fn clear(&mut self, ctx: &Context) -> Result<()> {
         self.k.check_context(ctx, "KV cache")?;
+        // New textures are zeroed (clearing a texture needs a feature WebGPU lacks).
+        let texels = match &self.texels {
+            Some(_) => Some(KvTexels::new(ctx, &self.k, &self.v)?),
+            None => None,
+        };
         ctx.record_and_submit("submitting a KV cache clear", |encoder| {
             encoder.clear_buffer(self.k.buffer(), 0, None);
             encoder.clear_buffer(self.v.buffer(), 0, None);
             Ok(())
         })?;
+        self.texels = texels;
         self.lengths.fill(0);
         Ok(())
     }
@@ -180,7 +251,22 @@ impl KvCache {
     /// under the causal mask they see no key (zero output, log-sum-exp −inf), and
     /// without it they see every held key, like the rest.
     pub fn attend(&self, ctx: &Context, q: &Tensor, options: &AttentionOptions) -> Result<AttentionOutput> {
-        sdpa(ctx, q, &self.k, &self.v, &self.attend_options(options)?)
+        ctx.record_and_submit("submitting attention", |encoder| {
+            self.encode_attend(ctx, encoder, q, options)
+        })
+    }
+
+    /// Like [`KvCache::attend`], but records into the caller's encoder (as
+    /// [`crate::encode_sdpa`] does).
+    pub fn encode_attend(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        q: &Tensor,
+        options: &AttentionOptions,
+    ) -> Result<AttentionOutput> {
+        let options = self.attend_options(options)?;
+        encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, self.texels.as_ref(), &options)
     }
 
     /// [`KvCache::attend`] with the output read back in the same submission (one
@@ -192,7 +278,7 @@ impl KvCache {
         q: &Tensor,
         options: &AttentionOptions,
     ) -> Result<(AttentionOutput, Vec<f32>)> {
-        crate::sdpa_read_async(ctx, q, &self.k, &self.v, &self.attend_options(options)?).await
+        crate::attention::read_async(ctx, |encoder| self.encode_attend(ctx, encoder, q, options)).await
     }
 
     /// [`KvCache::attend_read_async`], blocking. Native targets only.
@@ -274,4 +360,19 @@ pub(crate) fn check_new_rows(
         return Err(Error::shape(format!("dtype of {what}"), dtype.name(), t.dtype().name()));
     }
     Ok(())
+}
+
+/// Records the copy of rows `starts[b] .. starts[b] + counts[b]` of `k` and `v` into
+/// their texel mirror.
+fn sync_texels(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    k: &Tensor,
+    v: &Tensor,
+    texels: &KvTexels,
+    starts: &[u32],
+    counts: &[u32],
+) -> Result<()> {
+    kv_append::encode_texels(ctx, encoder, k, texels.keys(), starts, counts)?;
+    kv_append::encode_texels(ctx, encoder, v, texels.values(), starts, counts)
 }

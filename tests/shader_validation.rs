@@ -59,9 +59,10 @@ fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
 
 /// The override values a kernel is compiled with besides its defaults.
 fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<naga::back::PipelineConstants> {
-    use wgpu_attention::kernels::decode::{DecodeDesign, SUBGROUP_SPLIT_VARIANTS};
+    use wgpu_attention::kernels::decode::{DecodeDesign, SUBGROUP_SPLIT_VARIANTS, SUBGROUP_TEXEL_SPLIT_VARIANTS};
     let mut sets = vec![naga::back::PipelineConstants::default()];
-    if SUBGROUP_SPLIT_VARIANTS.iter().any(|v| v.kernel == *kernel) {
+    let subgroup_design = SUBGROUP_SPLIT_VARIANTS.iter().chain(&SUBGROUP_TEXEL_SPLIT_VARIANTS);
+    if subgroup_design.into_iter().any(|v| v.kernel == *kernel) {
         let wide = wgpu_attention::AttentionShape::new(1, 8, 2, 1, 64, 128, 128);
         // Mesa 22's two key loops and the one loop of other drivers.
         for mesa in [Some((22, 3)), None] {

@@ -7,8 +7,11 @@ use crate::attention::{encode_sdpa, resolve_kernel};
 pub use crate::bench_cases::{BenchCase, Suite};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
 use crate::options::KernelChoice;
+use crate::problem::AttentionShape;
 use crate::reference;
+use crate::tensor::{DType, Layout, Tensor};
 
 /// The CPU reference is skipped above this many FLOPs (it runs at well under 1 GFLOP/s).
 pub const CPU_REFERENCE_MAX_FLOPS: f64 = 1.5e9;
@@ -168,13 +171,30 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             let options = case.options(choice);
             let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
-            let before = ctx.allocated_bytes();
+            // Decode reads K and V from a KV cache, as when generating (with the cache's
+            // texel mirror where it keeps one); a cache aligns positions bottom-right,
+            // so top-left causal cases read the tensors.
+            let from_cache = kernel == BenchKernel::Decode && !case.causal;
+            let timed = (|| {
+                let cache = if from_cache {
+                    Some(filled_cache(ctx, &shape, case.dtype, &k, &v)?)
+                } else {
+                    None
+                };
+                let before = ctx.allocated_bytes();
+                let timing = time_gpu(ctx, reps, |encoder| {
+                    match &cache {
+                        Some(cache) => cache.encode_attend(ctx, encoder, &q, &options),
+                        None => encode_sdpa(ctx, encoder, &q, &k, &v, &options),
+                    }
+                    .map(|_| ())
+                })?;
+                Ok((timing, ctx.allocated_bytes() - before))
+            })();
             let calls = reps.max(1) as u64 + 2;
-            match time_gpu(ctx, reps, |encoder| {
-                encode_sdpa(ctx, encoder, &q, &k, &v, &options).map(|_| ())
-            }) {
-                Ok(timing) => {
-                    let per_call = (ctx.allocated_bytes() - before) / calls;
+            match timed {
+                Ok((timing, allocated)) => {
+                    let per_call = allocated / calls;
                     Ok((name, Ok((timing, Some(per_call)))))
                 }
                 Err(e @ (Error::LimitExceeded { .. } | Error::Unsupported { .. })) => {
@@ -184,4 +204,21 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             }
         }
     }
+}
+
+/// A KV cache of capacity Lk holding all of `k` and `v`.
+fn filled_cache(ctx: &Context, shape: &AttentionShape, dtype: DType, k: &Tensor, v: &Tensor) -> Result<KvCache> {
+    let s = shape;
+    let mut cache = KvCache::new(
+        ctx,
+        s.batch,
+        s.heads_kv,
+        s.len_k,
+        s.head_dim,
+        s.head_dim_v,
+        Layout::Bhsd,
+        dtype,
+    )?;
+    cache.append(ctx, k, v)?;
+    Ok(cache)
 }

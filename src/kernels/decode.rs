@@ -3,7 +3,8 @@
 //! separate workgroups, each writing normalised partial rows and their log-sum-exp;
 //! a combine pass merges them (docs/design.md, "Decode").
 
-use super::{dispatch, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
+use super::kv_texels::TexelGrid;
+use super::{dispatch_entries, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::options::FusedTiling;
@@ -13,6 +14,10 @@ use crate::tensor::DType;
 const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
 const SUBGROUP_SOURCE: &str = include_str!("../../shaders/flash_decode_subgroup.wgsl");
 const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
+/// How the subgroup design reads K and V: from their buffers, or from a KV cache's
+/// texel mirror (`kernels::kv_texels`).
+const KV_BUFFERS: &str = include_str!("../../shaders/decode_kv_buffers.wgsl");
+const KV_TEXELS: &str = include_str!("../../shaders/decode_kv_texels.wgsl");
 
 /// How a split pass is arranged (docs/design.md, "Decode").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,12 +131,7 @@ impl DecodeDesign {
     /// The split kernel for a problem: the smallest row block that holds one kv head's
     /// rows, else the widest.
     pub fn variant_for(self, s: &AttentionShape) -> SplitVariant {
-        let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
-        let variants = self.variants();
-        *variants
-            .iter()
-            .find(|v| v.rows >= rows)
-            .unwrap_or(&variants[variants.len() - 1])
+        smallest_holding(self.variants(), s)
     }
 
     /// Loop iterations of one invocation walking `keys` keys in one split, for the
@@ -226,8 +226,22 @@ const SUBGROUP_SLOTS: &[Slot] = &[
     Slot::SideWords,
     Slot::Scores,
 ];
+/// The same words from the texel mirror.
+const SUBGROUP_TEXEL_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::KTexels,
+    Slot::VTexels,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+];
 const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON];
 const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON];
+const SUBGROUP_ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON, KV_BUFFERS];
+const SUBGROUP_ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON, KV_BUFFERS];
+const TEXEL_ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON, KV_TEXELS];
+const TEXEL_ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON, KV_TEXELS];
 const TILES_FILE: (&str, &str, &str) = ("flash_decode.wgsl", SOURCE, "decode_split");
 const SUBGROUP_FILE: (&str, &str, &str) = ("flash_decode_subgroup.wgsl", SUBGROUP_SOURCE, "decode_split_subgroup");
 
@@ -241,8 +255,14 @@ pub const SPLIT_VARIANTS: [SplitVariant; 2] = [
 
 /// The same for the `Subgroup` design.
 pub const SUBGROUP_SPLIT_VARIANTS: [SplitVariant; 2] = [
-    split_variant(4, SUBGROUP_FILE, ROWS_4, "[4 rows]", SUBGROUP_SLOTS),
-    split_variant(8, SUBGROUP_FILE, ROWS_8, "[8 rows]", SUBGROUP_SLOTS),
+    split_variant(4, SUBGROUP_FILE, SUBGROUP_ROWS_4, "[4 rows]", SUBGROUP_SLOTS),
+    split_variant(8, SUBGROUP_FILE, SUBGROUP_ROWS_8, "[8 rows]", SUBGROUP_SLOTS),
+];
+
+/// The `Subgroup` design reading K and V from a KV cache's texel mirror.
+pub const SUBGROUP_TEXEL_SPLIT_VARIANTS: [SplitVariant; 2] = [
+    split_variant(4, SUBGROUP_FILE, TEXEL_ROWS_4, "[4 rows, texels]", SUBGROUP_TEXEL_SLOTS),
+    split_variant(8, SUBGROUP_FILE, TEXEL_ROWS_8, "[8 rows, texels]", SUBGROUP_TEXEL_SLOTS),
 ];
 
 /// Merges the splits of each row into the output and the log-sum-exp (`DEC_ROWS` is
@@ -287,6 +307,16 @@ impl DecodeSplit {
 /// Keys per split for `splits` splits of `keys` keys (`split_keys_for` in the WGSL).
 pub fn split_keys(keys: usize, splits: usize) -> usize {
     keys.div_ceil(splits.max(1)).next_multiple_of(TILE)
+}
+
+/// Of `variants` (by rows, smallest first), the smallest whose row block holds one kv
+/// head's rows, else the widest.
+fn smallest_holding(variants: &[SplitVariant; 2], s: &AttentionShape) -> SplitVariant {
+    let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
+    *variants
+        .iter()
+        .find(|v| v.rows >= rows)
+        .unwrap_or(&variants[variants.len() - 1])
 }
 
 /// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, in
@@ -383,26 +413,29 @@ pub(crate) fn encode(
             });
         }
     }
-    let split_kernel = split.design.variant_for(shape).kernel;
-    let split_pipeline = pipeline(
-        ctx,
-        &split_kernel,
-        dtype,
-        &split.design.constants(ctx.capabilities().mesa_version, shape, dtype),
-    )?;
-    dispatch(
+    // A KV cache's texel mirror, where it has one, serves the subgroup design.
+    let texels = split.design == DecodeDesign::Subgroup && bindings.kv_texels.is_some();
+    let mut constants = split.design.constants(ctx.capabilities().mesa_version, shape, dtype);
+    let split_kernel = if texels {
+        constants.extend(TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS"));
+        smallest_holding(&SUBGROUP_TEXEL_SPLIT_VARIANTS, shape).kernel
+    } else {
+        split.design.variant_for(shape).kernel
+    };
+    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &constants)?;
+    dispatch_entries(
         ctx,
         encoder,
         &split_pipeline,
-        &bindings.select(split_kernel.slots),
+        &bindings.select(split_kernel.slots)?,
         [split.splits as u32, row_groups as u32, 1],
     )?;
     let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;
-    dispatch(
+    dispatch_entries(
         ctx,
         encoder,
         &combine_pipeline,
-        &bindings.select(COMBINE.slots),
+        &bindings.select(COMBINE.slots)?,
         [
             shape.head_dim_v.div_ceil(LANES) as u32,
             combine_y as u32,

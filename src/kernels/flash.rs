@@ -6,7 +6,9 @@
 //! `info`, `bench`, `check`, the CLI's `--tiling`, `WGPU_ATTENTION_TILING` and the
 //! tests all read this table (docs/design.md, "Kernel paths and tilings").
 
-use super::{dispatch, groups_for, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON};
+use super::{
+    dispatch_entries, groups_for, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON,
+};
 use crate::context::{Capabilities, Context};
 use crate::error::{Error, Result};
 use crate::options::FusedTiling;
@@ -643,7 +645,7 @@ pub(crate) fn encode(
         params.bh_count,
         1,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(SLOTS), groups)
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
 }
 
 #[cfg(test)]

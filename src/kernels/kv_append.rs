@@ -1,6 +1,7 @@
 //! `shaders/kv_append.wgsl`: new key or value rows written into a KV cache in place.
 
-use super::{dispatch, pipeline, Kernel};
+use super::kv_texels::TexelGrid;
+use super::{dispatch_entries, pipeline, Kernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::paged_kv::PageTable;
@@ -14,6 +15,12 @@ pub const KERNEL: Kernel = Kernel {
     slots: &[],
     preludes: &[],
     variant: "",
+};
+
+/// The entry point that copies appended rows into a cache's texel mirror.
+pub const TEXELS: Kernel = Kernel {
+    entry: "kv_texels",
+    ..KERNEL
 };
 
 /// Mirror of WGSL `AppendParams`.
@@ -52,19 +59,6 @@ pub(crate) fn encode(
     src.check_context(ctx, "new KV rows")?;
     dst.check_context(ctx, "KV cache")?;
     let [batch, heads, new_len, dim] = src.shape();
-    let pairs = batch * heads;
-    let max = ctx.capabilities().max_workgroups_per_dim as usize;
-    // (batch, head) pairs fill grid rows y, then planes z.
-    let (rows, planes) = (pairs.min(max), pairs.div_ceil(max));
-    if planes > max {
-        return Err(Error::LimitExceeded {
-            what: format!("KV cache append over {batch} x {heads} (batch, head) pairs"),
-            limit: "max_compute_workgroups_per_dimension squared",
-            unit: "workgroups",
-            requested: pairs as u64,
-            max: (max * max) as u64,
-        });
-    }
     let [sb, sh, ss, _] = src.strides();
     let [db, dh, ds, _] = dst.strides();
     let params = AppendParams {
@@ -81,29 +75,106 @@ pub(crate) fn encode(
         page_size: pages.map_or(0, |_| dst.shape()[2] as u32),
         table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
     };
-    let params = ctx.create_buffer_init(
-        "kv append params",
-        bytemuck::bytes_of(&params),
-        wgpu::BufferUsages::UNIFORM,
-    )?;
     let table = pages.map_or(&[][..], PageTable::entries);
-    let rows_of: Vec<u32> = starts.iter().chain(counts).chain(table).copied().collect();
-    let rows_of = ctx.create_buffer_init(
-        "kv append rows",
-        bytemuck::cast_slice(&rows_of),
-        wgpu::BufferUsages::STORAGE,
-    )?;
     let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
-    // Enough workgroups per row that each invocation takes a handful of elements (the
-    // grid-stride loop stays far below llvmpipe's loop cap).
-    let per_pair = (new_len * dim).div_ceil(64).clamp(1, max) as u32;
+    let up = Uploaded::new(ctx, &params, starts, counts, table)?;
+    let entries = [
+        entry(0, up.params.as_entire_binding()),
+        entry(1, src.buffer().as_entire_binding()),
+        entry(2, dst.buffer().as_entire_binding()),
+        entry(3, up.rows_of.as_entire_binding()),
+    ];
     ctx.scoped("recording a KV cache append", || {
-        dispatch(
-            ctx,
-            encoder,
-            &pipeline,
-            &[(0, &params), (1, src.buffer()), (2, dst.buffer()), (3, &rows_of)],
-            [per_pair, rows as u32, planes as u32],
-        )
+        dispatch_entries(ctx, encoder, &pipeline, &entries, up.groups)
     })
+}
+
+/// Records the copy of rows `starts[b] .. starts[b] + counts[b]` of every (b, h) pair
+/// of the contiguous cache `cache` (`[B, H, capacity, dim]`, any layout) into its texel
+/// mirror `texels` (the words that hold them, docs/design.md "KV cache"), after they
+/// were written.
+pub(crate) fn encode_texels(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    cache: &Tensor,
+    texels: &wgpu::TextureView,
+    starts: &[u32],
+    counts: &[u32],
+) -> Result<()> {
+    let [batch, heads, _, dim] = cache.shape();
+    let [db, dh, ds, _] = cache.strides();
+    let params = AppendParams {
+        heads: heads as u32,
+        new_len: counts.iter().copied().max().unwrap_or(0),
+        dim: dim as u32,
+        batch: batch as u32,
+        dst_b: db as u32,
+        dst_h: dh as u32,
+        dst_s: ds as u32,
+        ..AppendParams::default()
+    };
+    let constants = TexelGrid::for_context(ctx).constants("TEXEL_SHIFT", "TEXEL_ROWS");
+    let pipeline = pipeline(ctx, &TEXELS, cache.dtype(), &constants)?;
+    let up = Uploaded::new(ctx, &params, starts, counts, &[])?;
+    let entries = [
+        entry(0, up.params.as_entire_binding()),
+        entry(3, up.rows_of.as_entire_binding()),
+        entry(4, cache.buffer().as_entire_binding()),
+        entry(5, wgpu::BindingResource::TextureView(texels)),
+    ];
+    ctx.scoped("recording a KV cache texel mirror update", || {
+        dispatch_entries(ctx, encoder, &pipeline, &entries, up.groups)
+    })
+}
+
+fn entry(binding: u32, resource: wgpu::BindingResource<'_>) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry { binding, resource }
+}
+
+/// A dispatch's uploaded params and rows (`starts`, `counts`, then any block table),
+/// and its grid: one workgroup row per (b, h) pair.
+struct Uploaded {
+    params: wgpu::Buffer,
+    rows_of: wgpu::Buffer,
+    groups: [u32; 3],
+}
+
+impl Uploaded {
+    fn new(ctx: &Context, params: &AppendParams, starts: &[u32], counts: &[u32], table: &[u32]) -> Result<Uploaded> {
+        let pairs = params.batch as usize * params.heads as usize;
+        let max = ctx.capabilities().max_workgroups_per_dim as usize;
+        // (batch, head) pairs fill grid rows y, then planes z.
+        let (rows, planes) = (pairs.min(max), pairs.div_ceil(max));
+        if planes > max {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "KV cache append over {} x {} (batch, head) pairs",
+                    params.batch, params.heads
+                ),
+                limit: "max_compute_workgroups_per_dimension squared",
+                unit: "workgroups",
+                requested: pairs as u64,
+                max: (max * max) as u64,
+            });
+        }
+        let rows_of: Vec<u32> = starts.iter().chain(counts).chain(table).copied().collect();
+        // Enough workgroups per row that each invocation takes a handful of elements
+        // (the grid-stride loop stays far below llvmpipe's loop cap).
+        let per_pair = (params.new_len as usize * params.dim as usize)
+            .div_ceil(64)
+            .clamp(1, max) as u32;
+        Ok(Uploaded {
+            params: ctx.create_buffer_init(
+                "kv append params",
+                bytemuck::bytes_of(params),
+                wgpu::BufferUsages::UNIFORM,
+            )?,
+            rows_of: ctx.create_buffer_init(
+                "kv append rows",
+                bytemuck::cast_slice(&rows_of),
+                wgpu::BufferUsages::STORAGE,
+            )?,
+            groups: [per_pair, rows as u32, planes as u32],
+        })
+    }
 }

@@ -11,6 +11,7 @@ pub mod coop_emulation;
 pub mod decode;
 pub mod flash;
 pub mod kv_append;
+pub mod kv_texels;
 pub mod layer_norm;
 pub mod loop_budget;
 pub mod loop_probe;
@@ -53,9 +54,10 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel entry point the crate dispatches (used by the shader validation test).
-pub const ALL_KERNELS: [Kernel; 35] = [
+pub const ALL_KERNELS: [Kernel; 38] = [
     loop_probe::KERNEL,
     kv_append::KERNEL,
+    kv_append::TEXELS,
     layer_norm::KERNEL,
     mean_heads::KERNEL,
     matmul::TILED,
@@ -70,6 +72,8 @@ pub const ALL_KERNELS: [Kernel; 35] = [
     decode::SPLIT_VARIANTS[1].kernel,
     decode::SUBGROUP_SPLIT_VARIANTS[0].kernel,
     decode::SUBGROUP_SPLIT_VARIANTS[1].kernel,
+    decode::SUBGROUP_TEXEL_SPLIT_VARIANTS[0].kernel,
+    decode::SUBGROUP_TEXEL_SPLIT_VARIANTS[1].kernel,
     decode::COMBINE,
     flash::REGISTERS,
     flash::SHARED,
@@ -237,6 +241,8 @@ pub(crate) struct AttentionBindings<'a> {
     pub side_words: &'a wgpu::Buffer,
     pub scores: &'a wgpu::Buffer,
     pub lse: &'a wgpu::Buffer,
+    /// A KV cache's texel mirror of `k` and `v`, where the kernel reads them from it.
+    pub kv_texels: Option<&'a kv_texels::KvTexels>,
 }
 
 /// Binding numbers, as declared in `attention_common.wgsl`.
@@ -255,6 +261,10 @@ pub enum Slot {
     K4 = 9,
     /// V again, as 16-byte units.
     V4 = 10,
+    /// K's texel mirror (`kernels::kv_texels`).
+    KTexels = 11,
+    /// V's texel mirror.
+    VTexels = 12,
 }
 
 impl Slot {
@@ -272,30 +282,51 @@ impl Slot {
             Slot::Lse => "lse",
             Slot::K4 => "k4",
             Slot::V4 => "v4",
+            Slot::KTexels => "k_texels",
+            Slot::VTexels => "v_texels",
         }
     }
 }
 
 impl<'a> AttentionBindings<'a> {
-    /// The (binding, buffer) pairs for the slots a kernel uses.
-    pub(crate) fn select(&self, slots: &[Slot]) -> Vec<(u32, &'a wgpu::Buffer)> {
+    /// The bind group entries for the slots a kernel uses; `Invalid` for a texel slot
+    /// without a mirror (a planner bug, not user input).
+    pub(crate) fn select(&self, slots: &[Slot]) -> Result<Vec<wgpu::BindGroupEntry<'a>>> {
         slots
             .iter()
             .map(|&slot| {
                 let buffer = match slot {
                     Slot::Params => self.params,
                     Slot::Q => self.q,
-                    Slot::K => self.k,
-                    Slot::V => self.v,
+                    Slot::K | Slot::K4 => self.k,
+                    Slot::V | Slot::V4 => self.v,
                     Slot::Output => self.output,
                     Slot::Mask => self.mask,
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
-                    Slot::K4 => self.k,
-                    Slot::V4 => self.v,
+                    Slot::KTexels | Slot::VTexels => {
+                        let texels = self.kv_texels.ok_or_else(|| {
+                            Error::invalid(
+                                "attention bindings",
+                                "a kernel reads K and V texels but no mirror was given",
+                            )
+                        })?;
+                        let view = if slot == Slot::KTexels {
+                            texels.keys()
+                        } else {
+                            texels.values()
+                        };
+                        return Ok(wgpu::BindGroupEntry {
+                            binding: slot as u32,
+                            resource: wgpu::BindingResource::TextureView(view),
+                        });
+                    }
                 };
-                (slot as u32, buffer)
+                Ok(wgpu::BindGroupEntry {
+                    binding: slot as u32,
+                    resource: buffer.as_entire_binding(),
+                })
             })
             .collect()
     }

@@ -1,7 +1,7 @@
 //! `shaders/softmax_rows.wgsl`: row softmax of the score chunk in place, plus the
 //! log-sum-exp of each row.
 
-use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::context::Context;
 use crate::error::Result;
 use crate::tensor::DType;
@@ -30,5 +30,5 @@ pub(crate) fn encode(
     // The shader linearises a 2-D grid, so more than 65535 row groups still fit.
     let x = total.min(ctx.capabilities().max_workgroups_per_dim).max(1);
     let y = total.div_ceil(x);
-    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), [x, y, 1])
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots)?, [x, y, 1])
 }

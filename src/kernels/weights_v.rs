@@ -1,6 +1,6 @@
 //! `shaders/weights_v.wgsl`: output = probabilities x V for a chunk of (batch, head) pairs.
 
-use super::{dispatch, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
+use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::context::Context;
 use crate::error::Result;
 use crate::tensor::DType;
@@ -30,5 +30,5 @@ pub(crate) fn encode(
         groups_for(params.len_q as usize, TILE),
         params.bh_count,
     ];
-    dispatch(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots), groups)
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots)?, groups)
 }

@@ -1,0 +1,118 @@
+//! A KV cache's texel mirror: its K and V buffers' 16-byte words, in order, in two
+//! rgba32uint 2D-array textures, kept equal to the buffers by every append
+//! (`kv_texels` in `shaders/kv_append.wgsl`) and read by the subgroup decode design
+//! (`shaders/decode_kv_texels.wgsl`). llvmpipe gathers texel fetches where it walks
+//! storage loads lane by lane: on Mesa 22.3's lavapipe the split pass ran 1.3-1.55x
+//! faster from the mirror (docs/design.md, "KV cache").
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Bytes of one texel: one 16-byte word of a buffer.
+const TEXEL_BYTES: u64 = 16;
+
+/// Where word `w` of a buffer lies in its mirror: texel `(w % width, (w / width) %
+/// rows)` of layer `w / (width * rows)`. The same for every mirror on a device, so one
+/// pipeline of each kernel serves them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TexelGrid {
+    /// log2 of the texels per row: rows of 4096 texels (a power of two, so the
+    /// shaders divide by shifting), fewer only on a device whose 2D textures are
+    /// narrower (WebGPU guarantees 8192).
+    pub shift: u32,
+    /// Rows per layer: the device's largest 2D side.
+    pub rows: u32,
+}
+
+impl TexelGrid {
+    pub fn for_context(ctx: &Context) -> TexelGrid {
+        let side = ctx.capabilities().max_texture_dim.max(1);
+        TexelGrid {
+            shift: side.min(4096).ilog2(),
+            rows: side,
+        }
+    }
+
+    pub fn width(self) -> u32 {
+        1 << self.shift
+    }
+
+    /// The override constants of a kernel that reads or writes mirrors, named as in
+    /// its WGSL.
+    pub fn constants(self, shift: &'static str, rows: &'static str) -> [(&'static str, u32); 2] {
+        [(shift, self.shift), (rows, self.rows)]
+    }
+}
+
+/// The K and V mirrors of one cache.
+#[derive(Debug)]
+pub struct KvTexels {
+    k: wgpu::TextureView,
+    v: wgpu::TextureView,
+}
+
+impl KvTexels {
+    /// Zeroed mirrors sized for `k`'s and `v`'s buffers (new textures are zeroed, as a
+    /// new cache's buffers are), or `Unsupported` past the device's texture limits.
+    pub(crate) fn new(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
+        Ok(KvTexels {
+            k: mirror(ctx, k.buffer().size(), "KV cache keys as texels")?,
+            v: mirror(ctx, v.buffer().size(), "KV cache values as texels")?,
+        })
+    }
+
+    pub(crate) fn keys(&self) -> &wgpu::TextureView {
+        &self.k
+    }
+
+    pub(crate) fn values(&self) -> &wgpu::TextureView {
+        &self.v
+    }
+}
+
+/// The texture extent that holds `bytes` of a buffer, one 16-byte word a texel.
+fn extent(ctx: &Context, bytes: u64) -> Option<wgpu::Extent3d> {
+    let grid = TexelGrid::for_context(ctx);
+    let rows = bytes.div_ceil(TEXEL_BYTES).div_ceil(u64::from(grid.width())).max(1);
+    let per_layer = u64::from(grid.rows);
+    let layers = rows.div_ceil(per_layer);
+    (layers <= u64::from(ctx.capabilities().max_texture_layers)).then(|| wgpu::Extent3d {
+        width: grid.width(),
+        height: rows.min(per_layer) as u32,
+        depth_or_array_layers: layers as u32,
+    })
+}
+
+fn mirror(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
+    let caps = ctx.capabilities();
+    let size = extent(ctx, bytes).ok_or_else(|| {
+        Error::unsupported(
+            "a KV cache's texel mirror",
+            format!("{bytes} bytes"),
+            format!(
+                "at most {} layers of {} x {} 16-byte texels",
+                caps.max_texture_layers,
+                TexelGrid::for_context(ctx).width(),
+                TexelGrid::for_context(ctx).rows
+            ),
+        )
+    })?;
+    let texture = ctx.create_texture(
+        &wgpu::TextureDescriptor {
+            label: Some(label),
+            size,
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::TEXTURE_BINDING,
+            view_formats: &[],
+        },
+        u64::from(size.width) * u64::from(size.height) * u64::from(size.depth_or_array_layers) * TEXEL_BYTES,
+    )?;
+    Ok(texture.create_view(&wgpu::TextureViewDescriptor {
+        dimension: Some(wgpu::TextureViewDimension::D2Array),
+        ..Default::default()
+    }))
+}

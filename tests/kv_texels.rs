@@ -1,0 +1,188 @@
+//! A KV cache's texel mirror (docs/design.md, "KV cache"): split-K decode reading K
+//! and V from the mirror gives the same bits as reading them from the buffers (the
+//! same kernel and accumulation order, only the loads differ), after ragged appends,
+//! growth, clearing and a mirror rebuilt from held rows; in f32 and f16, both layouts,
+//! every way the subgroup design reads a row (16 bytes, 8 bytes, picked out of two
+//! words); and across texture layers, on a device whose 2D textures are small.
+
+mod common;
+use wgpu_attention::check::Rng;
+use wgpu_attention::kernels::decode::DecodeDesign;
+use wgpu_attention::kernels::kv_texels::TexelGrid;
+use wgpu_attention::{AttentionOptions, Context, DType, FusedTiling, KernelChoice, KvCache, Layout, Tensor};
+
+const B: usize = 3;
+const HKV: usize = 2;
+const HQ: usize = 4;
+
+/// Whether decode on `ctx` takes the subgroup design, which alone reads a mirror; if
+/// so, a new cache must keep one.
+fn mirrors(ctx: &Context) -> bool {
+    let subgroup = DecodeDesign::for_context(ctx, FusedTiling::Auto).expect("a design") == DecodeDesign::Subgroup;
+    if !subgroup {
+        eprintln!(
+            "SKIPPING texel mirror checks: decode on {} takes the tiled design",
+            ctx.adapter_info().name
+        );
+    }
+    subgroup
+}
+
+/// Two caches fed the same rows, one with its texel mirror and one without.
+struct Pair {
+    mirrored: KvCache,
+    plain: KvCache,
+    d: usize,
+    dv: usize,
+    dtype: DType,
+}
+
+impl Pair {
+    fn new(ctx: &Context, capacity: usize, (d, dv): (usize, usize), layout: Layout, dtype: DType) -> Pair {
+        let new = || KvCache::new(ctx, B, HKV, capacity, d, dv, layout, dtype).expect("cache");
+        let mirrored = new();
+        let mut plain = new();
+        assert!(
+            mirrored.has_texel_mirror(),
+            "a new cache on a subgroup-decode adapter keeps a mirror"
+        );
+        plain.set_texel_mirror(ctx, false).expect("drops");
+        assert!(!plain.has_texel_mirror());
+        Pair {
+            mirrored,
+            plain,
+            d,
+            dv,
+            dtype,
+        }
+    }
+
+    fn append(&mut self, ctx: &Context, rng: &mut Rng, n: usize, counts: &[u32]) {
+        let upload = |rng: &mut Rng, dim: usize| {
+            let data = rng.vec(B * HKV * n * dim, -2.0, 2.0);
+            Tensor::from_f32_as(ctx, [B, HKV, n, dim], Layout::Bhsd, self.dtype, &data).expect("upload")
+        };
+        let (k, v) = (upload(rng, self.d), upload(rng, self.dv));
+        for cache in [&mut self.mirrored, &mut self.plain] {
+            cache.append_rows(ctx, &k, &v, counts).expect("fits");
+        }
+    }
+
+    /// Decode over both caches gives the same bits.
+    fn assert_same_decode(&self, ctx: &Context, rng: &mut Rng, what: &str) {
+        let q = rng.vec(B * HQ * self.d, -1.0, 1.0);
+        let q = Tensor::from_f32_as(ctx, [B, HQ, 1, self.d], Layout::Bhsd, self.dtype, &q).expect("upload");
+        let options = AttentionOptions {
+            kernel: KernelChoice::Decode,
+            need_lse: true,
+            ..Default::default()
+        };
+        let read = |cache: &KvCache| {
+            let out = cache.attend(ctx, &q, &options).expect("attends");
+            (
+                out.out.to_f32_vec(ctx).expect("read back"),
+                out.lse.expect("asked for").to_f32_vec(ctx).expect("read back"),
+            )
+        };
+        let (mirrored, plain) = (read(&self.mirrored), read(&self.plain));
+        let bits = |x: &(Vec<f32>, Vec<f32>)| -> Vec<u32> { x.0.iter().chain(&x.1).map(|v| v.to_bits()).collect() };
+        assert!(
+            mirrored.0.iter().any(|&x| x != 0.0),
+            "{what}: decode gave only zeros, so the comparison proves nothing"
+        );
+        if let Some(i) = bits(&mirrored).iter().zip(bits(&plain)).position(|(a, b)| *a != b) {
+            panic!("{what}: decode from the texel mirror differs from the buffers' at value {i}");
+        }
+    }
+}
+
+#[test]
+fn decode_from_the_texel_mirror_equals_decode_from_the_buffers_bit_for_bit() {
+    let Some(ctx) = common::ctx() else { return };
+    if !mirrors(ctx) {
+        return;
+    }
+    // Head dims: 16 bytes a load in both dtypes; 8 bytes a load in f16 (4 elements),
+    // 16 in f32; elements picked out of two words.
+    for (dims, dtypes) in [
+        ((16, 8), &[DType::F32, DType::F16][..]),
+        ((20, 12), &[DType::F16, DType::F32][..]),
+        ((13, 7), &[DType::F32, DType::F16][..]),
+    ] {
+        for &dtype in dtypes {
+            if dtype == DType::F16 && !ctx.capabilities().f16 {
+                continue;
+            }
+            for layout in [Layout::Bhsd, Layout::Bshd] {
+                let seed =
+                    7100 + dims.0 as u64 * 10 + u64::from(dtype == DType::F16) * 2 + u64::from(layout == Layout::Bshd);
+                let what = |step: &str| format!("seed {seed}, dims {dims:?} {dtype:?} {layout:?}, {step}");
+                let mut rng = Rng::new(seed);
+                let mut pair = Pair::new(ctx, 700, dims, layout, dtype);
+                // Ragged: one element long, one empty, one short.
+                pair.append(ctx, &mut rng, 500, &[500, 0, 37]);
+                pair.assert_same_decode(ctx, &mut rng, &what("after a ragged append"));
+                pair.append(ctx, &mut rng, 1, &[1, 1, 1]);
+                pair.assert_same_decode(ctx, &mut rng, &what("after one more row each"));
+                for cache in [&mut pair.mirrored, &mut pair.plain] {
+                    cache.grow(ctx, 1300).expect("grows");
+                }
+                assert!(pair.mirrored.has_texel_mirror() && !pair.plain.has_texel_mirror());
+                pair.append(ctx, &mut rng, 600, &[600, 300, 5]);
+                pair.assert_same_decode(ctx, &mut rng, &what("after growing and appending"));
+                // A mirror built from the rows held gives the same bits too.
+                pair.plain.set_texel_mirror(ctx, true).expect("builds");
+                pair.assert_same_decode(ctx, &mut rng, &what("with a mirror rebuilt from held rows"));
+                pair.plain.set_texel_mirror(ctx, false).expect("drops");
+                for cache in [&mut pair.mirrored, &mut pair.plain] {
+                    cache.clear(ctx).expect("clears");
+                }
+                pair.append(ctx, &mut rng, 300, &[3, 300, 1]);
+                pair.assert_same_decode(ctx, &mut rng, &what("after clearing"));
+            }
+        }
+    }
+}
+
+/// A context on the default adapter whose 2D textures are at most 64 texels a side, so
+/// a mirror of a few hundred KiB spans several layers of 64 x 64 texels.
+fn small_textures() -> Option<Context> {
+    let shared = common::ctx()?;
+    let instance = wgpu_attention::wgpu::Instance::default();
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
+    let adapter = adapters
+        .into_iter()
+        .find(|a| {
+            a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
+        })
+        .expect("the shared context's adapter, enumerated again");
+    let limits = wgpu_attention::wgpu::Limits {
+        max_texture_dimension_2d: 64,
+        ..adapter.limits()
+    };
+    let features =
+        adapter.features() & (wgpu_attention::wgpu::Features::SHADER_F16 | wgpu_attention::wgpu::Features::SUBGROUP);
+    let desc = wgpu_attention::wgpu::DeviceDescriptor {
+        required_features: features,
+        required_limits: limits,
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).expect("a device with small textures");
+    Some(Context::from_wgpu(adapter.get_info(), device, queue))
+}
+
+#[test]
+fn a_mirror_spanning_several_texture_layers_reads_every_row() {
+    let Some(ctx) = small_textures() else { return };
+    if !mirrors(&ctx) {
+        return;
+    }
+    let grid = TexelGrid::for_context(&ctx);
+    assert_eq!((grid.width(), grid.rows), (64, 64));
+    let seed = 7200;
+    let mut rng = Rng::new(seed);
+    // K: 3 x 2 x 1100 rows of 16 f32, 26,400 words: 6.4 layers of 4096 texels.
+    let mut pair = Pair::new(&ctx, 1100, (16, 16), Layout::Bhsd, DType::F32);
+    pair.append(&ctx, &mut rng, 1100, &[1100, 900, 1050]);
+    pair.assert_same_decode(&ctx, &mut rng, &format!("seed {seed}, 64 x 64 texel layers"));
+}
