@@ -4,6 +4,7 @@
 use crate::attention::{resolve_kernel, sdpa_async};
 use crate::context::Context;
 use crate::error::Result;
+use crate::kv_cache::KvCache;
 use crate::options::{AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask, Precision, Window};
 use crate::problem::AttentionShape;
 use crate::reference::{self, ReferenceOutput};
@@ -205,6 +206,19 @@ pub struct Variant {
     pub tiling: FusedTiling,
     pub dtype: DType,
     pub precision: Precision,
+    /// Where the variant's keys and values come from.
+    pub kv: KvSource,
+}
+
+/// Where a check case's keys and values come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSource {
+    /// Tensors passed to `sdpa`.
+    Tensors,
+    /// A [`KvCache`] of capacity Lk holding them, each batch element's first key
+    /// length rows (all Lk without key lengths), attended with [`KvCache::attend`]:
+    /// through its texel mirror where it keeps one (docs/design.md, "KV cache").
+    Cache,
 }
 
 impl Variant {
@@ -229,6 +243,18 @@ impl Variant {
         case.dtype = self.dtype;
         case
     }
+
+    /// Runs `case` (made by [`Variant::apply`]) and compares it with the reference.
+    pub async fn run_async(&self, ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
+        let [q, k, v] = random_qkv(case);
+        run_from_async(ctx, case, self.kv, &q, &k, &v).await
+    }
+
+    /// [`Variant::run_async`], blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(&self, ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
+        pollster::block_on(self.run_async(ctx, case))
+    }
 }
 
 /// Every kernel variant: the materialized path, split-K decode (both designs) and each registered fused tiling, in f32
@@ -241,10 +267,33 @@ pub fn variants(f16: bool) -> Vec<Variant> {
         // Split-K decode in both designs (kernels::decode::DecodeDesign): a tiling asked
         // for picks one, `subgroup` the subgroup design, any other (here `registers`,
         // which every adapter meets) the tiled one.
-        for (name, kernel, tiling) in [
-            ("materialized", KernelChoice::Materialized, FusedTiling::Auto),
-            ("decode/tiles", KernelChoice::Decode, FusedTiling::Registers),
-            ("decode/subgroup", KernelChoice::Decode, FusedTiling::Subgroup),
+        // `decode/kv-cache` is the subgroup design reading a KvCache, which keeps a
+        // texel mirror of K and V for that design and decode reads it instead.
+        for (name, kernel, tiling, kv) in [
+            (
+                "materialized",
+                KernelChoice::Materialized,
+                FusedTiling::Auto,
+                KvSource::Tensors,
+            ),
+            (
+                "decode/tiles",
+                KernelChoice::Decode,
+                FusedTiling::Registers,
+                KvSource::Tensors,
+            ),
+            (
+                "decode/subgroup",
+                KernelChoice::Decode,
+                FusedTiling::Subgroup,
+                KvSource::Tensors,
+            ),
+            (
+                "decode/kv-cache",
+                KernelChoice::Decode,
+                FusedTiling::Subgroup,
+                KvSource::Cache,
+            ),
         ] {
             v.push(Variant {
                 label: format!("{name} {}", dtype.name()),
@@ -252,6 +301,7 @@ pub fn variants(f16: bool) -> Vec<Variant> {
                 tiling,
                 dtype,
                 precision: Precision::Highest,
+                kv,
             });
         }
         for spec in &crate::kernels::flash::FUSED_TILINGS {
@@ -267,6 +317,7 @@ pub fn variants(f16: bool) -> Vec<Variant> {
                 tiling: spec.tiling,
                 dtype,
                 precision: if medium { Precision::Medium } else { Precision::Highest },
+                kv: KvSource::Tensors,
             });
         }
     }
@@ -347,6 +398,18 @@ pub async fn run_case_with_async(
     k: &[f32],
     v: &[f32],
 ) -> Result<CheckOutcome> {
+    run_from_async(ctx, case, KvSource::Tensors, q, k, v).await
+}
+
+/// Runs a case with its keys and values from `kv` and compares it with the reference.
+async fn run_from_async(
+    ctx: &Context,
+    case: &CheckCase,
+    kv: KvSource,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Result<CheckOutcome> {
     let s = &case.shape;
     let upload = |data: &[f32], shape: [usize; 4]| {
         let laid = relayout(data, shape, Layout::Bhsd, case.layout);
@@ -366,11 +429,28 @@ pub async fn run_case_with_async(
         need_lse: true,
         ..case.options.clone()
     };
+    // `options` become what the reference computes: for a cache, the options it
+    // attends with (its lengths as key lengths, positions aligned to them).
+    let (result, options, source) = match kv {
+        KvSource::Tensors => (sdpa_async(ctx, &qt, &kt, &vt, &options).await?, options, ""),
+        KvSource::Cache => {
+            let (cache, options) = cache_holding(ctx, case, &kt, &vt, options)?;
+            let source = if cache.has_texel_mirror() {
+                ", from a KV cache's texel mirror"
+            } else {
+                ", from a KV cache"
+            };
+            (
+                cache.attend(ctx, &qt, &options)?,
+                cache.attend_options(&options)?,
+                source,
+            )
+        }
+    };
     let resolved = resolve_kernel(ctx, case.dtype, &options, s)?;
-    let kernel = resolved.name();
+    let kernel = format!("{}{source}", resolved.name());
     // f32 inputs on a path that multiplies in f16 (Precision::Medium) are rounded to f16.
     let rounds_inputs = case.dtype == DType::F32 && resolved.f16_products();
-    let result = sdpa_async(ctx, &qt, &kt, &vt, &options).await?;
     let out_layout = result.out.layout();
     let out = relayout(
         &result.out.to_f32_vec_async(ctx).await?,
@@ -421,6 +501,35 @@ pub async fn run_case_with_async(
         bound,
         passed,
     })
+}
+
+/// A cache of capacity Lk (the case's layout and dtype) holding the first key-length
+/// rows of `k` and `v` per batch element (all without key lengths), and the options to
+/// attend it with: `options` less the key lengths, which the cache supplies.
+fn cache_holding(
+    ctx: &Context,
+    case: &CheckCase,
+    k: &Tensor,
+    v: &Tensor,
+    mut options: AttentionOptions,
+) -> Result<(KvCache, AttentionOptions)> {
+    let s = &case.shape;
+    let lengths = options
+        .key_lengths
+        .take()
+        .unwrap_or_else(|| vec![s.len_k as u32; s.batch]);
+    let mut cache = KvCache::new(
+        ctx,
+        s.batch,
+        s.heads_kv,
+        s.len_k,
+        s.head_dim,
+        s.head_dim_v,
+        case.layout,
+        case.dtype,
+    )?;
+    cache.append_rows(ctx, k, v, &lengths)?;
+    Ok((cache, options))
 }
 
 impl Tolerance {

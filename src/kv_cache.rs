@@ -293,7 +293,7 @@ impl KvCache {
     }
 
     /// The caller's options with the cache's lengths and bottom-right alignment to them.
-    fn attend_options(&self, options: &AttentionOptions) -> Result<AttentionOptions> {
+    pub(crate) fn attend_options(&self, options: &AttentionOptions) -> Result<AttentionOptions> {
         if options.key_lengths.is_some() {
             return Err(Error::invalid(
                 "key lengths with a KV cache",

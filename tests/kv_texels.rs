@@ -186,3 +186,39 @@ fn a_mirror_spanning_several_texture_layers_reads_every_row() {
     pair.append(&ctx, &mut rng, 1100, &[1100, 900, 1050]);
     pair.assert_same_decode(&ctx, &mut rng, &format!("seed {seed}, 64 x 64 texel layers"));
 }
+
+/// `check`'s `decode/kv-cache` variant over the whole grid: every mask and option the
+/// grid mixes, read from a cache (through its mirror here), against the reference.
+#[test]
+fn the_check_grid_read_from_a_kv_cache_meets_the_reference() {
+    let Some(ctx) = common::ctx() else { return };
+    if !mirrors(ctx) {
+        return;
+    }
+    let cache_variants = wgpu_attention::check::variants(ctx.capabilities().f16)
+        .into_iter()
+        .filter(|v| v.kv == wgpu_attention::check::KvSource::Cache);
+    let mut ran = 0;
+    for variant in cache_variants {
+        for case in wgpu_attention::check::standard_grid(wgpu_attention::check::DEFAULT_SEED) {
+            let case = variant.apply(&case);
+            let what = format!(
+                "{} (seed {}): {}",
+                variant.label,
+                case.seed,
+                wgpu_attention::check::describe(&case)
+            );
+            let outcome = variant
+                .run(ctx, &case)
+                .unwrap_or_else(|e| panic!("{what}: failed to run: {e}"));
+            assert!(
+                outcome.kernel.contains("texel mirror"),
+                "{what}: ran {}, not from the mirror",
+                outcome.kernel
+            );
+            assert!(outcome.passed, "{what}: {}", outcome.summary());
+            ran += 1;
+        }
+    }
+    assert!(ran > 0, "no decode/kv-cache variant in check");
+}

@@ -4,7 +4,7 @@ use super::check_report::{CaseReport, CaseStatus, Report};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
-use wgpu_attention::check::{describe, run_case, standard_grid, variants};
+use wgpu_attention::check::{describe, standard_grid, variants};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -48,7 +48,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
         for case in standard_grid(args.seed) {
             let case = variant.apply(&case);
             let started = Instant::now();
-            let outcome = run_case(&ctx, &case);
+            let outcome = variant.run(&ctx, &case);
             let seconds = started.elapsed().as_secs_f64();
             let row = match outcome {
                 Ok(o) => CaseReport {

@@ -15,7 +15,7 @@ use request::{Data, Request};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wgpu_attention::bench_cases::{bench_data, Suite};
-use wgpu_attention::check::{describe, run_case_async, standard_grid, variants, CheckCase, Variant, DEFAULT_SEED};
+use wgpu_attention::check::{describe, standard_grid, variants, CheckCase, Variant, DEFAULT_SEED};
 use wgpu_attention::heatmap::{render_grid, Labels, Panel};
 use wgpu_attention::sentence_example::{PaddedSentences, OUT_BOUND, WEIGHTS_BOUND};
 use wgpu_attention::{resolve_kernel, sdpa_async, AttentionOptions, AttentionShape, Context, DType, Layout, Tensor};
@@ -176,7 +176,7 @@ impl AttentionContext {
                 .get(index)
                 .ok_or_else(|| js_error(format!("no check case {index}")))?;
             let case = variant.apply(case);
-            let row = match run_case_async(&ctx, &case).await {
+            let row = match variant.run_async(&ctx, &case).await {
                 Ok(o) => serde_json::json!({
                     "variant": variant.label, "case": describe(&case), "seed": case.seed,
                     "max_abs_error": o.out.max_abs, "bound": o.bound,
