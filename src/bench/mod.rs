@@ -105,17 +105,16 @@ impl Stopwatch {
         }
     }
 
-    fn time(
-        &self,
-        ctx: &Context,
-        record: &mut impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
-    ) -> Result<Duration> {
+    /// The time between the timestamps around `record`'s work, and the wall clock
+    /// from its submission to its end.
+    fn time(&self, ctx: &Context, record: &mut impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>) -> Result<Sample> {
         let mut encoder = ctx.device().create_command_encoder(&Default::default());
         encoder.write_timestamp(&self.queries, 0);
         record(&mut encoder)?;
         encoder.write_timestamp(&self.queries, 1);
         encoder.resolve_query_set(&self.queries, 0..2, &self.resolved, 0);
         encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.readable, 0, 16);
+        let submitted = Instant::now();
         ctx.queue().submit([encoder.finish()]);
         let slice = self.readable.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -123,6 +122,7 @@ impl Stopwatch {
             let _ = tx.send(r);
         });
         ctx.wait_idle()?;
+        let wall = submitted.elapsed();
         rx.recv()
             .map_err(|e| Error::Readback(e.to_string()))?
             .map_err(|e| Error::Readback(e.to_string()))?;
@@ -133,7 +133,36 @@ impl Stopwatch {
         };
         self.readable.unmap();
         let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.period_ns;
-        Ok(Duration::from_nanos(ns as u64))
+        Ok(Sample {
+            gpu: Duration::from_nanos(ns as u64),
+            wall,
+        })
+    }
+}
+
+/// One submission timed both ways.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    gpu: Duration,
+    wall: Duration,
+}
+
+impl Sample {
+    /// Whether the timestamps cannot be right: work that kept the host waiting for
+    /// milliseconds, stamped as taking under a quarter of that. Lavapipe from Mesa
+    /// 22.3 stamps every later submission so once a texture has been destroyed on the
+    /// device (e.g. a dropped KV cache's texel mirror): 0.2 ms for a 470 ms kernel.
+    fn timestamps_implausible(self) -> bool {
+        self.wall > Duration::from_millis(2) && self.gpu * 4 < self.wall
+    }
+
+    /// The timestamps' interval where plausible, else the wall clock's.
+    fn best(self) -> Duration {
+        if self.timestamps_implausible() {
+            self.wall
+        } else {
+            self.gpu
+        }
     }
 }
 
@@ -165,7 +194,7 @@ impl GpuTimer {
         mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
     ) -> Result<Duration> {
         ctx.scoped("timing GPU work", || match &self.stopwatch {
-            Some(stopwatch) => stopwatch.time(ctx, &mut record),
+            Some(stopwatch) => stopwatch.time(ctx, &mut record).map(Sample::best),
             None => wall_clock(ctx, &mut record),
         })
     }
@@ -185,9 +214,15 @@ pub fn time_gpu(
         let samples = match clock {
             Clock::GpuTimestamps => {
                 let stopwatch = Stopwatch::new(ctx);
-                (0..reps.max(1))
+                let samples = (0..reps.max(1))
                     .map(|_| stopwatch.time(ctx, &mut record))
-                    .collect::<Result<Vec<_>>>()?
+                    .collect::<Result<Vec<_>>>()?;
+                // One implausible stamp and the row is timed on the wall clock.
+                if samples.iter().any(|s| s.timestamps_implausible()) {
+                    let wall = samples.iter().map(|s| s.wall).collect();
+                    return Ok(summarise(first, wall, Clock::WallClock));
+                }
+                samples.iter().map(|s| s.gpu).collect()
             }
             Clock::WallClock => (0..reps.max(1))
                 .map(|_| wall_clock(ctx, &mut record))
@@ -225,4 +260,30 @@ pub fn bench_inputs(ctx: &Context, shape: &AttentionShape, dtype: DType) -> Resu
 /// GFLOP/s for `flops` in `t`.
 pub fn gflops(flops: f64, t: Duration) -> f64 {
     flops / t.as_secs_f64() / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sample;
+    use std::time::Duration;
+
+    fn sample(gpu_ms: f64, wall_ms: f64) -> Sample {
+        Sample {
+            gpu: Duration::from_secs_f64(gpu_ms / 1e3),
+            wall: Duration::from_secs_f64(wall_ms / 1e3),
+        }
+    }
+
+    #[test]
+    fn timestamps_far_under_a_long_wait_are_replaced_by_the_wall_clock() {
+        // Mesa 22.3's lavapipe after a texture was destroyed: 0.2 ms stamped, 470 waited.
+        let broken = sample(0.2, 470.0);
+        assert!(broken.timestamps_implausible());
+        assert_eq!(broken.best(), broken.wall);
+        // A GPU kernel behind submission overhead, and one a little under its wait.
+        for fine in [sample(0.01, 0.3), sample(1.5, 1.9), sample(400.0, 470.0)] {
+            assert!(!fine.timestamps_implausible(), "{fine:?}");
+            assert_eq!(fine.best(), fine.gpu);
+        }
+    }
 }
