@@ -124,21 +124,24 @@ pub fn encode_sdpa(
     v: &Tensor,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
-    encode_sdpa_with_texels(ctx, encoder, q, k, v, None, options)
+    encode_sdpa_with_texels(ctx, encoder, q, k, v, None, None, options)
 }
 
-/// [`encode_sdpa`] for a KV cache with a texel mirror of `k` and `v`, which the
-/// subgroup decode design reads instead of their buffers (docs/design.md, "KV cache").
+/// [`encode_sdpa`], or with a block table [`encode_sdpa_paged`], for a KV cache with
+/// a texel mirror of `k` and `v`, which the subgroup decode design reads instead of
+/// their buffers (docs/design.md, "KV cache").
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_sdpa_with_texels(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    table: Option<&PageTable>,
     kv_texels: Option<&KvTexels>,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
-    let plan = Plan::new(ctx, q, k, v, None, options)?;
+    let plan = Plan::new(ctx, q, k, v, table, options)?;
     ctx.scoped("recording attention", || {
         plan.encode(ctx, encoder, q, k, v, kv_texels, options)
     })
@@ -174,10 +177,7 @@ pub fn encode_sdpa_paged(
     table: &PageTable,
     options: &AttentionOptions,
 ) -> Result<AttentionOutput> {
-    let plan = Plan::new(ctx, q, k_pages, v_pages, Some(table), options)?;
-    ctx.scoped("recording attention", || {
-        plan.encode(ctx, encoder, q, k_pages, v_pages, None, options)
-    })
+    encode_sdpa_with_texels(ctx, encoder, q, k_pages, v_pages, Some(table), None, options)
 }
 
 /// The kernel path `options` resolve to on this context for a problem of `shape` with

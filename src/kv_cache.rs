@@ -5,10 +5,9 @@
 use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::decode::DecodeDesign;
 use crate::kernels::kv_append;
 use crate::kernels::kv_texels::KvTexels;
-use crate::options::{AttentionOptions, FusedTiling};
+use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
 
@@ -57,12 +56,7 @@ impl KvCache {
         // value rows must be.
         let k = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?;
-        let texels = if DecodeDesign::for_context(ctx, FusedTiling::Auto)? == DecodeDesign::Subgroup {
-            // A mirror past the texture limits is only a lost speed-up.
-            KvTexels::new(ctx, &k, &v).ok()
-        } else {
-            None
-        };
+        let texels = KvTexels::for_new_cache(ctx, &k, &v)?;
         Ok(KvCache {
             k,
             v,
@@ -91,17 +85,10 @@ impl KvCache {
         if self.texels.is_some() {
             return Ok(());
         }
-        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
-            return Err(Error::unsupported(
-                "a KV cache's texel mirror",
-                format!("adapter {}", ctx.adapter_info().name),
-                "CPU adapters where split-K decode takes its subgroup design (8-lane subgroups)",
-            ));
-        }
-        let texels = KvTexels::new(ctx, &self.k, &self.v)?;
+        let texels = KvTexels::asked_for(ctx, &self.k, &self.v)?;
         let from_start = vec![0; self.lengths.len()];
         ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| {
-            sync_texels(ctx, encoder, &self.k, &self.v, &texels, &from_start, &self.lengths)
+            texels.record_copy(ctx, encoder, &self.k, &self.v, &from_start, &self.lengths, None)
         })?;
         self.texels = Some(texels);
         Ok(())
@@ -181,7 +168,7 @@ impl KvCache {
             kv_append::encode(ctx, encoder, k_new, &self.k, &self.lengths, counts, None)?;
             kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None)?;
             match &self.texels {
-                Some(texels) => sync_texels(ctx, encoder, &self.k, &self.v, texels, &self.lengths, counts),
+                Some(texels) => texels.record_copy(ctx, encoder, &self.k, &self.v, &self.lengths, counts, None),
                 None => Ok(()),
             }
         })?;
@@ -211,7 +198,7 @@ impl KvCache {
             kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
             kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
             match &grown.texels {
-                Some(texels) => sync_texels(ctx, encoder, &grown.k, &grown.v, texels, &from_start, &self.lengths),
+                Some(texels) => texels.record_copy(ctx, encoder, &grown.k, &grown.v, &from_start, &self.lengths, None),
                 None => Ok(()),
             }
         })?;
@@ -227,7 +214,7 @@ impl KvCache {
         self.k.check_context(ctx, "KV cache")?;
         // New textures are zeroed (clearing a texture needs a feature WebGPU lacks).
         let texels = match &self.texels {
-            Some(_) => Some(KvTexels::new(ctx, &self.k, &self.v)?),
+            Some(_) => Some(KvTexels::asked_for(ctx, &self.k, &self.v)?),
             None => None,
         };
         ctx.record_and_submit("submitting a KV cache clear", |encoder| {
@@ -266,7 +253,7 @@ impl KvCache {
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
         let options = self.attend_options(options)?;
-        encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, self.texels.as_ref(), &options)
+        encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, None, self.texels.as_ref(), &options)
     }
 
     /// [`KvCache::attend`] with the output read back in the same submission (one
@@ -360,19 +347,4 @@ pub(crate) fn check_new_rows(
         return Err(Error::shape(format!("dtype of {what}"), dtype.name(), t.dtype().name()));
     }
     Ok(())
-}
-
-/// Records the copy of rows `starts[b] .. starts[b] + counts[b]` of `k` and `v` into
-/// their texel mirror.
-fn sync_texels(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    k: &Tensor,
-    v: &Tensor,
-    texels: &KvTexels,
-    starts: &[u32],
-    counts: &[u32],
-) -> Result<()> {
-    kv_append::encode_texels(ctx, encoder, k, texels.keys(), starts, counts)?;
-    kv_append::encode_texels(ctx, encoder, v, texels.values(), starts, counts)
 }

@@ -6,10 +6,11 @@
 //! [`PageTable`] is the table the kernels read through ([`crate::sdpa_paged`]);
 //! [`PagedKvCache`] owns a pool and hands its pages out to sequences as they grow.
 
-use crate::attention::{sdpa_paged, AttentionOutput};
+use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
 use crate::error::{checked_product, Error, Result};
 use crate::kernels::kv_append;
+use crate::kernels::kv_texels::KvTexels;
 use crate::kv_cache::{check_attendable, check_new_rows};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
@@ -148,9 +149,15 @@ struct Sequence {
 /// nothing), and removing a sequence frees its pages for others. [`PagedKvCache::attend`]
 /// runs attention of a batch of sequences' new queries against what each holds, as
 /// [`crate::KvCache::attend`] does.
+///
+/// Like [`crate::KvCache`], the pool keeps a texel mirror of K and V where split-K
+/// decode takes its subgroup design (lavapipe), which every page clear and append
+/// updates and decode reads instead of the buffers ([`PagedKvCache::set_texel_mirror`]
+/// drops it; docs/design.md, "KV cache").
 pub struct PagedKvCache {
     k: Tensor,
     v: Tensor,
+    texels: Option<KvTexels>,
     free: Vec<u32>,
     sequences: Vec<Option<Sequence>>,
     /// Generations handed out so far.
@@ -192,14 +199,64 @@ impl PagedKvCache {
         // Buffers start zeroed, and a page is cleared again whenever it is handed to a
         // sequence: rows past a length are never another sequence's (masked value rows
         // must be finite, and a freed page may hold anything its last owner wrote).
+        let k = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?;
+        let v = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?;
+        // New textures are zeroed too.
+        let texels = KvTexels::for_new_cache(ctx, &k, &v)?;
         Ok(PagedKvCache {
-            k: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?,
-            v: Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?,
+            k,
+            v,
+            texels,
             // Popped from the end: pages are handed out in ascending order.
             free: (0..pages as u32).rev().collect(),
             sequences: Vec::new(),
             generations: 0,
         })
+    }
+
+    /// Whether the pool keeps K and V as texels too, for split-K decode's subgroup
+    /// design (by default where that design is taken and the textures fit).
+    pub fn has_texel_mirror(&self) -> bool {
+        self.texels.is_some()
+    }
+
+    /// Keeps (`on`) or drops the texel mirror of K and V, as
+    /// [`crate::KvCache::set_texel_mirror`] does; keeping one copies the whole pool into
+    /// it.
+    pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
+        self.k.check_context(ctx, "paged KV pool")?;
+        if !on {
+            self.texels = None;
+            return Ok(());
+        }
+        if self.texels.is_some() {
+            return Ok(());
+        }
+        let texels = KvTexels::asked_for(ctx, &self.k, &self.v)?;
+        let every_page: Vec<u32> = (0..self.k.shape()[0] as u32).collect();
+        ctx.record_and_submit("submitting a paged KV texel mirror", |encoder| {
+            self.record_whole_pages(ctx, encoder, &texels, &every_page)
+        })?;
+        self.texels = Some(texels);
+        Ok(())
+    }
+
+    /// Records the copy of whole `pages` into `texels`.
+    fn record_whole_pages(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        texels: &KvTexels,
+        pages: &[u32],
+    ) -> Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        // Each page as a sequence of one page, all its rows.
+        let one_each = PageTable::new(pages.len(), 1, pages.to_vec())?;
+        let starts = vec![0; pages.len()];
+        let counts = vec![self.page_size() as u32; pages.len()];
+        texels.record_copy(ctx, encoder, &self.k, &self.v, &starts, &counts, Some(&one_each))
     }
 
     /// Rows per page.
@@ -369,7 +426,15 @@ impl PagedKvCache {
                 }
             }
             kv_append::encode(ctx, encoder, k_new, &self.k, &starts, counts, Some(&table))?;
-            kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table))
+            kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table))?;
+            if let Some(texels) = &self.texels {
+                // Cleared pages enter the mirror whole, so no former owner's rows stay
+                // there past a length; then the appended rows (again where they lie in
+                // those pages).
+                self.record_whole_pages(ctx, encoder, texels, &handed_out)?;
+                texels.record_copy(ctx, encoder, &self.k, &self.v, &starts, counts, Some(&table))?;
+            }
+            Ok(())
         })?;
         for (&id, (mut seq, rows)) in ids.iter().zip(grown) {
             seq.len = rows as u32;
@@ -407,7 +472,19 @@ impl PagedKvCache {
             align_to_key_lengths: true,
             ..options.clone()
         };
-        sdpa_paged(ctx, q, &self.k, &self.v, &self.table(ids)?, &options)
+        let table = self.table(ids)?;
+        ctx.record_and_submit("submitting attention", |encoder| {
+            encode_sdpa_with_texels(
+                ctx,
+                encoder,
+                q,
+                &self.k,
+                &self.v,
+                Some(&table),
+                self.texels.as_ref(),
+                &options,
+            )
+        })
     }
 
     fn sequence(&self, id: SequenceId) -> Result<&Sequence> {

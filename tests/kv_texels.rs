@@ -222,3 +222,99 @@ fn the_check_grid_read_from_a_kv_cache_meets_the_reference() {
     }
     assert!(ran > 0, "no decode/kv-cache variant in check");
 }
+
+/// A paged pool with its mirror and one without, fed the same rows: decode over both
+/// gives the same bits, also once a page that held infinities (a removed sequence's)
+/// is handed to another sequence that fills only part of it. Without the mirror's copy
+/// of every cleared page, the infinities would stay in the mirror past that
+/// sequence's length and decode from it would be NaN.
+#[test]
+fn a_paged_pool_and_its_mirror_give_the_same_decode_after_pages_are_reused() {
+    use wgpu_attention::PagedKvCache;
+    let Some(ctx) = common::ctx() else { return };
+    if !mirrors(ctx) {
+        return;
+    }
+    const PAGE: usize = 16;
+    let (d, dv) = (20, 12);
+    for dtype in [DType::F32, DType::F16] {
+        if dtype == DType::F16 && !ctx.capabilities().f16 {
+            continue;
+        }
+        let seed = 7300 + u64::from(dtype == DType::F16);
+        let what = |step: &str| format!("seed {seed}, paged {dtype:?}, {step}");
+        let mut rng = Rng::new(seed);
+        let new = || PagedKvCache::new(ctx, 40, PAGE, HKV, d, dv, Layout::Bshd, dtype).expect("pool");
+        let mut pools = [new(), new()];
+        assert!(
+            pools[0].has_texel_mirror(),
+            "a new pool on a subgroup-decode adapter keeps a mirror"
+        );
+        pools[1].set_texel_mirror(ctx, false).expect("drops");
+        let upload = |rng: &mut Rng, n: usize, rows: usize, dim: usize, value: Option<f32>| {
+            let data = match value {
+                Some(x) => vec![x; n * HKV * rows * dim],
+                None => rng.vec(n * HKV * rows * dim, -2.0, 2.0),
+            };
+            Tensor::from_f32_as(ctx, [n, HKV, rows, dim], Layout::Bhsd, dtype, &data).expect("upload")
+        };
+        // Every pool gets the same sequence ids: they are handed out in order.
+        let ids: Vec<_> = pools.iter_mut().map(|p| [p.add_sequence(), p.add_sequence()]).collect();
+        let (k, v) = (upload(&mut rng, 2, 70, d, None), upload(&mut rng, 2, 70, dv, None));
+        for (pool, ids) in pools.iter_mut().zip(&ids) {
+            pool.append_rows(ctx, ids, &k, &v, &[70, 33]).expect("fits");
+        }
+        // A third sequence filled with infinities takes pages, then is removed.
+        let (k_inf, v_inf) = (
+            upload(&mut rng, 1, 3 * PAGE, d, Some(f32::INFINITY)),
+            upload(&mut rng, 1, 3 * PAGE, dv, Some(f32::INFINITY)),
+        );
+        for pool in &mut pools {
+            let doomed = pool.add_sequence();
+            pool.append(ctx, &[doomed], &k_inf, &v_inf).expect("fits");
+            pool.remove_sequence(doomed).expect("held");
+        }
+        // The first two grow into the freed pages, each only partly.
+        let (k, v) = (upload(&mut rng, 2, 21, d, None), upload(&mut rng, 2, 21, dv, None));
+        for (pool, ids) in pools.iter_mut().zip(&ids) {
+            pool.append_rows(ctx, ids, &k, &v, &[5, 21]).expect("fits");
+        }
+        let decode = |pool: &PagedKvCache, ids: &[wgpu_attention::SequenceId], q: &Tensor| {
+            let options = AttentionOptions {
+                kernel: KernelChoice::Decode,
+                need_lse: true,
+                ..Default::default()
+            };
+            let out = pool.attend(ctx, ids, q, &options).expect("attends");
+            let mut values = out.out.to_f32_vec(ctx).expect("read back");
+            values.extend(out.lse.expect("asked for").to_f32_vec(ctx).expect("read back"));
+            values
+        };
+        let check = |rng: &mut Rng, pools: &[PagedKvCache; 2], step: &str| {
+            let q = rng.vec(2 * HQ * d, -1.0, 1.0);
+            let q = Tensor::from_f32_as(ctx, [2, HQ, 1, d], Layout::Bhsd, dtype, &q).expect("upload");
+            let (mirrored, plain) = (decode(&pools[0], &ids[0], &q), decode(&pools[1], &ids[1], &q));
+            assert!(
+                plain.iter().all(|x| x.is_finite() || *x == f32::NEG_INFINITY),
+                "{}: the plain pool's decode is not finite",
+                what(step)
+            );
+            let differs = mirrored
+                .iter()
+                .zip(&plain)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            if let Some(i) = differs {
+                panic!(
+                    "{}: decode from the mirror differs at value {i}: {} against {}",
+                    what(step),
+                    mirrored[i],
+                    plain[i]
+                );
+            }
+        };
+        check(&mut rng, &pools, "after pages that held infinities were reused");
+        // A mirror built from the whole pool gives the same bits too.
+        pools[1].set_texel_mirror(ctx, true).expect("builds");
+        check(&mut rng, &pools, "with the second pool's mirror built from the pool");
+    }
+}

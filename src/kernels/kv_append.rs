@@ -90,9 +90,10 @@ pub(crate) fn encode(
 }
 
 /// Records the copy of rows `starts[b] .. starts[b] + counts[b]` of every (b, h) pair
-/// of the contiguous cache `cache` (`[B, H, capacity, dim]`, any layout) into its texel
-/// mirror `texels` (the words that hold them, docs/design.md "KV cache"), after they
-/// were written.
+/// (b below `starts.len()`) of the cache `cache` into its texel mirror `texels` (the
+/// words that hold them, docs/design.md "KV cache"), after they were written: of a
+/// contiguous cache (`[B, H, capacity, dim]`, any layout), or with a block table of
+/// batch element b's pages in the pool `cache` (`[P, H, page_size, dim]`).
 pub(crate) fn encode_texels(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -100,8 +101,10 @@ pub(crate) fn encode_texels(
     texels: &wgpu::TextureView,
     starts: &[u32],
     counts: &[u32],
+    pages: Option<&PageTable>,
 ) -> Result<()> {
-    let [batch, heads, _, dim] = cache.shape();
+    let [_, heads, rows, dim] = cache.shape();
+    let batch = starts.len();
     let [db, dh, ds, _] = cache.strides();
     let params = AppendParams {
         heads: heads as u32,
@@ -111,11 +114,14 @@ pub(crate) fn encode_texels(
         dst_b: db as u32,
         dst_h: dh as u32,
         dst_s: ds as u32,
+        page_size: pages.map_or(0, |_| rows as u32),
+        table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
         ..AppendParams::default()
     };
     let constants = TexelGrid::for_context(ctx).constants("TEXEL_SHIFT", "TEXEL_ROWS");
     let pipeline = pipeline(ctx, &TEXELS, cache.dtype(), &constants)?;
-    let up = Uploaded::new(ctx, &params, starts, counts, &[])?;
+    let table = pages.map_or(&[][..], PageTable::entries);
+    let up = Uploaded::new(ctx, &params, starts, counts, table)?;
     let entries = [
         entry(0, up.params.as_entire_binding()),
         entry(3, up.rows_of.as_entire_binding()),

@@ -5,8 +5,12 @@
 //! storage loads lane by lane: on Mesa 22.3's lavapipe the split pass ran 1.3-1.55x
 //! faster from the mirror (docs/design.md, "KV cache").
 
+use super::decode::DecodeDesign;
+use super::kv_append;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::options::FusedTiling;
+use crate::paged_kv::PageTable;
 use crate::tensor::Tensor;
 
 /// Bytes of one texel: one 16-byte word of a buffer.
@@ -53,13 +57,53 @@ pub struct KvTexels {
 }
 
 impl KvTexels {
+    /// Mirrors for a new cache of `k` and `v`: where split-K decode takes its subgroup
+    /// design and the textures fit (a mirror past the limits is only a lost speed-up).
+    pub(crate) fn for_new_cache(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<Option<KvTexels>> {
+        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
+            return Ok(None);
+        }
+        Ok(KvTexels::new(ctx, k, v).ok())
+    }
+
+    /// Mirrors a caller asked for: `Unsupported` where decode would never read them
+    /// (other adapters) or past the device's texture limits.
+    pub(crate) fn asked_for(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
+        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
+            return Err(Error::unsupported(
+                "a KV cache's texel mirror",
+                format!("adapter {}", ctx.adapter_info().name),
+                "CPU adapters where split-K decode takes its subgroup design (8-lane subgroups)",
+            ));
+        }
+        KvTexels::new(ctx, k, v)
+    }
+
     /// Zeroed mirrors sized for `k`'s and `v`'s buffers (new textures are zeroed, as a
     /// new cache's buffers are), or `Unsupported` past the device's texture limits.
-    pub(crate) fn new(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
+    fn new(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
         Ok(KvTexels {
             k: mirror(ctx, k.buffer().size(), "KV cache keys as texels")?,
             v: mirror(ctx, v.buffer().size(), "KV cache values as texels")?,
         })
+    }
+
+    /// Records the copy of rows `starts[b] .. starts[b] + counts[b]` of `k` and `v`
+    /// (batch element b's, through `pages` in a paged pool) into these mirrors, after
+    /// the rows were written.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_copy(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        k: &Tensor,
+        v: &Tensor,
+        starts: &[u32],
+        counts: &[u32],
+        pages: Option<&PageTable>,
+    ) -> Result<()> {
+        kv_append::encode_texels(ctx, encoder, k, &self.k, starts, counts, pages)?;
+        kv_append::encode_texels(ctx, encoder, v, &self.v, starts, counts, pages)
     }
 
     pub(crate) fn keys(&self) -> &wgpu::TextureView {
