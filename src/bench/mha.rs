@@ -2,7 +2,7 @@
 //! their own (GPU timestamps where available), the packed Q/K/V GEMM against three
 //! separate ones, and the whole layer.
 
-use super::{summarise, time_gpu, Clock, GpuTimer, Timing};
+use super::{clock_for, summarise, time_gpu, GpuTimer, Timing};
 use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
@@ -178,22 +178,24 @@ fn time_in_alternation(
     let first = [timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?];
     timer.time(ctx, &mut a)?;
     timer.time(ctx, &mut b)?;
-    let mut pairs = Vec::with_capacity(reps);
+    let mut samples = Vec::with_capacity(reps);
     for i in 0..reps.max(1) {
         // Which of the two goes first alternates, so running order favours neither.
         let pair = if i % 2 == 0 {
-            (timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?)
+            (timer.sample(ctx, &mut a)?, timer.sample(ctx, &mut b)?)
         } else {
-            let tb = timer.time(ctx, &mut b)?;
-            (timer.time(ctx, &mut a)?, tb)
+            let tb = timer.sample(ctx, &mut b)?;
+            (timer.sample(ctx, &mut a)?, tb)
         };
-        pairs.push(pair);
+        samples.push(pair);
     }
+    // Both phases on one clock, so their ratios compare like with like.
+    let clock = clock_for(&samples.iter().flat_map(|&(sa, sb)| [sa, sb]).collect::<Vec<_>>());
+    let pairs: Vec<(Duration, Duration)> = samples.iter().map(|(sa, sb)| (sa.on(clock), sb.on(clock))).collect();
     // A zero reading (a clock coarser than the work) counts as one nanosecond.
     let secs = |t: &Duration| t.as_secs_f64().max(1e-9);
     let mut ratios: Vec<f64> = pairs.iter().map(|(ta, tb)| secs(tb) / secs(ta)).collect();
     ratios.sort_by(f64::total_cmp);
-    let clock = Clock::for_context(ctx);
     Ok((
         summarise(first[0], pairs.iter().map(|p| p.0).collect(), clock),
         summarise(first[1], pairs.iter().map(|p| p.1).collect(), clock),

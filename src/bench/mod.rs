@@ -134,16 +134,17 @@ impl Stopwatch {
         self.readable.unmap();
         let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.period_ns;
         Ok(Sample {
-            gpu: Duration::from_nanos(ns as u64),
+            stamped: Some(Duration::from_nanos(ns as u64)),
             wall,
         })
     }
 }
 
-/// One submission timed both ways.
+/// One submission timed: the interval between the timestamps around its work, where
+/// the adapter writes them, and the wall clock.
 #[derive(Clone, Copy, Debug)]
 struct Sample {
-    gpu: Duration,
+    stamped: Option<Duration>,
     wall: Duration,
 }
 
@@ -153,16 +154,26 @@ impl Sample {
     /// 22.3 stamps every later submission so once a texture has been destroyed on the
     /// device (e.g. a dropped KV cache's texel mirror): 0.2 ms for a 470 ms kernel.
     fn timestamps_implausible(self) -> bool {
-        self.wall > Duration::from_millis(2) && self.gpu * 4 < self.wall
+        self.stamped
+            .is_some_and(|gpu| self.wall > Duration::from_millis(2) && gpu * 4 < self.wall)
     }
 
-    /// The timestamps' interval where plausible, else the wall clock's.
-    fn best(self) -> Duration {
-        if self.timestamps_implausible() {
-            self.wall
-        } else {
-            self.gpu
+    fn on(self, clock: Clock) -> Duration {
+        match (clock, self.stamped) {
+            (Clock::GpuTimestamps, Some(gpu)) => gpu,
+            _ => self.wall,
         }
+    }
+}
+
+/// The clock to read `samples` on: their timestamps, unless they have none or most are
+/// implausible (one slow wait on a busy machine does not move a row off them).
+fn clock_for(samples: &[Sample]) -> Clock {
+    let implausible = samples.iter().filter(|s| s.timestamps_implausible()).count();
+    if samples.iter().any(|s| s.stamped.is_none()) || implausible * 2 > samples.len() {
+        Clock::WallClock
+    } else {
+        Clock::GpuTimestamps
     }
 }
 
@@ -179,12 +190,18 @@ fn wall_clock(ctx: &Context, record: &mut impl FnMut(&mut wgpu::CommandEncoder) 
 /// Times single submissions with the context's [`Clock`] (for criterion's `iter_custom`).
 pub struct GpuTimer {
     stopwatch: Option<Stopwatch>,
+    /// Set once a timestamp proved implausible ([`Sample::timestamps_implausible`]):
+    /// every later [`GpuTimer::time`] reads the wall clock (broken stamps stay broken).
+    stamps_broken: std::cell::Cell<bool>,
 }
 
 impl GpuTimer {
     pub fn new(ctx: &Context) -> Self {
         let stopwatch = (Clock::for_context(ctx) == Clock::GpuTimestamps).then(|| Stopwatch::new(ctx));
-        GpuTimer { stopwatch }
+        GpuTimer {
+            stopwatch,
+            stamps_broken: std::cell::Cell::new(false),
+        }
     }
 
     /// Records, submits and waits for `record`; returns the time it took.
@@ -193,15 +210,36 @@ impl GpuTimer {
         ctx: &Context,
         mut record: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
     ) -> Result<Duration> {
+        let sample = self.sample(ctx, &mut record)?;
+        if sample.timestamps_implausible() {
+            self.stamps_broken.set(true);
+        }
+        Ok(if self.stamps_broken.get() {
+            sample.wall
+        } else {
+            sample.on(Clock::GpuTimestamps)
+        })
+    }
+
+    /// One submission of `record`, timed both ways where the adapter has timestamps.
+    fn sample(
+        &self,
+        ctx: &Context,
+        record: &mut impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
+    ) -> Result<Sample> {
         ctx.scoped("timing GPU work", || match &self.stopwatch {
-            Some(stopwatch) => stopwatch.time(ctx, &mut record).map(Sample::best),
-            None => wall_clock(ctx, &mut record),
+            Some(stopwatch) => stopwatch.time(ctx, record),
+            None => Ok(Sample {
+                stamped: None,
+                wall: wall_clock(ctx, record)?,
+            }),
         })
     }
 }
 
 /// Times `record` (which records GPU work): the first call on the wall clock, then one
-/// untimed warm-up, then `reps` timed runs with [`Clock::for_context`].
+/// untimed warm-up, then `reps` timed runs read on [`Clock::for_context`], or on the
+/// wall clock where most of their timestamps are implausible.
 pub fn time_gpu(
     ctx: &Context,
     reps: usize,
@@ -210,25 +248,12 @@ pub fn time_gpu(
     ctx.scoped("timing GPU work", || {
         let first = wall_clock(ctx, &mut record)?;
         wall_clock(ctx, &mut record)?;
-        let clock = Clock::for_context(ctx);
-        let samples = match clock {
-            Clock::GpuTimestamps => {
-                let stopwatch = Stopwatch::new(ctx);
-                let samples = (0..reps.max(1))
-                    .map(|_| stopwatch.time(ctx, &mut record))
-                    .collect::<Result<Vec<_>>>()?;
-                // One implausible stamp and the row is timed on the wall clock.
-                if samples.iter().any(|s| s.timestamps_implausible()) {
-                    let wall = samples.iter().map(|s| s.wall).collect();
-                    return Ok(summarise(first, wall, Clock::WallClock));
-                }
-                samples.iter().map(|s| s.gpu).collect()
-            }
-            Clock::WallClock => (0..reps.max(1))
-                .map(|_| wall_clock(ctx, &mut record))
-                .collect::<Result<Vec<_>>>()?,
-        };
-        Ok(summarise(first, samples, clock))
+        let timer = GpuTimer::new(ctx);
+        let samples = (0..reps.max(1))
+            .map(|_| timer.sample(ctx, &mut record))
+            .collect::<Result<Vec<_>>>()?;
+        let clock = clock_for(&samples);
+        Ok(summarise(first, samples.iter().map(|s| s.on(clock)).collect(), clock))
     })
 }
 
@@ -264,26 +289,38 @@ pub fn gflops(flops: f64, t: Duration) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::Sample;
+    use super::{clock_for, Clock, Sample};
     use std::time::Duration;
 
     fn sample(gpu_ms: f64, wall_ms: f64) -> Sample {
         Sample {
-            gpu: Duration::from_secs_f64(gpu_ms / 1e3),
+            stamped: Some(Duration::from_secs_f64(gpu_ms / 1e3)),
             wall: Duration::from_secs_f64(wall_ms / 1e3),
         }
     }
 
     #[test]
-    fn timestamps_far_under_a_long_wait_are_replaced_by_the_wall_clock() {
+    fn rows_whose_timestamps_are_mostly_implausible_are_read_on_the_wall_clock() {
         // Mesa 22.3's lavapipe after a texture was destroyed: 0.2 ms stamped, 470 waited.
         let broken = sample(0.2, 470.0);
         assert!(broken.timestamps_implausible());
-        assert_eq!(broken.best(), broken.wall);
-        // A GPU kernel behind submission overhead, and one a little under its wait.
-        for fine in [sample(0.01, 0.3), sample(1.5, 1.9), sample(400.0, 470.0)] {
-            assert!(!fine.timestamps_implausible(), "{fine:?}");
-            assert_eq!(fine.best(), fine.gpu);
+        assert_eq!(clock_for(&[broken; 5]), Clock::WallClock);
+        assert_eq!(broken.on(Clock::WallClock), broken.wall);
+        // A GPU kernel behind submission overhead, and ones a little under their wait.
+        let fine = [sample(0.01, 0.3), sample(1.5, 1.9), sample(400.0, 470.0)];
+        for s in fine {
+            assert!(!s.timestamps_implausible(), "{s:?}");
         }
+        assert_eq!(clock_for(&fine), Clock::GpuTimestamps);
+        // One slow wait among plausible stamps keeps the row on its timestamps.
+        let jittered = [sample(0.2, 0.4), sample(0.2, 3.0), sample(0.2, 0.5)];
+        assert_eq!(clock_for(&jittered), Clock::GpuTimestamps);
+        assert_eq!(jittered[1].on(Clock::GpuTimestamps), Duration::from_secs_f64(0.2 / 1e3));
+        // No timestamps at all: the wall clock.
+        let unstamped = Sample {
+            stamped: None,
+            wall: Duration::from_millis(5),
+        };
+        assert_eq!(clock_for(&[unstamped]), Clock::WallClock);
     }
 }
