@@ -4,7 +4,7 @@
 // KV_TEXEL_ROWS) of layer w / (width * KV_TEXEL_ROWS), width = 1 << KV_TEXEL_SHIFT.
 // A texel fetch is a gather on llvmpipe, where a storage load goes lane by lane: on
 // Mesa 22.3's lavapipe the split pass ran 1.3-1.55x faster so (docs/design.md,
-// "Decode"). The other form of this file is decode_kv_buffers.wgsl.
+// "KV cache"). The other form of this file is decode_kv_buffers.wgsl.
 
 @group(0) @binding(11) var k_texels: texture_2d_array<u32>;
 @group(0) @binding(12) var v_texels: texture_2d_array<u32>;

@@ -48,6 +48,20 @@ impl KvCache {
         layout: Layout,
         dtype: DType,
     ) -> Result<Self> {
+        let k_shape = [batch, heads_kv, capacity, head_dim];
+        KvCache::allocate(ctx, k_shape, head_dim_v, layout, dtype, true)
+    }
+
+    /// An empty cache with K of shape `[B, Hkv, capacity, D]`, with a texel mirror
+    /// where `mirror` and the adapter call for one.
+    fn allocate(
+        ctx: &Context,
+        [batch, heads_kv, capacity, head_dim]: [usize; 4],
+        head_dim_v: usize,
+        layout: Layout,
+        dtype: DType,
+        mirror: bool,
+    ) -> Result<Self> {
         if capacity == 0 || capacity > u32::MAX as usize / 2 {
             return Err(Error::unsupported("KV cache capacity", capacity, "1 to 2^31 - 1 rows"));
         }
@@ -56,7 +70,11 @@ impl KvCache {
         // value rows must be.
         let k = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?;
-        let texels = KvTexels::for_new_cache(ctx, &k, &v)?;
+        let texels = if mirror {
+            KvTexels::for_new_cache(ctx, &k, &v)
+        } else {
+            None
+        };
         Ok(KvCache {
             k,
             v,
@@ -72,7 +90,7 @@ impl KvCache {
     }
 
     /// Keeps (`on`) or drops the texel mirror of K and V. Dropping frees its memory
-    /// (as much as the cache's own) and leaves decode reading the buffers; keeping
+    /// (about as much as the cache's own) and leaves decode reading the buffers; keeping
     /// one builds it from the rows held. A mirror serves only the subgroup decode
     /// design, so on other adapters `on` is refused with `Unsupported`, as it is past
     /// the device's texture limits.
@@ -105,12 +123,13 @@ impl KvCache {
     }
 
     /// The key tensor `[B, Hkv, capacity, D]`; rows past an element's length are not
-    /// part of its sequence.
+    /// part of its sequence. Read it freely; writes other than through the cache never
+    /// reach its texel mirror, which decode reads on lavapipe.
     pub fn keys(&self) -> &Tensor {
         &self.k
     }
 
-    /// The value tensor `[B, Hkv, capacity, Dv]`.
+    /// The value tensor `[B, Hkv, capacity, Dv]` (writes as for [`KvCache::keys`]).
     pub fn values(&self) -> &Tensor {
         &self.v
     }
@@ -189,10 +208,8 @@ impl KvCache {
         }
         let [b, h, _, d] = self.k.shape();
         let dv = self.v.shape()[3];
-        let mut grown = KvCache::new(ctx, b, h, capacity, d, dv, self.k.layout(), self.k.dtype())?;
-        if self.texels.is_none() {
-            grown.texels = None;
-        }
+        let mirror = self.texels.is_some();
+        let mut grown = KvCache::allocate(ctx, [b, h, capacity, d], dv, self.k.layout(), self.k.dtype(), mirror)?;
         let from_start = vec![0; b];
         ctx.record_and_submit("submitting a KV cache growth", |encoder| {
             kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
@@ -212,17 +229,21 @@ impl KvCache {
     /// would be NaN).
     pub fn clear(&mut self, ctx: &Context) -> Result<()> {
         self.k.check_context(ctx, "KV cache")?;
-        // New textures are zeroed (clearing a texture needs a feature WebGPU lacks).
-        let texels = match &self.texels {
-            Some(_) => Some(KvTexels::asked_for(ctx, &self.k, &self.v)?),
-            None => None,
-        };
         ctx.record_and_submit("submitting a KV cache clear", |encoder| {
             encoder.clear_buffer(self.k.buffer(), 0, None);
             encoder.clear_buffer(self.v.buffer(), 0, None);
-            Ok(())
+            // The mirror takes the zeroed rows: clearing a texture needs a feature
+            // WebGPU lacks, and new textures would cost memory and, on Mesa 22.3, the
+            // old ones' destruction breaks timestamps (docs/design.md, "KV cache").
+            match &self.texels {
+                Some(texels) => {
+                    let every_row = vec![self.capacity() as u32; self.lengths.len()];
+                    let from_start = vec![0; self.lengths.len()];
+                    texels.record_copy(ctx, encoder, &self.k, &self.v, &from_start, &every_row, None)
+                }
+                None => Ok(()),
+            }
         })?;
-        self.texels = texels;
         self.lengths.fill(0);
         Ok(())
     }

@@ -202,7 +202,7 @@ impl PagedKvCache {
         let k = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?;
         // New textures are zeroed too.
-        let texels = KvTexels::for_new_cache(ctx, &k, &v)?;
+        let texels = KvTexels::for_new_cache(ctx, &k, &v);
         Ok(PagedKvCache {
             k,
             v,
@@ -269,12 +269,13 @@ impl PagedKvCache {
         self.free.len()
     }
 
-    /// The key pool `[P, Hkv, page_size, D]`.
+    /// The key pool `[P, Hkv, page_size, D]`. Read it freely; writes other than through
+    /// the cache never reach its texel mirror, which decode reads on lavapipe.
     pub fn keys(&self) -> &Tensor {
         &self.k
     }
 
-    /// The value pool `[P, Hkv, page_size, Dv]`.
+    /// The value pool `[P, Hkv, page_size, Dv]` (writes as for [`PagedKvCache::keys`]).
     pub fn values(&self) -> &Tensor {
         &self.v
     }

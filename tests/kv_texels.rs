@@ -318,3 +318,40 @@ fn a_paged_pool_and_its_mirror_give_the_same_decode_after_pages_are_reused() {
         check(&mut rng, &pools, "with the second pool's mirror built from the pool");
     }
 }
+
+/// `clear` zeroes the mirror along with the buffers: rows of infinities, cleared, then
+/// a few finite rows; decode from the mirror equals decode from the buffers. Were the
+/// mirror left holding the infinities, the masked rows past each length would give
+/// NaN.
+#[test]
+fn a_cleared_cache_forgets_its_rows_in_the_mirror_too() {
+    let Some(ctx) = common::ctx() else { return };
+    if !mirrors(ctx) {
+        return;
+    }
+    let seed = 7400;
+    let mut rng = Rng::new(seed);
+    let mut pair = Pair::new(ctx, 400, (16, 8), Layout::Bhsd, DType::F32);
+    let infinite = |n: usize, dim: usize| {
+        Tensor::from_f32_as(
+            ctx,
+            [B, HKV, n, dim],
+            Layout::Bhsd,
+            DType::F32,
+            &vec![f32::INFINITY; B * HKV * n * dim],
+        )
+        .expect("upload")
+    };
+    let (k, v) = (infinite(400, 16), infinite(400, 8));
+    for cache in [&mut pair.mirrored, &mut pair.plain] {
+        cache.append(ctx, &k, &v).expect("fits");
+        cache.clear(ctx).expect("clears");
+    }
+    assert!(pair.mirrored.has_texel_mirror(), "clear keeps the mirror");
+    pair.append(ctx, &mut rng, 40, &[40, 3, 17]);
+    pair.assert_same_decode(
+        ctx,
+        &mut rng,
+        &format!("seed {seed}, after clearing rows of infinities"),
+    );
+}

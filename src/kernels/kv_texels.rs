@@ -25,16 +25,21 @@ pub struct TexelGrid {
     /// shaders divide by shifting), fewer only on a device whose 2D textures are
     /// narrower (WebGPU guarantees 8192).
     pub shift: u32,
-    /// Rows per layer: the device's largest 2D side.
+    /// Rows per layer: at most 1024, so a layer is at most 64 MiB and a mirror outgrows
+    /// its buffer by less than one layer; fewer where the device's 2D textures are
+    /// smaller.
     pub rows: u32,
 }
+
+/// Rows per layer where the device allows them.
+const LAYER_ROWS: u32 = 1024;
 
 impl TexelGrid {
     pub fn for_context(ctx: &Context) -> TexelGrid {
         let side = ctx.capabilities().max_texture_dim.max(1);
         TexelGrid {
             shift: side.min(4096).ilog2(),
-            rows: side,
+            rows: side.min(LAYER_ROWS),
         }
     }
 
@@ -58,22 +63,29 @@ pub struct KvTexels {
 
 impl KvTexels {
     /// Mirrors for a new cache of `k` and `v`: where split-K decode takes its subgroup
-    /// design and the textures fit (a mirror past the limits is only a lost speed-up).
-    pub(crate) fn for_new_cache(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<Option<KvTexels>> {
-        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
-            return Ok(None);
-        }
-        Ok(KvTexels::new(ctx, k, v).ok())
+    /// design and the textures fit. A mirror past the limits is only a lost speed-up,
+    /// and a bad `WGPU_ATTENTION_TILING` is for attention calls to report, not caches.
+    pub(crate) fn for_new_cache(ctx: &Context, k: &Tensor, v: &Tensor) -> Option<KvTexels> {
+        let subgroup = matches!(
+            DecodeDesign::for_context(ctx, FusedTiling::Auto),
+            Ok(DecodeDesign::Subgroup)
+        );
+        subgroup.then(|| KvTexels::new(ctx, k, v).ok()).flatten()
     }
 
     /// Mirrors a caller asked for: `Unsupported` where decode would never read them
-    /// (other adapters) or past the device's texture limits.
+    /// (other adapters, or another design asked for by `WGPU_ATTENTION_TILING`) or past
+    /// the device's texture limits.
     pub(crate) fn asked_for(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
-        if DecodeDesign::for_context(ctx, FusedTiling::Auto)? != DecodeDesign::Subgroup {
+        let design = DecodeDesign::for_context(ctx, FusedTiling::Auto)?;
+        if design != DecodeDesign::Subgroup {
             return Err(Error::unsupported(
                 "a KV cache's texel mirror",
-                format!("adapter {}", ctx.adapter_info().name),
-                "CPU adapters where split-K decode takes its subgroup design (8-lane subgroups)",
+                format!(
+                    "split-K decode's {design:?} design on adapter {}",
+                    ctx.adapter_info().name
+                ),
+                "the subgroup design (CPU adapters with 8-lane subgroups), the only one that reads a mirror",
             ));
         }
         KvTexels::new(ctx, k, v)

@@ -245,7 +245,8 @@ pub(crate) struct AttentionBindings<'a> {
     pub kv_texels: Option<&'a kv_texels::KvTexels>,
 }
 
-/// Binding numbers, as declared in `attention_common.wgsl`.
+/// Binding numbers, as declared in `attention_common.wgsl` (9-12 in
+/// `decode_kv_buffers.wgsl` and `decode_kv_texels.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Slot {
     Params = 0,
