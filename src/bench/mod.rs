@@ -151,8 +151,8 @@ struct Sample {
 impl Sample {
     /// Whether the timestamps cannot be right: work that kept the host waiting for
     /// milliseconds, stamped as taking under a quarter of that. Lavapipe from Mesa
-    /// 22.3 stamps every later submission so once a texture has been destroyed on the
-    /// device (e.g. a dropped KV cache's texel mirror): 0.2 ms for a 470 ms kernel.
+    /// 22.3 stamps every later submission so once a KV cache's texel mirror has been
+    /// dropped: 0.2 ms for a 470 ms kernel.
     fn timestamps_implausible(self) -> bool {
         self.stamped
             .is_some_and(|gpu| self.wall > Duration::from_millis(2) && gpu * 4 < self.wall)
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn rows_whose_timestamps_are_mostly_implausible_are_read_on_the_wall_clock() {
-        // Mesa 22.3's lavapipe after a texture was destroyed: 0.2 ms stamped, 470 waited.
+        // Mesa 22.3's lavapipe after a texel mirror was dropped: 0.2 ms stamped, 470 waited.
         let broken = sample(0.2, 470.0);
         assert!(broken.timestamps_implausible());
         assert_eq!(clock_for(&[broken; 5]), Clock::WallClock);

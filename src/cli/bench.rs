@@ -338,7 +338,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         .filter(|r| r.measured().is_some_and(|m| m.timing.clock != clock))
         .count();
     if walled > 0 {
-        outln!("{walled} row(s) timed on the wall clock instead: most of their GPU timestamps were implausible (under a quarter of a wait over 2 ms for the same submission), as on Mesa 22.3's lavapipe once a texture has been destroyed; the JSON's `clock` says which.");
+        outln!("{walled} row(s) timed on the wall clock instead: most of their GPU timestamps were implausible (under a quarter of a wait over 2 ms for the same submission), as on Mesa 22.3's lavapipe once a KV cache's texel mirror has been dropped; the JSON's `clock` says which.");
     }
 
     let caps = ctx.capabilities();
