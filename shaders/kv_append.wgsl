@@ -50,21 +50,31 @@ fn dst_row(b: u32, r: u32) -> u32 {
     return page * ap.dst_b + (r % ap.page_size) * ap.dst_s;
 }
 
-@compute @workgroup_size(64, 1, 1)
-fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+// The (b, h) pair of workgroup row (y, z) and its rows start .. start + count of
+// element b; no rows past the last pair.
+struct PairRows {
+    b: u32,
+    h: u32,
+    start: u32,
+    count: u32,
+}
+
+fn pair_rows(gid: vec3<u32>, groups: vec3<u32>) -> PairRows {
     let pair = gid.y + gid.z * groups.y;
     if pair >= ap.batch * ap.heads {
-        return;
+        return PairRows(0u, 0u, 0u, 0u);
     }
     let b = pair / ap.heads;
-    let h = pair % ap.heads;
-    let start = rows_of[b];
-    let count = min(rows_of[ap.batch + b], ap.new_len);
-    let total = count * ap.dim;
-    for (var x = gid.x; x < total; x += groups.x * 64u) {
+    return PairRows(b, pair % ap.heads, rows_of[b], min(rows_of[ap.batch + b], ap.new_len));
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let pr = pair_rows(gid, groups);
+    for (var x = gid.x; x < pr.count * ap.dim; x += groups.x * 64u) {
         let s = x / ap.dim;
         let d = x % ap.dim;
-        dst[dst_row(b, start + s) + h * ap.dst_h + d] = src[b * ap.src_b + h * ap.src_h + s * ap.src_s + d];
+        dst[dst_row(pr.b, pr.start + s) + pr.h * ap.dst_h + d] = src[pr.b * ap.src_b + pr.h * ap.src_h + s * ap.src_s + d];
     }
 }
 
@@ -79,21 +89,15 @@ override TEXEL_ROWS: u32 = 8192u;
 
 @compute @workgroup_size(64, 1, 1)
 fn kv_texels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let pair = gid.y + gid.z * groups.y;
-    if pair >= ap.batch * ap.heads {
-        return;
-    }
-    let b = pair / ap.heads;
-    let h = pair % ap.heads;
-    let start = rows_of[b];
-    let count = min(rows_of[ap.batch + b], ap.new_len);
+    let pr = pair_rows(gid, groups);
     let per_word = 4u * ELEMS_PER_WORD;
     // Words a row can touch: its elements, and one more where it starts mid-word.
     let row_words = (ap.dim + per_word - 1u) / per_word + 1u;
     let words = arrayLength(&cache_words);
-    for (var x = gid.x; x < count * row_words; x += groups.x * 64u) {
-        let first = (dst_row(b, start + x / row_words) + h * ap.dst_h) / per_word;
-        let last = (dst_row(b, start + x / row_words) + h * ap.dst_h + ap.dim - 1u) / per_word;
+    for (var x = gid.x; x < pr.count * row_words; x += groups.x * 64u) {
+        let row_start = dst_row(pr.b, pr.start + x / row_words) + pr.h * ap.dst_h;
+        let first = row_start / per_word;
+        let last = (row_start + ap.dim - 1u) / per_word;
         let w = first + x % row_words;
         if w <= last && w < words {
             let row = w >> TEXEL_SHIFT;

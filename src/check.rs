@@ -518,16 +518,7 @@ fn cache_holding(
         .key_lengths
         .take()
         .unwrap_or_else(|| vec![s.len_k as u32; s.batch]);
-    let mut cache = KvCache::new(
-        ctx,
-        s.batch,
-        s.heads_kv,
-        s.len_k,
-        s.head_dim,
-        s.head_dim_v,
-        case.layout,
-        case.dtype,
-    )?;
+    let mut cache = KvCache::for_shape(ctx, s, case.layout, case.dtype)?;
     cache.append_rows(ctx, k, v, &lengths)?;
     Ok((cache, options))
 }

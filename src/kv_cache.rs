@@ -6,7 +6,7 @@ use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::kv_append;
-use crate::kernels::kv_texels::KvTexels;
+use crate::kernels::kv_texels::{self, KvTexels};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 use crate::tensor::{DType, Layout, Tensor};
@@ -52,6 +52,13 @@ impl KvCache {
         KvCache::allocate(ctx, k_shape, head_dim_v, layout, dtype, true)
     }
 
+    /// An empty cache that holds the keys and values of attention shape `s`: batch,
+    /// kv heads and head dims as there, capacity Lk.
+    pub(crate) fn for_shape(ctx: &Context, s: &AttentionShape, layout: Layout, dtype: DType) -> Result<Self> {
+        let k_shape = [s.batch, s.heads_kv, s.len_k, s.head_dim];
+        KvCache::allocate(ctx, k_shape, s.head_dim_v, layout, dtype, true)
+    }
+
     /// An empty cache with K of shape `[B, Hkv, capacity, D]`, with a texel mirror
     /// where `mirror` and the adapter call for one.
     fn allocate(
@@ -95,21 +102,11 @@ impl KvCache {
     /// design, so on other adapters `on` is refused with `Unsupported`, as it is past
     /// the device's texture limits.
     pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
-        self.k.check_context(ctx, "KV cache")?;
-        if !on {
-            self.texels = None;
-            return Ok(());
-        }
-        if self.texels.is_some() {
-            return Ok(());
-        }
-        let texels = KvTexels::asked_for(ctx, &self.k, &self.v)?;
-        let from_start = vec![0; self.lengths.len()];
-        ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| {
-            texels.record_copy(ctx, encoder, &self.k, &self.v, &from_start, &self.lengths, None)
-        })?;
-        self.texels = Some(texels);
-        Ok(())
+        let (k, v, lengths) = (&self.k, &self.v, &self.lengths);
+        kv_texels::set_mirror(&mut self.texels, ctx, (k, v), on, |encoder, texels| {
+            let from_start = vec![0; lengths.len()];
+            texels.record_copy(ctx, encoder, k, v, &from_start, lengths, None)
+        })
     }
 
     /// Rows each batch element can hold.

@@ -10,7 +10,7 @@ use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
 use crate::error::{checked_product, Error, Result};
 use crate::kernels::kv_append;
-use crate::kernels::kv_texels::KvTexels;
+use crate::kernels::kv_texels::{self, KvTexels};
 use crate::kv_cache::{check_attendable, check_new_rows};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
@@ -224,39 +224,11 @@ impl PagedKvCache {
     /// [`crate::KvCache::set_texel_mirror`] does; keeping one copies the whole pool into
     /// it.
     pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
-        self.k.check_context(ctx, "paged KV pool")?;
-        if !on {
-            self.texels = None;
-            return Ok(());
-        }
-        if self.texels.is_some() {
-            return Ok(());
-        }
-        let texels = KvTexels::asked_for(ctx, &self.k, &self.v)?;
-        let every_page: Vec<u32> = (0..self.k.shape()[0] as u32).collect();
-        ctx.record_and_submit("submitting a paged KV texel mirror", |encoder| {
-            self.record_whole_pages(ctx, encoder, &texels, &every_page)
-        })?;
-        self.texels = Some(texels);
-        Ok(())
-    }
-
-    /// Records the copy of whole `pages` into `texels`.
-    fn record_whole_pages(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        texels: &KvTexels,
-        pages: &[u32],
-    ) -> Result<()> {
-        if pages.is_empty() {
-            return Ok(());
-        }
-        // Each page as a sequence of one page, all its rows.
-        let one_each = PageTable::new(pages.len(), 1, pages.to_vec())?;
-        let starts = vec![0; pages.len()];
-        let counts = vec![self.page_size() as u32; pages.len()];
-        texels.record_copy(ctx, encoder, &self.k, &self.v, &starts, &counts, Some(&one_each))
+        let (k, v) = (&self.k, &self.v);
+        let every_page: Vec<u32> = (0..k.shape()[0] as u32).collect();
+        kv_texels::set_mirror(&mut self.texels, ctx, (k, v), on, |encoder, texels| {
+            texels.record_pages(ctx, encoder, k, v, &every_page)
+        })
     }
 
     /// Rows per page.
@@ -432,7 +404,7 @@ impl PagedKvCache {
                 // Cleared pages enter the mirror whole, so no former owner's rows stay
                 // there past a length; then the appended rows (again where they lie in
                 // those pages).
-                self.record_whole_pages(ctx, encoder, texels, &handed_out)?;
+                texels.record_pages(ctx, encoder, &self.k, &self.v, &handed_out)?;
                 texels.record_copy(ctx, encoder, &self.k, &self.v, &starts, counts, Some(&table))?;
             }
             Ok(())

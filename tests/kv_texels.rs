@@ -147,28 +147,10 @@ fn decode_from_the_texel_mirror_equals_decode_from_the_buffers_bit_for_bit() {
 /// A context on the default adapter whose 2D textures are at most 64 texels a side, so
 /// a mirror of a few hundred KiB spans several layers of 64 x 64 texels.
 fn small_textures() -> Option<Context> {
-    let shared = common::ctx()?;
-    let instance = wgpu_attention::wgpu::Instance::default();
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
-    let adapter = adapters
-        .into_iter()
-        .find(|a| {
-            a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
-        })
-        .expect("the shared context's adapter, enumerated again");
-    let limits = wgpu_attention::wgpu::Limits {
-        max_texture_dimension_2d: 64,
-        ..adapter.limits()
-    };
-    let features =
-        adapter.features() & (wgpu_attention::wgpu::Features::SHADER_F16 | wgpu_attention::wgpu::Features::SUBGROUP);
-    let desc = wgpu_attention::wgpu::DeviceDescriptor {
-        required_features: features,
-        required_limits: limits,
-        ..Default::default()
-    };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).expect("a device with small textures");
-    Some(Context::from_wgpu(adapter.get_info(), device, queue))
+    use wgpu_attention::wgpu::Features;
+    common::ctx_with_limits(Features::SHADER_F16 | Features::SUBGROUP, |limits| {
+        limits.max_texture_dimension_2d = 64;
+    })
 }
 
 #[test]

@@ -9,29 +9,10 @@ use wgpu_attention::{sdpa, AttentionOptions, Context, DType, Error, FusedTiling,
 
 /// A context on the default adapter whose device has these lowered limits.
 fn lowered(binding: u64, workgroups: u32) -> Option<Context> {
-    let shared = common::ctx()?;
-    let instance = wgpu_attention::wgpu::Instance::default();
-    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
-    // The shared context's adapter must be found again: skipping here would let these
-    // tests pass without running.
-    let adapter = adapters
-        .into_iter()
-        .find(|a| {
-            a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
-        })
-        .expect("the shared context's adapter, enumerated again");
-    let limits = wgpu_attention::wgpu::Limits {
-        max_storage_buffer_binding_size: binding,
-        max_compute_workgroups_per_dimension: workgroups,
-        ..adapter.limits()
-    };
-    let desc = wgpu_attention::wgpu::DeviceDescriptor {
-        required_features: adapter.features() & wgpu_attention::wgpu::Features::SHADER_F16,
-        required_limits: limits,
-        ..Default::default()
-    };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).expect("a device with lowered limits");
-    Some(Context::from_wgpu(adapter.get_info(), device, queue))
+    common::ctx_with_limits(wgpu_attention::wgpu::Features::SHADER_F16, |limits| {
+        limits.max_storage_buffer_binding_size = binding;
+        limits.max_compute_workgroups_per_dimension = workgroups;
+    })
 }
 
 fn upload(ctx: &Context, shape: [usize; 4], dtype: DType) -> Tensor {

@@ -208,17 +208,7 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
 
 /// A KV cache of capacity Lk holding all of `k` and `v`.
 fn filled_cache(ctx: &Context, shape: &AttentionShape, dtype: DType, k: &Tensor, v: &Tensor) -> Result<KvCache> {
-    let s = shape;
-    let mut cache = KvCache::new(
-        ctx,
-        s.batch,
-        s.heads_kv,
-        s.len_k,
-        s.head_dim,
-        s.head_dim_v,
-        Layout::Bhsd,
-        dtype,
-    )?;
+    let mut cache = KvCache::for_shape(ctx, shape, Layout::Bhsd, dtype)?;
     cache.append(ctx, k, v)?;
     Ok(cache)
 }

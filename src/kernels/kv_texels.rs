@@ -118,6 +118,26 @@ impl KvTexels {
         kv_append::encode_texels(ctx, encoder, v, &self.v, starts, counts, pages)
     }
 
+    /// Records the copy of whole `pages` of the pools `k` and `v` (`[P, H, page_size,
+    /// dim]`) into these mirrors.
+    pub(crate) fn record_pages(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        k: &Tensor,
+        v: &Tensor,
+        pages: &[u32],
+    ) -> Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        // Each page as a sequence of one page, all its rows.
+        let one_each = PageTable::new(pages.len(), 1, pages.to_vec())?;
+        let starts = vec![0; pages.len()];
+        let counts = vec![k.shape()[2] as u32; pages.len()];
+        self.record_copy(ctx, encoder, k, v, &starts, &counts, Some(&one_each))
+    }
+
     pub(crate) fn keys(&self) -> &wgpu::TextureView {
         &self.k
     }
@@ -125,6 +145,30 @@ impl KvTexels {
     pub(crate) fn values(&self) -> &wgpu::TextureView {
         &self.v
     }
+}
+
+/// Keeps (`on`) or drops the mirror in `slot` of a cache's buffers `k` and `v`, as the
+/// caches' `set_texel_mirror` do: a new one (refused as [`KvTexels::asked_for`] says)
+/// is filled by `fill` with the rows the cache holds, in one submission.
+pub(crate) fn set_mirror(
+    slot: &mut Option<KvTexels>,
+    ctx: &Context,
+    (k, v): (&Tensor, &Tensor),
+    on: bool,
+    fill: impl FnOnce(&mut wgpu::CommandEncoder, &KvTexels) -> Result<()>,
+) -> Result<()> {
+    k.check_context(ctx, "KV cache")?;
+    if !on {
+        *slot = None;
+        return Ok(());
+    }
+    if slot.is_some() {
+        return Ok(());
+    }
+    let texels = KvTexels::asked_for(ctx, k, v)?;
+    ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| fill(encoder, &texels))?;
+    *slot = Some(texels);
+    Ok(())
 }
 
 /// The texture extent that holds `bytes` of a buffer, one 16-byte word a texel.

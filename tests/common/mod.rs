@@ -136,3 +136,31 @@ pub fn dtypes(ctx: &Context) -> Vec<DType> {
         vec![DType::F32]
     }
 }
+
+/// A second context on the shared context's adapter (found again, never skipped: a
+/// skip would let a test pass without running), its device made with `limits` applied
+/// to the adapter's and those of `features` the adapter has.
+pub fn ctx_with_limits(
+    features: wgpu_attention::wgpu::Features,
+    limits: impl FnOnce(&mut wgpu_attention::wgpu::Limits),
+) -> Option<Context> {
+    let shared = ctx()?;
+    let instance = wgpu_attention::wgpu::Instance::default();
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu_attention::wgpu::Backends::all()));
+    let adapter = adapters
+        .into_iter()
+        .find(|a| {
+            a.get_info().name == shared.adapter_info().name && a.get_info().backend == shared.adapter_info().backend
+        })
+        .expect("the shared context's adapter, enumerated again");
+    let mut required_limits = adapter.limits();
+    limits(&mut required_limits);
+    let desc = wgpu_attention::wgpu::DeviceDescriptor {
+        required_features: adapter.features() & features,
+        required_limits,
+        ..Default::default()
+    };
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&desc)).expect("a device with the limits asked for");
+    Some(Context::from_wgpu(adapter.get_info(), device, queue))
+}
