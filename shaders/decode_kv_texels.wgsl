@@ -12,7 +12,7 @@
 // log2 of the texels per texture row, and the rows per layer (set by the host,
 // kernels::kv_texels::TexelGrid).
 override KV_TEXEL_SHIFT: u32 = 12u;
-override KV_TEXEL_ROWS: u32 = 8192u;
+override KV_TEXEL_ROWS: u32 = 1024u;
 
 // The 16 bytes of K or V holding element e.
 fn kv_words(is_k: bool, e: u32) -> vec4<u32> {

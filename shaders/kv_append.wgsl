@@ -85,7 +85,7 @@ fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 // log2 of the texels per texture row, and the rows per layer (set by the host,
 // kernels::kv_texels::TexelGrid).
 override TEXEL_SHIFT: u32 = 12u;
-override TEXEL_ROWS: u32 = 8192u;
+override TEXEL_ROWS: u32 = 1024u;
 
 @compute @workgroup_size(64, 1, 1)
 fn kv_texels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
