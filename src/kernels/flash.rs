@@ -6,6 +6,8 @@
 //! `info`, `bench`, `check`, the CLI's `--tiling`, `WGPU_ATTENTION_TILING` and the
 //! tests all read this table (docs/design.md, "Kernel paths and tilings").
 
+use super::flash_texel;
+use super::kv_texels::{KvTexels, TexelGrid};
 use super::{
     dispatch_entries, groups_for, loop_budget, pipeline, AttentionBindings, AttentionParams, Kernel, Slot, COMMON,
 };
@@ -638,6 +640,30 @@ pub(crate) fn encode(
     bindings: &AttentionBindings,
     params: &AttentionParams,
 ) -> Result<()> {
+    if config.spec().tiling == FusedTiling::Subgroup {
+        let strides = [
+            params.k_stride_b,
+            params.k_stride_h,
+            params.k_stride_s,
+            params.k_page_stride,
+            params.v_stride_b,
+            params.v_stride_h,
+            params.v_stride_s,
+            params.v_page_stride,
+        ];
+        let caps = ctx.capabilities();
+        if let Some(variant) = flash_texel::variant_for(
+            dtype,
+            params.head_dim,
+            params.head_dim_v,
+            flash_texel::RowStrides(&strides),
+            caps,
+        ) {
+            if encode_texel(ctx, encoder, dtype, variant, bindings, params)? {
+                return Ok(());
+            }
+        }
+    }
     let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
     let pipeline = pipeline(ctx, &launch.kernel, dtype, &launch.constants)?;
     let groups = [
@@ -646,6 +672,46 @@ pub(crate) fn encode(
         1,
     ];
     dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
+}
+
+/// Records the texel kernel's dispatch, reading the KV cache's mirror where the
+/// bindings carry one and otherwise copies of K and V made for this call; `false`
+/// (nothing recorded) where K or V outgrow the device's textures.
+fn encode_texel(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    variant: flash_texel::TexelVariant,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<bool> {
+    let copies;
+    let texels = match bindings.kv_texels {
+        Some(texels) => texels,
+        None => match KvTexels::copy_of(ctx, encoder, bindings.k, bindings.v)? {
+            Some(made) => {
+                copies = made;
+                &copies
+            }
+            None => return Ok(false),
+        },
+    };
+    let grid = TexelGrid::for_context(ctx);
+    let full_rules = params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0;
+    let mut constants = grid.constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS").to_vec();
+    constants.push(("FULL_RULES", u32::from(full_rules)));
+    let pipeline = pipeline(ctx, &variant.kernel(), dtype, &constants)?;
+    let groups = [
+        groups_for(params.len_q as usize, variant.rows as usize),
+        params.bh_count,
+        1,
+    ];
+    let bindings = AttentionBindings {
+        kv_texels: Some(texels),
+        ..*bindings
+    };
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(flash_texel::SLOTS)?, groups)?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -704,7 +770,8 @@ mod tests {
                     loop_budget::subgroup_iterations_per(&s, 32),
                 );
                 assert!(k16 >= k32, "D {d}, {lk} keys: {k16} < {k32}");
-                assert_eq!(loop_budget::subgroup_iterations(&s), k16);
+                let texel = super::flash_texel::iterations(lk as u64);
+                assert_eq!(loop_budget::subgroup_iterations(&s), k16.max(texel));
             }
         }
     }

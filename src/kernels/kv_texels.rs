@@ -138,6 +138,28 @@ impl KvTexels {
         self.record_copy(ctx, encoder, k, v, &starts, &counts, Some(&one_each))
     }
 
+    /// Mirrors of plain K and V buffers for one attention call (the fused texel kernel,
+    /// `kernels::flash_texel`), filled by buffer-to-texture copies recorded on
+    /// `encoder`: a driver copy, no shader. `None` where the buffers outgrow the
+    /// device's textures.
+    pub(crate) fn copy_of(
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+    ) -> Result<Option<KvTexels>> {
+        if extent(ctx, k.size()).is_none() || extent(ctx, v.size()).is_none() {
+            return Ok(None);
+        }
+        let texels = KvTexels {
+            k: mirror(ctx, k.size(), "keys as texels")?,
+            v: mirror(ctx, v.size(), "values as texels")?,
+        };
+        copy_words(ctx, encoder, k, texels.k.texture());
+        copy_words(ctx, encoder, v, texels.v.texture());
+        Ok(Some(texels))
+    }
+
     pub(crate) fn keys(&self) -> &wgpu::TextureView {
         &self.k
     }
@@ -169,6 +191,55 @@ pub(crate) fn set_mirror(
     ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| fill(encoder, &texels))?;
     *slot = Some(texels);
     Ok(())
+}
+
+/// Records the copy of all of `buffer`'s words into its mirror `texture`: whole layers,
+/// then the last layer's whole rows, then its last partial row.
+fn copy_words(ctx: &Context, encoder: &mut wgpu::CommandEncoder, buffer: &wgpu::Buffer, texture: &wgpu::Texture) {
+    let grid = TexelGrid::for_context(ctx);
+    let (width, per_layer) = (u64::from(grid.width()), u64::from(grid.rows));
+    let words = buffer.size() / TEXEL_BYTES;
+    let (rows, rest) = (words / width, words % width);
+    let (layers, rows_left) = (rows / per_layer, rows % per_layer);
+    let row_bytes = width * TEXEL_BYTES;
+    let mut copy = |offset: u64, origin: (u64, u64, u64), size: (u64, u64, u64), rows_per_image: u64| {
+        if size.0 * size.1 * size.2 == 0 {
+            return;
+        }
+        encoder.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo {
+                buffer,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset,
+                    bytes_per_row: Some(row_bytes as u32),
+                    rows_per_image: Some(rows_per_image as u32),
+                },
+            },
+            wgpu::TexelCopyTextureInfo {
+                texture,
+                mip_level: 0,
+                origin: wgpu::Origin3d {
+                    x: origin.0 as u32,
+                    y: origin.1 as u32,
+                    z: origin.2 as u32,
+                },
+                aspect: wgpu::TextureAspect::All,
+            },
+            wgpu::Extent3d {
+                width: size.0 as u32,
+                height: size.1 as u32,
+                depth_or_array_layers: size.2 as u32,
+            },
+        );
+    };
+    copy(0, (0, 0, 0), (width, per_layer, layers), per_layer);
+    copy(
+        layers * per_layer * row_bytes,
+        (0, 0, layers),
+        (width, rows_left, 1),
+        rows_left.max(1),
+    );
+    copy(rows * row_bytes, (0, rows_left, layers), (rest, 1, 1), 1);
 }
 
 /// The texture extent that holds `bytes` of a buffer, one 16-byte word a texel.
@@ -206,7 +277,9 @@ fn mirror(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
             format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::TEXTURE_BINDING,
+            usage: wgpu::TextureUsages::STORAGE_BINDING
+                | wgpu::TextureUsages::TEXTURE_BINDING
+                | wgpu::TextureUsages::COPY_DST,
             view_formats: &[],
         },
         u64::from(size.width) * u64::from(size.height) * u64::from(size.depth_or_array_layers) * TEXEL_BYTES,

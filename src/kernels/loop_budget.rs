@@ -33,7 +33,9 @@ pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
 /// picks one ([`super::flash::subgroup_keys_per_block`]; 16 counts more but for the
 /// shortest key ranges).
 pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
-    subgroup_iterations_per(s, 16).max(subgroup_iterations_per(s, 32))
+    subgroup_iterations_per(s, 16)
+        .max(subgroup_iterations_per(s, 32))
+        .max(super::flash_texel::iterations(s.len_k as u64))
 }
 
 /// Per block of `keys` keys: the block itself, the K octets, the masking loops over 4

@@ -10,6 +10,7 @@
 pub mod coop_emulation;
 pub mod decode;
 pub mod flash;
+pub mod flash_texel;
 pub mod kv_append;
 pub mod kv_texels;
 pub mod layer_norm;
@@ -53,7 +54,16 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 /// Prelude of the fused kernels: the above plus the online-softmax row state.
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
-/// Every kernel entry point the crate dispatches (used by the shader validation test).
+/// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`]
+/// and the generated texel kernels ([`flash_texel::VARIANTS`]).
+pub fn every_kernel() -> Vec<Kernel> {
+    ALL_KERNELS
+        .into_iter()
+        .chain(flash_texel::VARIANTS.iter().map(|v| v.kernel()))
+        .collect()
+}
+
+/// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
 pub const ALL_KERNELS: [Kernel; 38] = [
     loop_probe::KERNEL,
     kv_append::KERNEL,

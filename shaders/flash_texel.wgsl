@@ -1,0 +1,135 @@
+// Fused attention for CPU adapters with 8-lane subgroups (lavapipe), K and V read as
+// texel fetches: the `subgroup` tiling's kernel where the head dims allow it
+// (src/kernels/flash_texel.rs picks it and writes the entry point, `flash_texel`,
+// whose loops it unrolls; this file holds the helpers). Same masking and
+// online-softmax rules as every kernel (attention_common.wgsl).
+//
+// Why this shape: llvmpipe runs a subgroup of 8 invocations as one SIMD batch. It
+// gathers texel fetches but walks storage and workgroup-memory loads lane by lane,
+// and it compiles a dynamically indexed private array into a ladder of branches. So
+// nothing here is indexed dynamically: per row and head-dim slice, values are named
+// SSA values of the unrolled entry point, which LLVM keeps in registers or spills with
+// whole-vector stack loads and stores.
+//
+// Tiling: a workgroup is one subgroup of 8 invocations and owns ROWS query rows of one
+// (batch, head), in quads (four rows as a vec4's components). Keys go in blocks of
+// 8 * KEYS_PER_LANE: lane l scores keys j0 + 8c + l. A K or V row is fetched a 16-byte
+// word at a time from the texel mirror (4 f32 or 8 f16 elements, one texel; the
+// mirror's layout is kernels::kv_texels::TexelGrid):
+//   - Q·Kᵀ: lane l holds, for every quad, the Q elements of word 8g + l of each group
+//     g of 8 words; for word t of its keys, lane l takes the quad's Q elements of word
+//     t from lane t % 8 (subgroupBroadcast) and multiplies them into its keys'
+//     scores: one broadcast feeds KEYS_PER_LANE multiply-adds.
+//   - softmax: subgroupMax gives every lane the block maxima of the quad's rows;
+//     each lane keeps its own partial sums, added across lanes at the end.
+//   - P·V: lane l owns word 8c + l of each chunk c of the output rows; for each key of
+//     the block it fetches that word of the key's V row and adds it, times the key's
+//     probability (broadcast from the lane that scored the key), into every row.
+// No workgroup memory, no barriers. docs/design.md, "Kernel paths and tilings", has
+// the measurements.
+
+@group(0) @binding(11) var k_texels: texture_2d_array<u32>;
+@group(0) @binding(12) var v_texels: texture_2d_array<u32>;
+
+// log2 of the texels per texture row, and the rows per layer (set by the host,
+// kernels::kv_texels::TexelGrid).
+override KV_TEXEL_SHIFT: u32 = 12u;
+override KV_TEXEL_ROWS: u32 = 1024u;
+// 1 where explicit masks, soft-capping or ALiBi apply (only_key_ranges() is false):
+// the host compiles a pipeline with the rules' code only for such problems.
+override FULL_RULES: u32 = 1u;
+
+// Where word w of a mirror lies: (x, y, layer).
+fn texel_of(w: u32) -> vec3<u32> {
+    let row = w >> KV_TEXEL_SHIFT;
+    return vec3<u32>(w & ((1u << KV_TEXEL_SHIFT) - 1u), row % KV_TEXEL_ROWS, row / KV_TEXEL_ROWS);
+}
+
+fn k_word(w: u32) -> vec4<u32> {
+    let at = texel_of(w);
+    return textureLoad(k_texels, at.xy, at.z, 0);
+}
+
+fn v_word(w: u32) -> vec4<u32> {
+    let at = texel_of(w);
+    return textureLoad(v_texels, at.xy, at.z, 0);
+}
+
+// A word's elements as f32, four at a time: f32 words hold elements 0..3 (`word_f32`),
+// f16 words 0..3 (`word_lo`) and 4..7 (`word_hi`). `keep` false gives zeros (words past
+// the head dim: they belong to the next row, which may hold anything).
+fn word_f32(x: vec4<u32>, keep: bool) -> vec4<f32> {
+    return select(vec4<f32>(0.0), bitcast<vec4<f32>>(x), keep);
+}
+
+fn word_lo(x: vec4<u32>, keep: bool) -> vec4<f32> {
+    return select(vec4<f32>(0.0), vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y)), keep);
+}
+
+fn word_hi(x: vec4<u32>, keep: bool) -> vec4<f32> {
+    return select(vec4<f32>(0.0), vec4<f32>(unpack2x16float(x.z), unpack2x16float(x.w)), keep);
+}
+
+// Element d of the Q rows `rows` (offsets of their first elements), scaled; zero past
+// the head dim.
+fn q_quad(rows: vec4<u32>, d: u32) -> vec4<f32> {
+    if d >= p.head_dim {
+        return vec4<f32>(0.0);
+    }
+    return vec4<f32>(f32(q[rows.x + d]), f32(q[rows.y + d]), f32(q[rows.z + d]), f32(q[rows.w + d])) * p.scale;
+}
+
+// The first word of key j's row in K or V (j clamped to the last key: rows past the
+// end are fetched but always masked). The host guarantees whole words.
+fn row_word(src_is_k: bool, b: u32, base: u32, j: u32) -> u32 {
+    return (base + kv_offset(src_is_k, b, min(j, p.len_k - 1u))) / (4u * ELEMS_PER_WORD);
+}
+
+// Key j's scores for the quad of rows from `first` (clamped to the last row), masked.
+fn mask_pair(hd: Head, first: u32, j: u32, s: vec4<f32>) -> vec4<f32> {
+    let rows = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.len_q - 1u));
+    let starts = vec4<u32>(key_start(hd.b, rows.x), key_start(hd.b, rows.y), key_start(hd.b, rows.z), key_start(hd.b, rows.w));
+    let ends = min(vec4<u32>(key_end(hd.b, rows.x), key_end(hd.b, rows.y), key_end(hd.b, rows.z), key_end(hd.b, rows.w)), vec4<u32>(p.key_stop));
+    let keys = vec4<u32>(j);
+    return apply_masks(s, hd.b, vec4<u32>(hd.h), rows, keys, in_key_range(keys, starts, ends), mask_words_of_rows(hd.b, hd.h, rows, j));
+}
+
+// The running maxima of a quad of rows before key p.key_begin (resumed_max).
+fn resumed_quad_max(hd: Head, rows: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(resumed_max(hd, rows.x), resumed_max(hd, rows.y), resumed_max(hd, rows.z), resumed_max(hd, rows.w));
+}
+
+// Lane `lane`'s share of the running sums that go with `m`: all of it in lane 0, whose
+// partial sums the others' are added to at the end.
+fn resumed_quad_sum(m: vec4<f32>, lane: u32) -> vec4<f32> {
+    let s = vec4<f32>(resumed_sum(m.x), resumed_sum(m.y), resumed_sum(m.z), resumed_sum(m.w));
+    return select(vec4<f32>(0.0), s, lane == 0u);
+}
+
+// Elements d .. d + 3 of an output row (its first element at `row`) as the accumulator
+// resumes it: the stored normalised row where a previous key range saw keys, else
+// zeros. Written without loops: llvmpipe's loop cap counts every iteration.
+fn resumed_out(row: u32, seen: bool, d: u32) -> vec4<f32> {
+    if p.key_begin == 0u || !seen || d >= p.head_dim_v {
+        return vec4<f32>(0.0);
+    }
+    let last = row + p.head_dim_v - 1u;
+    let o = vec4<f32>(f32(output[row + d]), f32(output[min(row + d + 1u, last)]), f32(output[min(row + d + 2u, last)]), f32(output[min(row + d + 3u, last)]));
+    return select(vec4<f32>(0.0), o, vec4<u32>(d) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.head_dim_v));
+}
+
+// Stores elements d .. d + 3 of an output row, those within the head dim.
+fn store_out(row: u32, d: u32, x: vec4<f32>) {
+    if d < p.head_dim_v {
+        output[row + d] = elem(x.x);
+    }
+    if d + 1u < p.head_dim_v {
+        output[row + d + 1u] = elem(x.y);
+    }
+    if d + 2u < p.head_dim_v {
+        output[row + d + 2u] = elem(x.z);
+    }
+    if d + 3u < p.head_dim_v {
+        output[row + d + 3u] = elem(x.w);
+    }
+}
