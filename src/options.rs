@@ -191,8 +191,10 @@ pub enum FusedTiling {
     /// register micro-tiles of scores and outputs. The GPU default; needs 27 KiB of
     /// workgroup memory.
     Blocked,
-    /// Each K/V element is loaded by one lane and broadcast to the subgroup. For CPU
-    /// adapters with subgroups of at least 8 lanes (lavapipe); needs `SUBGROUP`.
+    /// For CPU adapters with subgroups of at least 8 lanes (lavapipe); needs
+    /// `SUBGROUP`. Where K/V rows are whole 16-byte words, K and V are read as texel
+    /// fetches by a kernel that spreads keys across the lanes; elsewhere each K/V
+    /// element is loaded by one lane and broadcast to the subgroup.
     Subgroup,
     /// Tensor cores: the blocked shape with Q·Kᵀ and P·V as 16x16 f16
     /// cooperative-matrix products accumulated in f32. Needs

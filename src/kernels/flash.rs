@@ -465,7 +465,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     TilingSpec {
         tiling: FusedTiling::Subgroup,
         name: "subgroup",
-        about: "K/V loaded once per 8-lane subgroup and broadcast, 4 query rows per invocation (CPU adapters)",
+        about: "8-lane subgroups (CPU adapters): K/V as texel fetches, 16-32 query rows per subgroup, keys across lanes, where head dims are whole 16-byte words; else K/V loaded by one lane and broadcast, 4 query rows per invocation",
         default_on: &[AdapterClass::Cpu, AdapterClass::BrowserCpu],
         needs: Needs::Subgroups {
             lanes: SUBGROUP_LANES,
