@@ -129,34 +129,48 @@ fn head_of(bh: u32) -> Head {
 // align_to_lengths (a KV cache) i + key lengths[b] - Lq. i32 is enough: the host
 // refuses Lq + Lk above 2^30 with a window or ALiBi, and clamps left and right to
 // Lq + Lk.
-fn query_pos(b: u32, i: u32) -> i32 {
+// Written for four rows at once (the rules' one definition); the scalar forms below
+// take one row.
+fn query_positions(b: u32, i: vec4<u32>) -> vec4<i32> {
     if p.align_to_lengths != 0u {
-        return i32(i) + i32(side_words[b]) - i32(p.len_q);
+        return vec4<i32>(i) + vec4<i32>(i32(side_words[b]) - i32(p.len_q));
     }
-    return i32(i) + p.pos_offset;
+    return vec4<i32>(i) + vec4<i32>(p.pos_offset);
+}
+
+fn query_pos(b: u32, i: u32) -> i32 {
+    return query_positions(b, vec4<u32>(i)).x;
 }
 
 // Keys before this index are masked for query i (the window's left edge). Non-decreasing
 // in i, so a block of rows can start its loop at its first row's (block_key_begin).
-fn key_start(b: u32, i: u32) -> u32 {
+fn key_starts(b: u32, i: vec4<u32>) -> vec4<u32> {
     if p.has_left == 0u {
-        return 0u;
+        return vec4<u32>(0u);
     }
-    return u32(clamp(query_pos(b, i) - i32(p.left), 0, i32(p.len_k)));
+    return vec4<u32>(clamp(query_positions(b, i) - vec4<i32>(i32(p.left)), vec4<i32>(0), vec4<i32>(i32(p.len_k))));
+}
+
+fn key_start(b: u32, i: u32) -> u32 {
+    return key_starts(b, vec4<u32>(i)).x;
 }
 
 // Keys at or past this index are masked for query i by key lengths, causality or the
 // window's right edge. Non-decreasing in i, so a block of rows can bound its loop by
 // its last row.
-fn key_end(b: u32, i: u32) -> u32 {
+fn key_ends(b: u32, i: vec4<u32>) -> vec4<u32> {
     var end = p.len_k;
     if p.has_key_lengths != 0u {
         end = min(end, side_words[b]);
     }
     if p.has_right != 0u {
-        end = u32(clamp(query_pos(b, i) + i32(p.right) + 1, 0, i32(end)));
+        return vec4<u32>(clamp(query_positions(b, i) + vec4<i32>(i32(p.right) + 1), vec4<i32>(0), vec4<i32>(i32(end))));
     }
-    return end;
+    return vec4<u32>(end);
+}
+
+fn key_end(b: u32, i: u32) -> u32 {
+    return key_ends(b, vec4<u32>(i)).x;
 }
 
 // Whether keys j lie in the visible ranges start .. end (key_start, key_end).
@@ -231,7 +245,7 @@ fn alibi_bias(b: u32, h: vec4<u32>, i: vec4<u32>, j: vec4<u32>) -> vec4<f32> {
         side_words[p.batch + h.z],
         side_words[p.batch + h.w],
     ));
-    let pos = vec4<i32>(query_pos(b, i.x), query_pos(b, i.y), query_pos(b, i.z), query_pos(b, i.w));
+    let pos = query_positions(b, i);
     let distance = abs(pos - vec4<i32>(j));
     return -slopes * vec4<f32>(distance);
 }

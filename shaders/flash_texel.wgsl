@@ -38,6 +38,8 @@ override KV_TEXEL_ROWS: u32 = 1024u;
 // 1 where explicit masks, soft-capping or ALiBi apply (only_key_ranges() is false):
 // the host compiles a pipeline with the rules' code only for such problems.
 override FULL_RULES: u32 = 1u;
+// 1 for paged K and V (p.page_size > 0).
+override PAGED: u32 = 1u;
 
 // Where word w of a mirror lies: (x, y, layer).
 fn texel_of(w: u32) -> vec3<u32> {
@@ -71,25 +73,31 @@ fn word_hi(x: vec4<u32>, keep: bool) -> vec4<f32> {
 }
 
 // Element d of the Q rows `rows` (offsets of their first elements), scaled; zero past
-// the head dim.
+// the head dim. Without a branch: each one costs compile time on Mesa 25.
 fn q_quad(rows: vec4<u32>, d: u32) -> vec4<f32> {
-    if d >= p.head_dim {
-        return vec4<f32>(0.0);
-    }
-    return vec4<f32>(f32(q[rows.x + d]), f32(q[rows.y + d]), f32(q[rows.z + d]), f32(q[rows.w + d])) * p.scale;
+    let dc = min(d, p.head_dim - 1u);
+    let x = vec4<f32>(f32(q[rows.x + dc]), f32(q[rows.y + dc]), f32(q[rows.z + dc]), f32(q[rows.w + dc])) * p.scale;
+    return select(vec4<f32>(0.0), x, d < p.head_dim);
 }
 
 // The first word of key j's row in K or V (j clamped to the last key: rows past the
-// end are fetched but always masked). The host guarantees whole words.
+// end are fetched but always masked). The host guarantees whole words. Through the
+// block table only in pipelines made for paged K and V (PAGED): kv_offset's branch
+// on the page size, though uniform, slowed the key loop and its cold compile.
 fn row_word(src_is_k: bool, b: u32, base: u32, j: u32) -> u32 {
-    return (base + kv_offset(src_is_k, b, min(j, p.len_k - 1u))) / (4u * ELEMS_PER_WORD);
+    let jc = min(j, p.len_k - 1u);
+    var offset = jc * select(p.v_stride_s, p.k_stride_s, src_is_k);
+    if PAGED != 0u {
+        offset = kv_offset(src_is_k, b, jc);
+    }
+    return (base + offset) / (4u * ELEMS_PER_WORD);
 }
 
 // Key j's scores for the quad of rows from `first` (clamped to the last row), masked.
 fn mask_pair(hd: Head, first: u32, j: u32, s: vec4<f32>) -> vec4<f32> {
     let rows = min(vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.len_q - 1u));
-    let starts = vec4<u32>(key_start(hd.b, rows.x), key_start(hd.b, rows.y), key_start(hd.b, rows.z), key_start(hd.b, rows.w));
-    let ends = min(vec4<u32>(key_end(hd.b, rows.x), key_end(hd.b, rows.y), key_end(hd.b, rows.z), key_end(hd.b, rows.w)), vec4<u32>(p.key_stop));
+    let starts = key_starts(hd.b, rows);
+    let ends = min(key_ends(hd.b, rows), vec4<u32>(p.key_stop));
     let keys = vec4<u32>(j);
     return apply_masks(s, hd.b, vec4<u32>(hd.h), rows, keys, in_key_range(keys, starts, ends), mask_words_of_rows(hd.b, hd.h, rows, j));
 }
@@ -108,28 +116,24 @@ fn resumed_quad_sum(m: vec4<f32>, lane: u32) -> vec4<f32> {
 
 // Elements d .. d + 3 of an output row (its first element at `row`) as the accumulator
 // resumes it: the stored normalised row where a previous key range saw keys, else
-// zeros. Written without loops: llvmpipe's loop cap counts every iteration.
+// zeros. The host guarantees whole words, so the four lie all within the head dim or
+// all past it.
 fn resumed_out(row: u32, seen: bool, d: u32) -> vec4<f32> {
-    if p.key_begin == 0u || !seen || d >= p.head_dim_v {
+    if p.key_begin == 0u {
         return vec4<f32>(0.0);
     }
-    let last = row + p.head_dim_v - 1u;
-    let o = vec4<f32>(f32(output[row + d]), f32(output[min(row + d + 1u, last)]), f32(output[min(row + d + 2u, last)]), f32(output[min(row + d + 3u, last)]));
-    return select(vec4<f32>(0.0), o, vec4<u32>(d) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.head_dim_v));
+    let at = row + min(d, p.head_dim_v - 4u);
+    let o = vec4<f32>(f32(output[at]), f32(output[at + 1u]), f32(output[at + 2u]), f32(output[at + 3u]));
+    return select(vec4<f32>(0.0), o, seen && d < p.head_dim_v);
 }
 
-// Stores elements d .. d + 3 of an output row, those within the head dim.
+// Stores elements d .. d + 3 of an output row, if within the head dim (whole words, as
+// above).
 fn store_out(row: u32, d: u32, x: vec4<f32>) {
     if d < p.head_dim_v {
         output[row + d] = elem(x.x);
-    }
-    if d + 1u < p.head_dim_v {
         output[row + d + 1u] = elem(x.y);
-    }
-    if d + 2u < p.head_dim_v {
         output[row + d + 2u] = elem(x.z);
-    }
-    if d + 3u < p.head_dim_v {
         output[row + d + 3u] = elem(x.w);
     }
 }

@@ -73,7 +73,12 @@ fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<
     }
     if kernel.file == "flash_texel.wgsl" {
         // Key ranges only (the rules' loop compiled out), on a grid of narrow textures.
-        let constants = [("FULL_RULES", 0.0), ("KV_TEXEL_SHIFT", 10.0), ("KV_TEXEL_ROWS", 256.0)];
+        let constants = [
+            ("FULL_RULES", 0.0),
+            ("PAGED", 0.0),
+            ("KV_TEXEL_SHIFT", 10.0),
+            ("KV_TEXEL_ROWS", 256.0),
+        ];
         sets.push(constants.iter().map(|&(n, v)| (n.to_string(), v)).collect());
     }
     sets

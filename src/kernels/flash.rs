@@ -654,9 +654,9 @@ pub(crate) fn encode(
         let caps = ctx.capabilities();
         if let Some(variant) = flash_texel::variant_for(
             dtype,
-            params.head_dim,
-            params.head_dim_v,
+            (params.head_dim, params.head_dim_v),
             flash_texel::RowStrides(&strides),
+            full_rules(params),
             caps,
         ) {
             if encode_texel(ctx, encoder, dtype, variant, bindings, params)? {
@@ -672,6 +672,12 @@ pub(crate) fn encode(
         1,
     ];
     dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
+}
+
+/// Whether a problem has rules beyond visible key ranges: explicit masks, soft-capping
+/// or ALiBi (the WGSL's `only_key_ranges()` is false).
+fn full_rules(params: &AttentionParams) -> bool {
+    params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0
 }
 
 /// Records the texel kernel's dispatch, reading the KV cache's mirror where the
@@ -697,9 +703,9 @@ fn encode_texel(
         },
     };
     let grid = TexelGrid::for_context(ctx);
-    let full_rules = params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0;
     let mut constants = grid.constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS").to_vec();
-    constants.push(("FULL_RULES", u32::from(full_rules)));
+    constants.push(("FULL_RULES", u32::from(full_rules(params))));
+    constants.push(("PAGED", u32::from(params.page_size > 0)));
     let pipeline = pipeline(ctx, &variant.kernel(), dtype, &constants)?;
     let groups = [
         groups_for(params.len_q as usize, variant.rows as usize),

@@ -51,8 +51,9 @@ pub struct TexelVariant {
 /// Rows per workgroup trade K/V fetches (fewer per multiply-add with more rows)
 /// against live values (each row's Q slice and accumulator); the picks were measured
 /// on lavapipe (docs/design.md): Mesa 22.3 runs 32 rows fastest at D 64 and 16 at D
-/// 128; Mesa 25 compiles the 32-row kernel for 15 s cold, and 16 rows with 4 keys a
-/// lane run nearly as fast there. At D 128 on Mesa 25 the buffer kernel is as fast.
+/// 128; Mesa 25 compiles the 32-row kernel for 15 s cold and gets 16 rows (4 keys a
+/// lane ran 1.1x faster there but compiled for 12-15 s). At D 128 on Mesa 25 the
+/// buffer kernel is nearly as fast and compiles in 3 s.
 pub const VARIANTS: [TexelVariant; 6] = [
     TexelVariant {
         name: "[32 rows, D 64]",
@@ -62,10 +63,10 @@ pub const VARIANTS: [TexelVariant; 6] = [
         dtype: DType::F32,
     },
     TexelVariant {
-        name: "[16 rows, D 64, 4 keys]",
+        name: "[16 rows, D 64]",
         rows: 16,
         groups: 2,
-        keys_per_lane: 4,
+        keys_per_lane: 2,
         dtype: DType::F32,
     },
     TexelVariant {
@@ -83,10 +84,10 @@ pub const VARIANTS: [TexelVariant; 6] = [
         dtype: DType::F16,
     },
     TexelVariant {
-        name: "[16 rows, D 64, 4 keys]",
+        name: "[16 rows, D 64]",
         rows: 16,
         groups: 1,
-        keys_per_lane: 4,
+        keys_per_lane: 2,
         dtype: DType::F16,
     },
     TexelVariant {
@@ -137,8 +138,16 @@ impl TexelVariant {
 pub struct RowStrides<'a>(pub &'a [u32]);
 
 /// The variant for a problem, or `None` where the buffer kernel serves it: head dims
-/// and strides not whole words, head dims past 128, D 128 off Mesa 22.
-pub fn variant_for(dtype: DType, d: u32, dv: u32, strides: RowStrides, caps: &Capabilities) -> Option<TexelVariant> {
+/// and strides not whole words, head dims past 128, and off Mesa 22 head dims past 64
+/// or problems with the rules beyond key ranges (`full_rules`: explicit masks,
+/// soft-capping, ALiBi), whose pipelines Mesa 25 compiles cold for over 10 s.
+pub fn variant_for(
+    dtype: DType,
+    (d, dv): (u32, u32),
+    strides: RowStrides,
+    full_rules: bool,
+    caps: &Capabilities,
+) -> Option<TexelVariant> {
     let word = match dtype {
         DType::F32 => 4,
         DType::F16 => 8,
@@ -156,7 +165,7 @@ pub fn variant_for(dtype: DType, d: u32, dv: u32, strides: RowStrides, caps: &Ca
     };
     match (need, mesa_22) {
         (0..=64, true) => pick(32, 2, 64),
-        (0..=64, false) => pick(16, 4, 64),
+        (0..=64, false) if !full_rules => pick(16, 2, 64),
         (65..=128, true) => pick(16, 2, 128),
         _ => None,
     }
@@ -210,8 +219,11 @@ fn entry_point(v: TexelVariant) -> String {
             "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_q));",
             4 * c
         );
-        let _ = writeln!(w, "    let starts_{c} = vec4<u32>(key_start(hd.b, rows_{c}.x), key_start(hd.b, rows_{c}.y), key_start(hd.b, rows_{c}.z), key_start(hd.b, rows_{c}.w));");
-        let _ = writeln!(w, "    let ends_{c} = min(vec4<u32>(key_end(hd.b, rows_{c}.x), key_end(hd.b, rows_{c}.y), key_end(hd.b, rows_{c}.z), key_end(hd.b, rows_{c}.w)), vec4<u32>(p.key_stop));");
+        let _ = writeln!(w, "    let starts_{c} = key_starts(hd.b, rows_{c});");
+        let _ = writeln!(
+            w,
+            "    let ends_{c} = min(key_ends(hd.b, rows_{c}), vec4<u32>(p.key_stop));"
+        );
         let _ = writeln!(w, "    let q_rows_{c} = vec4<u32>(q_head) + rows_{c} * p.q_stride_s;");
         for g in 0..v.groups {
             for i in 0..elems {
@@ -458,21 +470,31 @@ mod tests {
     fn variants_follow_the_driver_and_the_head_dims() {
         let (m22, m25) = (caps(Some((22, 3))), caps(Some((25, 0))));
         for dtype in [DType::F32, DType::F16] {
-            let v = variant_for(dtype, 64, 64, DENSE, &m22).expect("D 64 on Mesa 22");
-            assert_eq!((v.rows, v.keys_per_lane, v.max_dim(), v.dtype), (32, 2, 64, dtype));
-            let v = variant_for(dtype, 64, 64, DENSE, &m25).expect("D 64 on Mesa 25");
-            assert_eq!((v.rows, v.keys_per_lane, v.max_dim()), (16, 4, 64));
-            let v = variant_for(dtype, 128, 64, DENSE, &m22).expect("D 128 on Mesa 22");
-            assert_eq!((v.rows, v.max_dim()), (16, 128));
-            assert_eq!(variant_for(dtype, 128, 128, DENSE, &m25), None);
-            assert_eq!(variant_for(dtype, 64, 136, DENSE, &m22), None);
-            assert_eq!(variant_for(dtype, 256, 256, DENSE, &m22), None);
+            for rules in [false, true] {
+                let v = variant_for(dtype, (64, 64), DENSE, rules, &m22).expect("D 64 on Mesa 22");
+                assert_eq!((v.rows, v.keys_per_lane, v.max_dim(), v.dtype), (32, 2, 64, dtype));
+                let v = variant_for(dtype, (128, 64), DENSE, rules, &m22).expect("D 128 on Mesa 22");
+                assert_eq!((v.rows, v.max_dim()), (16, 128));
+            }
+            let v = variant_for(dtype, (64, 64), DENSE, false, &m25).expect("D 64 on Mesa 25");
+            assert_eq!((v.rows, v.keys_per_lane, v.max_dim()), (16, 2, 64));
+            assert_eq!(variant_for(dtype, (64, 64), DENSE, true, &m25), None);
+            assert_eq!(variant_for(dtype, (128, 128), DENSE, false, &m25), None);
+            assert_eq!(variant_for(dtype, (64, 136), DENSE, false, &m22), None);
+            assert_eq!(variant_for(dtype, (256, 256), DENSE, false, &m22), None);
         }
         // Rows must start on whole words.
-        assert!(variant_for(DType::F32, 36, 36, RowStrides(&[36, 36, 36]), &m22).is_some());
-        assert_eq!(variant_for(DType::F16, 36, 36, RowStrides(&[36, 36, 36]), &m22), None);
-        assert_eq!(variant_for(DType::F32, 64, 64, RowStrides(&[64, 64, 66]), &m22), None);
-        assert_eq!(variant_for(DType::F32, 64, 62, DENSE, &m22), None);
+        let rows_of_36 = RowStrides(&[36, 36, 36]);
+        assert!(variant_for(DType::F32, (36, 36), rows_of_36, false, &m22).is_some());
+        assert_eq!(
+            variant_for(DType::F16, (36, 36), RowStrides(&[36, 36, 36]), false, &m22),
+            None
+        );
+        assert_eq!(
+            variant_for(DType::F32, (64, 64), RowStrides(&[64, 64, 66]), false, &m22),
+            None
+        );
+        assert_eq!(variant_for(DType::F32, (64, 62), DENSE, false, &m22), None);
     }
 
     #[test]
