@@ -207,12 +207,9 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let rows = vec4<u32>(row0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * stride_r;
     let last_q = p.len_q - 1u;
     let clamped = min(rows, vec4<u32>(last_q));
-    let starts = vec4<u32>(key_start(hd.b, clamped.x), key_start(hd.b, clamped.y), key_start(hd.b, clamped.z), key_start(hd.b, clamped.w));
+    let starts = key_starts(hd.b, clamped);
     // Clamped to this dispatch's key range: the last block may run past it.
-    let ends = min(
-        vec4<u32>(key_end(hd.b, clamped.x), key_end(hd.b, clamped.y), key_end(hd.b, clamped.z), key_end(hd.b, clamped.w)),
-        vec4<u32>(p.key_stop),
-    );
+    let ends = min(key_ends(hd.b, clamped), vec4<u32>(p.key_stop));
     // Uniform across the workgroup: from its first row's first key to the last key its
     // last row sees.
     let block_begin = block_key_begin(hd.b, min(row0, last_q));
