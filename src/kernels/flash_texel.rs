@@ -4,7 +4,7 @@
 //! lanes. Its entry point is written out here, per variant, with every loop over rows,
 //! head-dim words and keys of a block unrolled: llvmpipe turns a dynamically indexed
 //! private array into a ladder of branches, so each row's Q slice, scores and
-//! accumulator is a named value. On lavapipe it ran (1,8,2048,64) f32 1.6-2.0x faster
+//! accumulator is a named value. On lavapipe it ran (1,8,2048,64) f32 1.3-1.7x faster
 //! than the buffer kernel (docs/design.md, "Kernel paths and tilings").
 //!
 //! It serves problems whose K and V rows are whole 16-byte words (head dims and
