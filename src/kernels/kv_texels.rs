@@ -95,8 +95,8 @@ impl KvTexels {
     /// new cache's buffers are), or `Unsupported` past the device's texture limits.
     fn new(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
         Ok(KvTexels {
-            k: mirror(ctx, k.buffer().size(), "KV cache keys as texels")?,
-            v: mirror(ctx, v.buffer().size(), "KV cache values as texels")?,
+            k: mirror(ctx, k.buffer().size(), "KV cache keys as texels", CACHE_USAGE)?,
+            v: mirror(ctx, v.buffer().size(), "KV cache values as texels", CACHE_USAGE)?,
         })
     }
 
@@ -152,8 +152,8 @@ impl KvTexels {
             return Ok(None);
         }
         let texels = KvTexels {
-            k: mirror(ctx, k.size(), "keys as texels")?,
-            v: mirror(ctx, v.size(), "values as texels")?,
+            k: mirror(ctx, k.size(), "keys as texels", COPY_USAGE)?,
+            v: mirror(ctx, v.size(), "values as texels", COPY_USAGE)?,
         };
         copy_words(ctx, encoder, k, texels.k.texture());
         copy_words(ctx, encoder, v, texels.v.texture());
@@ -255,7 +255,13 @@ fn extent(ctx: &Context, bytes: u64) -> Option<wgpu::Extent3d> {
     })
 }
 
-fn mirror(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
+/// A cache's mirror is written by `kv_append.wgsl`.
+const CACHE_USAGE: wgpu::TextureUsages =
+    wgpu::TextureUsages::STORAGE_BINDING.union(wgpu::TextureUsages::TEXTURE_BINDING);
+/// A mirror made for one call only receives copies.
+const COPY_USAGE: wgpu::TextureUsages = wgpu::TextureUsages::TEXTURE_BINDING.union(wgpu::TextureUsages::COPY_DST);
+
+fn mirror(ctx: &Context, bytes: u64, label: &str, usage: wgpu::TextureUsages) -> Result<wgpu::TextureView> {
     let caps = ctx.capabilities();
     let size = extent(ctx, bytes).ok_or_else(|| {
         Error::unsupported(
@@ -277,9 +283,7 @@ fn mirror(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
             format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::STORAGE_BINDING
-                | wgpu::TextureUsages::TEXTURE_BINDING
-                | wgpu::TextureUsages::COPY_DST,
+            usage,
             view_formats: &[],
         },
         u64::from(size.width) * u64::from(size.height) * u64::from(size.depth_or_array_layers) * TEXEL_BYTES,
