@@ -103,6 +103,34 @@ pub struct Capabilities {
     pub mesa_version: Option<(u32, u32)>,
 }
 
+#[cfg(test)]
+impl Capabilities {
+    /// A generous adapter for the tilings' unit tests, with these subgroup sizes,
+    /// workgroup memory and Mesa release.
+    pub(crate) fn for_tests(
+        subgroups: Option<(u32, u32)>,
+        max_workgroup_storage: u32,
+        mesa_version: Option<(u32, u32)>,
+    ) -> Self {
+        Capabilities {
+            f16: true,
+            subgroups,
+            timestamps: true,
+            max_workgroup_storage,
+            max_storage_binding: 1 << 30,
+            max_buffer: 1 << 30,
+            max_workgroups_per_dim: 65535,
+            max_invocations: 256,
+            max_texture_dim: 16384,
+            max_texture_layers: 2048,
+            cooperative_matrix: Vec::new(),
+            coop_emulated: false,
+            loop_cap: None,
+            mesa_version,
+        }
+    }
+}
+
 /// One cooperative-matrix configuration: `M x N x K` tiles with A/B elements of `ab`
 /// and accumulator elements of `c` (`"f16"`, `"f32"`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -725,22 +725,7 @@ mod tests {
     use super::*;
 
     fn caps(subgroups: Option<(u32, u32)>, workgroup_bytes: u32) -> Capabilities {
-        Capabilities {
-            f16: true,
-            subgroups,
-            timestamps: true,
-            max_workgroup_storage: workgroup_bytes,
-            max_storage_binding: 1 << 30,
-            max_buffer: 1 << 30,
-            max_workgroups_per_dim: 65535,
-            max_invocations: 256,
-            max_texture_dim: 16384,
-            max_texture_layers: 2048,
-            cooperative_matrix: Vec::new(),
-            coop_emulated: false,
-            loop_cap: None,
-            mesa_version: None,
-        }
+        Capabilities::for_tests(subgroups, workgroup_bytes, None)
     }
 
     #[test]

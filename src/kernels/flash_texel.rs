@@ -446,22 +446,7 @@ mod tests {
     use super::*;
 
     fn caps(mesa: Option<(u32, u32)>) -> Capabilities {
-        Capabilities {
-            f16: true,
-            subgroups: Some((8, 8)),
-            timestamps: true,
-            max_workgroup_storage: 32768,
-            max_storage_binding: 1 << 30,
-            max_buffer: 1 << 30,
-            max_workgroups_per_dim: 65535,
-            max_invocations: 256,
-            max_texture_dim: 16384,
-            max_texture_layers: 2048,
-            cooperative_matrix: Vec::new(),
-            coop_emulated: false,
-            loop_cap: None,
-            mesa_version: mesa,
-        }
+        Capabilities::for_tests(Some((8, 8)), 32768, mesa)
     }
 
     const DENSE: RowStrides = RowStrides(&[64 * 8 * 128, 64 * 128, 64, 0]);
