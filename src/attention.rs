@@ -588,9 +588,19 @@ impl Plan {
         // The fused attention over every head, in as few dispatches as the grid allows
         // (it needs no score chunk).
         if let ResolvedKernel::Fused(config) = self.kernel {
+            // One texel mirror of K and V for all the dispatches below, where the kernel
+            // reads one and no KV cache lends its own.
+            let copies = match kv_texels {
+                Some(_) => None,
+                None => flash::texel_mirror(ctx, encoder, self.dtype, config, &base_params, (k.buffer(), v.buffer()))?,
+            };
+            let mirror = kv_texels.or(copies.as_ref());
             for (bh_start, bh_count) in chunks(total, self.attention_heads_per_chunk) {
                 let (params, params_buffer) = chunk_params(bh_start, bh_count)?;
-                let bindings = bind!(&params_buffer, &scores);
+                let bindings = AttentionBindings {
+                    kv_texels: mirror,
+                    ..bind!(&params_buffer, &scores)
+                };
                 // Each key range resumes from the previous one's output and lse.
                 for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
                     let range = AttentionParams {

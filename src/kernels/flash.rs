@@ -640,28 +640,9 @@ pub(crate) fn encode(
     bindings: &AttentionBindings,
     params: &AttentionParams,
 ) -> Result<()> {
-    if config.spec().tiling == FusedTiling::Subgroup {
-        let strides = [
-            params.k_stride_b,
-            params.k_stride_h,
-            params.k_stride_s,
-            params.k_page_stride,
-            params.v_stride_b,
-            params.v_stride_h,
-            params.v_stride_s,
-            params.v_page_stride,
-        ];
-        let caps = ctx.capabilities();
-        if let Some(variant) = flash_texel::variant_for(
-            dtype,
-            (params.head_dim, params.head_dim_v),
-            flash_texel::RowStrides(&strides),
-            full_rules(params),
-            caps,
-        ) {
-            if encode_texel(ctx, encoder, dtype, variant, bindings, params)? {
-                return Ok(());
-            }
+    if let Some(variant) = texel_variant(ctx, dtype, config, params) {
+        if encode_texel(ctx, encoder, dtype, variant, bindings, params)? {
+            return Ok(());
         }
     }
     let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
@@ -674,15 +655,62 @@ pub(crate) fn encode(
     dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
 }
 
+/// The subgroup tiling's texel kernel for a problem, where it serves it.
+fn texel_variant(
+    ctx: &Context,
+    dtype: DType,
+    config: FlashConfig,
+    params: &AttentionParams,
+) -> Option<flash_texel::TexelVariant> {
+    if config.spec().tiling != FusedTiling::Subgroup {
+        return None;
+    }
+    let strides = [
+        params.k_stride_b,
+        params.k_stride_h,
+        params.k_stride_s,
+        params.k_page_stride,
+        params.v_stride_b,
+        params.v_stride_h,
+        params.v_stride_s,
+        params.v_page_stride,
+    ];
+    flash_texel::variant_for(
+        dtype,
+        (params.head_dim, params.head_dim_v),
+        flash_texel::RowStrides(&strides),
+        full_rules(params),
+        ctx.capabilities(),
+    )
+}
+
+/// Records the copy of plain K and V buffers into a texel mirror where the fused
+/// dispatches of a problem will read one (the texel kernel, without a KV cache's
+/// mirror), so that every dispatch of the problem (key ranges, head chunks) shares one
+/// copy; `None` where they read none.
+pub(crate) fn texel_mirror(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    config: FlashConfig,
+    params: &AttentionParams,
+    (k, v): (&wgpu::Buffer, &wgpu::Buffer),
+) -> Result<Option<KvTexels>> {
+    if texel_variant(ctx, dtype, config, params).is_none() {
+        return Ok(None);
+    }
+    KvTexels::copy_of(ctx, encoder, k, v)
+}
+
 /// Whether a problem has rules beyond visible key ranges: explicit masks, soft-capping
 /// or ALiBi (the WGSL's `only_key_ranges()` is false).
 fn full_rules(params: &AttentionParams) -> bool {
     params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0
 }
 
-/// Records the texel kernel's dispatch, reading the KV cache's mirror where the
-/// bindings carry one and otherwise copies of K and V made for this call; `false`
-/// (nothing recorded) where K or V outgrow the device's textures.
+/// Records the texel kernel's dispatch, reading the mirror the bindings carry (a KV
+/// cache's, or one [`texel_mirror`] made) and otherwise copies of K and V made for this
+/// dispatch; `false` (nothing recorded) where K or V outgrow the device's textures.
 fn encode_texel(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -762,7 +790,14 @@ mod tests {
                 );
                 assert!(k16 >= k32, "D {d}, {lk} keys: {k16} < {k32}");
                 let texel = super::flash_texel::iterations(lk as u64);
-                assert_eq!(loop_budget::subgroup_iterations(&s), k16.max(texel));
+                let both = if d <= 128 { k16.max(texel) } else { k16 };
+                assert_eq!(loop_budget::subgroup_iterations(&s), both);
+                // Head dims the texel kernel never serves keep the buffer kernel's model.
+                let odd = AttentionShape::new(1, 1, 1, 1, lk, d + 2, d + 2);
+                assert_eq!(
+                    loop_budget::subgroup_iterations(&odd),
+                    loop_budget::subgroup_iterations_per(&odd, 16)
+                );
             }
         }
     }

@@ -171,6 +171,12 @@ pub fn variant_for(
     }
 }
 
+/// Whether some dtype and driver could give head dims (D, Dv) the texel kernel (whole
+/// f32 words and at most 128), for the loop model, which knows neither.
+pub fn may_serve(d: u32, dv: u32) -> bool {
+    d.is_multiple_of(4) && dv.is_multiple_of(4) && d.max(dv) <= 128
+}
+
 /// Worst-case loop iterations of one invocation over all variants: per block of 16 or
 /// more keys the block loop's trip and the masking loop over quads x keys per lane
 /// (at most 16 + 1), plus the block loop's exit. Nothing else loops.

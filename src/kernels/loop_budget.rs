@@ -33,9 +33,12 @@ pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
 /// picks one ([`super::flash::subgroup_keys_per_block`]; 16 counts more but for the
 /// shortest key ranges).
 pub fn subgroup_iterations(s: &AttentionShape) -> u64 {
-    subgroup_iterations_per(s, 16)
-        .max(subgroup_iterations_per(s, 32))
-        .max(super::flash_texel::iterations(s.len_k as u64))
+    let buffer_kernel = subgroup_iterations_per(s, 16).max(subgroup_iterations_per(s, 32));
+    if super::flash_texel::may_serve(s.head_dim as u32, s.head_dim_v as u32) {
+        buffer_kernel.max(super::flash_texel::iterations(s.len_k as u64))
+    } else {
+        buffer_kernel
+    }
 }
 
 /// Per block of `keys` keys: the block itself, the K octets, the masking loops over 4
