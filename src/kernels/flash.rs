@@ -678,7 +678,7 @@ fn texel_variant(
     flash_texel::variant_for(
         dtype,
         (params.head_dim, params.head_dim_v),
-        flash_texel::RowStrides(&strides),
+        &strides,
         full_rules(params),
         ctx.capabilities(),
     )
@@ -709,8 +709,8 @@ fn full_rules(params: &AttentionParams) -> bool {
 }
 
 /// Records the texel kernel's dispatch, reading the mirror the bindings carry (a KV
-/// cache's, or one [`texel_mirror`] made) and otherwise copies of K and V made for this
-/// dispatch; `false` (nothing recorded) where K or V outgrow the device's textures.
+/// cache's, or one [`texel_mirror`] made); `false` (nothing recorded) where they carry
+/// none.
 fn encode_texel(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -719,16 +719,10 @@ fn encode_texel(
     bindings: &AttentionBindings,
     params: &AttentionParams,
 ) -> Result<bool> {
-    let copies;
-    let texels = match bindings.kv_texels {
-        Some(texels) => texels,
-        None => match KvTexels::copy_of(ctx, encoder, bindings.k, bindings.v)? {
-            Some(made) => {
-                copies = made;
-                &copies
-            }
-            None => return Ok(false),
-        },
+    // Plan::encode makes the mirror (texel_mirror) wherever this kernel will run; none
+    // means K and V outgrew the device's textures.
+    let Some(texels) = bindings.kv_texels else {
+        return Ok(false);
     };
     let grid = TexelGrid::for_context(ctx);
     let mut constants = grid.constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS").to_vec();

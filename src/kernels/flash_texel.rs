@@ -53,7 +53,8 @@ pub struct TexelVariant {
 /// on lavapipe (docs/design.md): Mesa 22.3 runs 32 rows fastest at D 64 and 16 at D
 /// 128; Mesa 25 compiles the 32-row kernel for 15 s cold and gets 16 rows (4 keys a
 /// lane ran 1.1x faster there but compiled for 12-15 s). At D 128 on Mesa 25 the
-/// buffer kernel is nearly as fast and compiles in 3 s.
+/// 16-row kernel ran 1.15x faster than the buffer kernel but compiled for 15.6 s cold;
+/// the buffer kernel compiles in 3 s.
 pub const VARIANTS: [TexelVariant; 6] = [
     TexelVariant {
         name: "[32 rows, D 64]",
@@ -133,18 +134,16 @@ impl TexelVariant {
     }
 }
 
-/// Strides (in elements) of K and V that must be whole words for a row to start on
-/// one: batch, head, row and page strides.
-pub struct RowStrides<'a>(pub &'a [u32]);
-
-/// The variant for a problem, or `None` where the buffer kernel serves it: head dims
+/// The variant for a problem, or `None` where the buffer kernel serves it. `strides`
+/// are K's and V's (in elements) that must be whole words for every row to start on
+/// one: batch, head, row and page strides. `None` for head dims
 /// and strides not whole words, head dims past 128, and off Mesa 22 head dims past 64
 /// or problems with the rules beyond key ranges (`full_rules`: explicit masks,
 /// soft-capping, ALiBi), whose pipelines Mesa 25 compiles cold for over 10 s.
 pub fn variant_for(
     dtype: DType,
     (d, dv): (u32, u32),
-    strides: RowStrides,
+    strides: &[u32],
     full_rules: bool,
     caps: &Capabilities,
 ) -> Option<TexelVariant> {
@@ -152,7 +151,7 @@ pub fn variant_for(
         DType::F32 => 4,
         DType::F16 => 8,
     };
-    if !d.is_multiple_of(word) || !dv.is_multiple_of(word) || strides.0.iter().any(|s| !s.is_multiple_of(word)) {
+    if !d.is_multiple_of(word) || !dv.is_multiple_of(word) || strides.iter().any(|s| !s.is_multiple_of(word)) {
         return None;
     }
     let mesa_22 = matches!(caps.mesa_version, Some((major, _)) if major <= 22);
@@ -330,27 +329,19 @@ fn entry_point(v: TexelVariant) -> String {
     }
     let _ = writeln!(w, "        if FULL_RULES != 0u {{");
     let pairs = quads * keys;
-    for k in 0..keys {
-        for c in 0..quads {
-            let _ = writeln!(
-                w,
-                "            mask_scratch[{}u + lane] = s_{c}_{k};",
-                (k * quads + c) * LANES
-            );
+    // Pair (quad c, key k) sits in slot (k * quads + c) * 8 + lane, as the loop reads it.
+    let slots = |w: &mut String, line: &dyn Fn(u32, u32, u32) -> String| {
+        for k in 0..keys {
+            for c in 0..quads {
+                let _ = writeln!(w, "            {}", line((k * quads + c) * LANES, c, k));
+            }
         }
-    }
+    };
+    slots(w, &|slot, c, k| format!("mask_scratch[{slot}u + lane] = s_{c}_{k};"));
     let _ = writeln!(w, "            for (var x = 0u; x < {pairs}u; x++) {{");
     let _ = writeln!(w, "                mask_scratch[x * {LANES}u + lane] = mask_pair(hd, row0 + x % {quads}u * 4u, j0 + x / {quads}u * {LANES}u + lane, mask_scratch[x * {LANES}u + lane]);");
     let _ = writeln!(w, "            }}");
-    for k in 0..keys {
-        for c in 0..quads {
-            let _ = writeln!(
-                w,
-                "            s_{c}_{k} = mask_scratch[{}u + lane];",
-                (k * quads + c) * LANES
-            );
-        }
-    }
+    slots(w, &|slot, c, k| format!("s_{c}_{k} = mask_scratch[{slot}u + lane];"));
     let _ = writeln!(w, "        }}");
     // One online-softmax step per quad.
     for c in 0..quads {
@@ -455,7 +446,7 @@ mod tests {
         Capabilities::for_tests(Some((8, 8)), 32768, mesa)
     }
 
-    const DENSE: RowStrides = RowStrides(&[64 * 8 * 128, 64 * 128, 64, 0]);
+    const DENSE: &[u32] = &[64 * 8 * 128, 64 * 128, 64, 0];
 
     #[test]
     fn variants_follow_the_driver_and_the_head_dims() {
@@ -475,16 +466,10 @@ mod tests {
             assert_eq!(variant_for(dtype, (256, 256), DENSE, false, &m22), None);
         }
         // Rows must start on whole words.
-        let rows_of_36 = RowStrides(&[36, 36, 36]);
+        let rows_of_36: &[u32] = &[36, 36, 36];
         assert!(variant_for(DType::F32, (36, 36), rows_of_36, false, &m22).is_some());
-        assert_eq!(
-            variant_for(DType::F16, (36, 36), RowStrides(&[36, 36, 36]), false, &m22),
-            None
-        );
-        assert_eq!(
-            variant_for(DType::F32, (64, 64), RowStrides(&[64, 64, 66]), false, &m22),
-            None
-        );
+        assert_eq!(variant_for(DType::F16, (36, 36), &[36, 36, 36], false, &m22), None);
+        assert_eq!(variant_for(DType::F32, (64, 64), &[64, 64, 66], false, &m22), None);
         assert_eq!(variant_for(DType::F32, (64, 62), DENSE, false, &m22), None);
     }
 
