@@ -402,5 +402,10 @@ fn bench_decode_reports_tokens_per_second() {
             (printed - tokens).abs() <= 0.05 + 1e-9 * tokens,
             "{line} against {tokens}"
         );
+        // Both rows read the cache: neither copies K and V per call (the fused texel
+        // kernel would copy them into a texel mirror from plain tensors), so what a
+        // call allocates is well under K's bytes (3·2·300·32 f32).
+        let allocated = row["allocated_bytes"].as_u64().expect("allocated_bytes");
+        assert!(allocated < 3 * 2 * 300 * 32 * 4, "{allocated} bytes a call: {row}");
     }
 }

@@ -172,9 +172,13 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
             // Decode reads K and V from a KV cache, as when generating (with the cache's
-            // texel mirror where it keeps one); a cache aligns positions bottom-right,
-            // so top-left causal cases read the tensors.
-            let from_cache = kernel == BenchKernel::Decode && !case.causal;
+            // texel mirror where it keeps one), and so does every kernel at Lq = 1 (a
+            // generation step, `bench --decode`), so that the fused row is timed on the
+            // same inputs as decode's: from plain tensors the fused texel kernel also
+            // copies K and V into a new mirror each call, at (1,32,8,32768,128) f32 on
+            // lavapipe about a third of its time (page faults of fresh memory). A cache
+            // aligns positions bottom-right, so top-left causal cases read the tensors.
+            let from_cache = !case.causal && (kernel == BenchKernel::Decode || shape.len_q == 1);
             let timed = (|| {
                 let cache = if from_cache {
                     Some(filled_cache(ctx, &shape, case.dtype, &k, &v)?)

@@ -67,9 +67,10 @@ pub struct BenchArgs {
     /// post-norm on [B, S, E] inputs with H heads (f32 unless --dtype f16).
     #[arg(long, value_name = "B,S,E,H")]
     mha: Option<String>,
-    /// Decode one token per sequence against a cache of Lk keys: the shape
+    /// Decode one token per sequence against a KV cache of Lk keys: the shape
     /// B,Hq,Hkv,1,Lk,D with split-K decode and the fused kernel side by side (unless
-    /// --kernel says otherwise); GB/s is the cache read against the copy probe.
+    /// --kernel says otherwise), both reading the cache (as does every non-causal row
+    /// with Lq = 1); GB/s is the cache read against the copy probe.
     #[arg(long, value_name = "B,Hq,Hkv,Lk,D")]
     decode: Option<String>,
     /// Instead of the attention suite: the host's cost of one call of a tiny problem
