@@ -81,6 +81,12 @@ fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<
         ];
         sets.push(constants.iter().map(|&(n, v)| (n.to_string(), v)).collect());
     }
+    if kernel.file == "matmul_texture.wgsl" {
+        // One row group, for layers of at most 8 rows (the default is two).
+        let one_group = wgpu_attention::kernels::matmul::texture_row_groups(8);
+        assert_eq!(one_group, 1);
+        sets.push([("ROW_GROUPS".to_string(), f64::from(one_group))].into_iter().collect());
+    }
     sets
 }
 

@@ -17,8 +17,8 @@ pub const KERNEL: Kernel = Kernel {
     variant: "",
 };
 
-/// Rows one workgroup covers, in the packing kernel (8 x 8 texels) and in the texture
-/// GEMM (8 x 32 outputs).
+/// Rows one workgroup covers in the packing kernel (8 x 8 texels), and one row group of
+/// the texture GEMM (8 x 32 outputs; it takes two where the layer has more rows).
 pub const ROWS_PER_GROUP: usize = 8;
 
 /// Bytes of one texel (four f32).
