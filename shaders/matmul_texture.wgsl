@@ -14,10 +14,10 @@
 // per lane per six fetches. The accumulators are values of the entry point (no
 // workgroup memory, no barriers, no dynamically indexed array).
 //
-// Two row groups ran 1.3-1.4x faster than one at 1024^3 f32 on lavapipe (Mesa 22.3 and
+// Two row groups ran 1.2-1.3x faster than one at 1024^3 f32 on lavapipe (Mesa 22.3 and
 // 25, Zen 5): the texel fetches, not the multiply-adds, bound this kernel, and a second
 // row group reuses the W fetches. Larger blocks ran faster still (32 x 64: 1.5x) but
-// compiled for 4-25 s more on Mesa 25 (docs/design.md, "Kernel paths and tilings").
+// compiled cold for 20-115 s more on Mesa 25 (docs/design.md, "Kernel paths and tilings").
 // A problem of at most 8 rows (a decode step's projections) gets one row group.
 
 @group(0) @binding(1) var x: texture_2d_array<f32>;

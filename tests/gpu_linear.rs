@@ -309,8 +309,8 @@ fn linear_layers_wider_than_texture_limits_fall_back_or_are_refused() {
         Err(other) => panic!("k = {k}: unexpected error {other}"),
     }
 
-    // More rows than dispatches of 8 rows per workgroup reach: the tiled kernel (64 rows
-    // per workgroup) takes them, correctly.
+    // More rows than the packing kernel's dispatches of 8 rows per workgroup reach: the
+    // tiled kernel (64 rows per workgroup) takes them, correctly.
     let m = 8 * ctx.capabilities().max_workgroups_per_dim as usize + 3;
     let case = Case {
         m,

@@ -172,8 +172,9 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
         // Per step of 16: 4 row loads (each with a 4-trip loop), the 4-trip transpose,
         // the 16-trip inner loop; then 16 stores.
         LinearTiling::Blocked => k.div_ceil(16) * (1 + 4 * 5 + 4 + 16) + 8 * 3,
-        // One trip per texel of K, then 4 stores to each of 4 columns per row group (2).
-        LinearTiling::Texture => k.div_ceil(4) + 32,
+        // One trip per texel of K, then per row group (2) four store loops of 4 trips,
+        // each loop's exit check counted.
+        LinearTiling::Texture => k.div_ceil(4) + 1 + 2 * 4 * 5,
         // Per step of 32: the staging loop (64 x 32 pairs over 4 subgroups of at least
         // 8) and two 16-wide steps; then the 64 x 64 store.
         LinearTiling::Coop => k.div_ceil(32) * (64 + 2 + 1) + 128,

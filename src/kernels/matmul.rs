@@ -96,7 +96,7 @@ impl LinearTiling {
 }
 
 /// Groups of 8 rows a workgroup of the texture kernel owns (its `ROW_GROUPS`): two,
-/// which share each W fetch (1.3-1.4x faster on lavapipe), except for layers of at most
+/// which share each W fetch (1.2-1.3x faster on lavapipe), except for layers of at most
 /// 8 rows (a decode step's projections), where a second group would only compute
 /// clamped rows.
 pub fn texture_row_groups(m: usize) -> u32 {
@@ -253,7 +253,8 @@ impl Linear<'_> {
     }
 
     /// Whether both operands can be packed into textures (and so run through the texture
-    /// GEMM, which covers as many rows per workgroup as the packing).
+    /// GEMM, which covers 8 or 16 rows per workgroup: wherever the packing's 8-row
+    /// dispatch fits, so does the GEMM's).
     fn fits_textures(&self, ctx: &Context) -> bool {
         let w_rows = self.w_packed.map_or(self.n(), PackedRows::rows);
         TextureShape::for_matrix(ctx, self.m, self.k).is_some()

@@ -72,7 +72,8 @@ pub struct TextureShape {
 impl TextureShape {
     /// The shape on this device, or `None` when the matrix is too wide or too tall for
     /// its texture limits, or for the packing kernel's dispatch (8 texels of
-    /// [`ROWS_PER_GROUP`] rows per workgroup; the texture GEMM covers as many rows).
+    /// [`ROWS_PER_GROUP`] rows per workgroup: the binding limit, since the texture GEMM
+    /// covers 8 or 16 rows per workgroup).
     pub fn for_matrix(ctx: &Context, rows: usize, cols: usize) -> Option<TextureShape> {
         let caps = ctx.capabilities();
         let max_dim = caps.max_texture_dim as usize;
