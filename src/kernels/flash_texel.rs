@@ -234,8 +234,8 @@ fn entry_point(v: TexelVariant) -> String {
             for i in 0..elems {
                 let _ = writeln!(
                     w,
-                    "    let q_{c}_{g}_{i} = q_quad(q_rows_{c}, ({}u + lane) * {elems}u + {i}u);",
-                    g * LANES
+                    "    let q_{c}_{g}_{i} = q_quad(q_rows_{c}, {});",
+                    lane_element(g, elems, i)
                 );
             }
         }
@@ -247,9 +247,8 @@ fn entry_point(v: TexelVariant) -> String {
                 for h in 0..halves {
                     let _ = writeln!(
                         w,
-                        "    var o_{ch}_{c}_{r}_{h} = resumed_out(out_{c}_{r}, !is_neg_inf(m_{c}[{r}]), ({}u + lane) * {elems}u + {}u);",
-                        ch * LANES,
-                        4 * h
+                        "    var o_{ch}_{c}_{r}_{h} = resumed_out(out_{c}_{r}, !is_neg_inf(m_{c}[{r}]), {});",
+                        lane_element(ch, elems, 4 * h)
                     );
                 }
             }
@@ -409,9 +408,8 @@ fn entry_point(v: TexelVariant) -> String {
                 for h in 0..halves {
                     let _ = writeln!(
                         w,
-                        "        store_out(out_{c}_{r}, ({}u + lane) * {elems}u + {}u, o_{ch}_{c}_{r}_{h} * inv_{c}[{r}]);",
-                        ch * LANES,
-                        4 * h
+                        "        store_out(out_{c}_{r}, {}, o_{ch}_{c}_{r}_{h} * inv_{c}[{r}]);",
+                        lane_element(ch, elems, 4 * h)
                     );
                 }
             }
@@ -427,6 +425,12 @@ fn entry_point(v: TexelVariant) -> String {
     }
     let _ = writeln!(w, "}}");
     s
+}
+
+/// The WGSL index, within a row, of element `e` of the word this lane holds in group
+/// `group` of 8 words (Q slices, output words): word 8 * group + lane.
+fn lane_element(group: u32, elems: u32, e: u32) -> String {
+    format!("({}u + lane) * {elems}u + {e}u", group * LANES)
 }
 
 /// `let {name}_{h} = ...;` for each vec4 of a word's elements as f32.
