@@ -23,18 +23,31 @@ pub struct Canvas {
     pub pixels: Vec<u8>,
 }
 
+/// The most pixels one image may have (8192 x 8192, 192 MiB of RGB): the layout is
+/// bounded well below it (at most [`MAX_PANEL_CELLS`] cells a side, labels of at most
+/// [`MAX_LABEL_CHARS`], grids of at most [`MAX_GRID_PANELS`]), so reaching it is a bug
+/// reported as an error, never a wrapped size or a multi-GB allocation.
+pub const MAX_CANVAS_PIXELS: u64 = 8192 * 8192;
+
 impl Canvas {
-    fn new(width: u32, height: u32) -> Canvas {
-        Canvas {
+    fn new(width: u32, height: u32) -> Result<Canvas> {
+        let pixels = u64::from(width) * u64::from(height);
+        if pixels > MAX_CANVAS_PIXELS {
+            return Err(Error::invalid(
+                "heatmap",
+                format!("a {width} x {height} image is larger than {MAX_CANVAS_PIXELS} pixels"),
+            ));
+        }
+        Ok(Canvas {
             width,
             height,
-            pixels: vec![255; (width * height * 3) as usize],
-        }
+            pixels: vec![255; pixels as usize * 3],
+        })
     }
 
     /// The colour at (x, y).
     pub fn pixel(&self, x: u32, y: u32) -> [u8; 3] {
-        let i = ((y * self.width + x) * 3) as usize;
+        let i = (y as usize * self.width as usize + x as usize) * 3;
         [self.pixels[i], self.pixels[i + 1], self.pixels[i + 2]]
     }
 
@@ -81,7 +94,7 @@ impl DrawTarget for Canvas {
     fn draw_iter<I: IntoIterator<Item = Pixel<Rgb888>>>(&mut self, pixels: I) -> core::result::Result<(), Self::Error> {
         for Pixel(p, c) in pixels {
             if p.x >= 0 && p.y >= 0 && (p.x as u32) < self.width && (p.y as u32) < self.height {
-                let i = ((p.y as u32 * self.width + p.x as u32) * 3) as usize;
+                let i = (p.y as usize * self.width as usize + p.x as usize) * 3;
                 self.pixels[i..i + 3].copy_from_slice(&[c.r(), c.g(), c.b()]);
             }
         }
@@ -130,6 +143,37 @@ pub struct Labels {
     pub keys: Option<Vec<String>>,
 }
 
+/// Longest label drawn, in characters: longer ones end in `...` (a token label
+/// several thousand characters long would otherwise widen the image without bound).
+pub const MAX_LABEL_CHARS: usize = 16;
+
+/// Longest panel title drawn, in characters.
+const MAX_TITLE_CHARS: usize = 80;
+
+/// `s` cut to `max` characters, its end replaced by `...` when cut.
+fn shortened(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let kept: String = s.chars().take(max.saturating_sub(3)).collect();
+        format!("{kept}...")
+    }
+}
+
+impl Labels {
+    /// The labels as drawn: each at most [`MAX_LABEL_CHARS`] characters.
+    pub fn shortened(&self) -> Labels {
+        let cut = |l: &Option<Vec<String>>| {
+            l.as_ref()
+                .map(|l| l.iter().map(|s| shortened(s, MAX_LABEL_CHARS)).collect())
+        };
+        Labels {
+            queries: cut(&self.queries),
+            keys: cut(&self.keys),
+        }
+    }
+}
+
 /// Where things are in a rendered panel (for tests and for callers that annotate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PanelGeometry {
@@ -157,6 +201,9 @@ impl PanelGeometry {
 /// of ⌈len / MAX_PANEL_CELLS⌉ positions (the title says so), so images stay small
 /// however long the sequences, and a sharp peak stays visible.
 pub const MAX_PANEL_CELLS: usize = 480;
+
+/// Most panels in one grid image (an 8 x 8 grid).
+pub const MAX_GRID_PANELS: usize = 64;
 
 /// Most cells along one side of each panel of a grid of `cols` columns.
 fn grid_panel_cells(cols: usize) -> usize {
@@ -193,10 +240,11 @@ impl Pooled {
             }
             out
         };
+        let title = shortened(&p.title, MAX_TITLE_CHARS);
         let title = if pool == (1, 1) {
-            p.title.clone()
+            title
         } else {
-            format!("{} (max of {}x{} blocks)", p.title, pool.0, pool.1)
+            format!("{title} (max of {}x{} blocks)", pool.0, pool.1)
         };
         Pooled {
             title,
@@ -391,11 +439,11 @@ const BAR_SPACE: u32 = PAD + BAR_W + 3 + 5 * CHAR_W + PAD;
 /// name on top. Returns the image and where the cells are.
 pub fn render_panel(panel: &Panel, labels: &Labels) -> Result<(Canvas, PanelGeometry)> {
     check_panel(panel, labels)?;
-    let pooled = Pooled::of(panel, labels, MAX_PANEL_CELLS);
+    let pooled = Pooled::of(panel, &labels.shortened(), MAX_PANEL_CELLS);
     let (panel, labels) = (&pooled.panel(), &pooled.labels);
     let layout = panel_layout(panel, labels, pooled.pool);
     let header = CHAR_H + PAD;
-    let mut canvas = Canvas::new(layout.width + BAR_SPACE, header + layout.height);
+    let mut canvas = Canvas::new(layout.width + BAR_SPACE, header + layout.height)?;
     canvas.text("rows: query position", 0, 0, Alignment::Left);
     let vmax = max_weight(panel.weights);
     let geometry = draw_panel(&mut canvas, (0, header), panel, labels, vmax, pooled.pool);
@@ -417,6 +465,13 @@ pub fn render_grid(panels: &[Panel], labels: &Labels) -> Result<(Canvas, Vec<Pan
     let Some(first) = panels.first() else {
         return Err(Error::invalid("heatmap grid", "no panels"));
     };
+    if panels.len() > MAX_GRID_PANELS {
+        return Err(Error::unsupported(
+            "panels in one heatmap grid",
+            panels.len(),
+            format!("at most {MAX_GRID_PANELS}"),
+        ));
+    }
     for p in panels {
         check_panel(p, labels)?;
         if (p.len_q, p.len_k) != (first.len_q, first.len_k) {
@@ -425,16 +480,17 @@ pub fn render_grid(panels: &[Panel], labels: &Labels) -> Result<(Canvas, Vec<Pan
     }
     let cols = (panels.len() as f64).sqrt().ceil() as u32;
     let rows = (panels.len() as u32).div_ceil(cols);
+    let labels = labels.shortened();
     let pooled: Vec<Pooled> = panels
         .iter()
-        .map(|p| Pooled::of(p, labels, grid_panel_cells(cols as usize)))
+        .map(|p| Pooled::of(p, &labels, grid_panel_cells(cols as usize)))
         .collect();
     let views: Vec<Panel> = pooled.iter().map(Pooled::panel).collect();
     let (panels, first, labels) = (&views[..], &views[0], &pooled[0].labels);
     let layout = panel_layout(first, labels, pooled[0].pool);
     let header = CHAR_H + PAD;
     let (cell_w, cell_h) = (layout.width + PAD, layout.height + PAD);
-    let mut canvas = Canvas::new(cols * cell_w + BAR_SPACE, header + rows * cell_h);
+    let mut canvas = Canvas::new(cols * cell_w + BAR_SPACE, header + rows * cell_h)?;
     canvas.text("rows: query position", 0, 0, Alignment::Left);
     let vmax = panels.iter().map(|p| max_weight(p.weights)).fold(0.0f32, f32::max);
     let geometries = panels

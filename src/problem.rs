@@ -10,6 +10,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// stay within an i32 in the kernels.
 pub const MAX_POSITIONS: usize = 1 << 30;
 
+/// Largest ALiBi bias `|slope| · distance` accepted: far inside f32's range (3.4e38),
+/// so that the bias plus any finite scaled score stays finite.
+pub const MAX_ALIBI_BIAS: f64 = 1e30;
+
 /// Sizes of one attention problem, in BHSD terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
@@ -76,7 +80,11 @@ impl AttentionShape {
         Ok(shape)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the sizes on their own: every axis at least 1 (and below 2^31), head
+    /// dims 1 to [`MAX_HEAD_DIM`], element counts that fit in 64 bits, and query heads
+    /// a multiple of key/value heads. Shapes built with [`AttentionShape::new`] or by
+    /// hand must pass this before use; [`AttentionShape::from_qkv`] runs it.
+    pub fn validate(&self) -> Result<()> {
         for (name, n) in [
             ("batch", self.batch),
             ("query heads", self.heads_q),
@@ -187,6 +195,22 @@ impl AttentionShape {
             }
             if let Some((h, x)) = slopes.iter().enumerate().find(|(_, x)| !x.is_finite()) {
                 return Err(Error::invalid("ALiBi slopes", format!("entry {h} is {x}, not finite")));
+            }
+            // The bias −slope·|p(i) − j| must stay far inside f32's range, or a
+            // finite slope (−1e38) gives ±inf biases and NaN rows.
+            let distance = (self.len_q + self.len_k) as f64;
+            if let Some((h, x)) = slopes
+                .iter()
+                .enumerate()
+                .find(|(_, x)| f64::from(x.abs()) * distance > MAX_ALIBI_BIAS)
+            {
+                return Err(Error::invalid(
+                    "ALiBi slopes",
+                    format!(
+                        "entry {h} is {x:e}: over distances up to Lq + Lk = {distance} its bias would pass \
+                         {MAX_ALIBI_BIAS:e} (keep |slope| · (Lq + Lk) at most that)"
+                    ),
+                ));
             }
         }
         if options.align_to_key_lengths && options.key_lengths.is_none() {

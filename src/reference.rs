@@ -1,7 +1,7 @@
 //! CPU reference: the contract of docs/design.md ("Semantics") written for obviousness, with f64
 //! accumulation. Every GPU path is tested against this.
 
-use crate::error::Result;
+use crate::error::{checked_product, Error, Result};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 
@@ -96,7 +96,8 @@ pub fn soft_capped(options: &AttentionOptions, scaled: f64) -> f64 {
 }
 
 /// Scaled dot-product attention on BHSD host data (f32, or f64 for a reference built
-/// on other f64 results, as the multi-head one).
+/// on other f64 results, as the multi-head one). The shape, the options and the three
+/// slices' lengths are checked first.
 pub fn attention<T: Copy + Into<f64>>(
     q: &[T],
     k: &[T],
@@ -104,7 +105,23 @@ pub fn attention<T: Copy + Into<f64>>(
     shape: &AttentionShape,
     options: &AttentionOptions,
 ) -> Result<ReferenceOutput> {
+    shape.validate()?;
     shape.check_options(options)?;
+    let (b, hq, hk) = (shape.batch, shape.heads_q, shape.heads_kv);
+    for (name, data, dims) in [
+        ("q", q.len(), [b, hq, shape.len_q, shape.head_dim]),
+        ("k", k.len(), [b, hk, shape.len_k, shape.head_dim]),
+        ("v", v.len(), [b, hk, shape.len_k, shape.head_dim_v]),
+    ] {
+        let expected = checked_product(name, &dims)?;
+        if data != expected {
+            return Err(Error::shape(
+                format!("length of {name}"),
+                format!("{expected} elements ({dims:?})"),
+                data,
+            ));
+        }
+    }
     let AttentionShape {
         batch,
         heads_q,

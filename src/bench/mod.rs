@@ -269,8 +269,70 @@ pub fn time_host(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Ti
     Ok(summarise(first, samples, Clock::WallClock))
 }
 
-/// Random q, k, v for a benchmark shape, uploaded as BHSD tensors of `dtype`.
+/// The most host memory a benchmark's (or the CLI's) arrays may take: half of what the
+/// kernel reports available (`MemAvailable` in /proc/meminfo), or 8 GiB where it does
+/// not say. Going past it is refused with an error, instead of an allocation failure
+/// aborting the process.
+pub fn host_budget() -> u64 {
+    const FALLBACK: u64 = 8 << 30;
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib.saturating_mul(1024))
+    });
+    available.map_or(FALLBACK, |bytes| bytes / 2)
+}
+
+/// Refuses `bytes` of host memory for `what` beyond [`host_budget`].
+pub fn check_host_bytes(what: impl Into<String>, bytes: u128) -> Result<()> {
+    let budget = host_budget();
+    if bytes > u128::from(budget) {
+        return Err(Error::LimitExceeded {
+            what: what.into(),
+            limit: "the host memory budget (half the memory available)",
+            unit: "bytes",
+            requested: u64::try_from(bytes).unwrap_or(u64::MAX),
+            max: budget,
+        });
+    }
+    Ok(())
+}
+
+/// Bytes of a benchmark's host inputs (q, k and v in f32), checked against the budget.
+pub fn check_bench_data(shape: &AttentionShape) -> Result<()> {
+    let elements = [
+        (shape.heads_q, shape.len_q, shape.head_dim),
+        (shape.heads_kv, shape.len_k, shape.head_dim),
+        (shape.heads_kv, shape.len_k, shape.head_dim_v),
+    ]
+    .iter()
+    .map(|&(h, l, d)| shape.batch as u128 * h as u128 * l as u128 * d as u128)
+    .sum::<u128>();
+    check_host_bytes("the benchmark's q, k and v (f32 on the host)", 4 * elements)
+}
+
+/// Random q, k, v for a benchmark shape, uploaded as BHSD tensors of `dtype`. Shapes
+/// the device's buffers or the host budget cannot hold are refused before any host
+/// memory is taken.
 pub fn bench_inputs(ctx: &Context, shape: &AttentionShape, dtype: DType) -> Result<[Tensor; 3]> {
+    let max_buffer = ctx.capabilities().max_buffer;
+    for (what, h, l, d) in [
+        ("q", shape.heads_q, shape.len_q, shape.head_dim),
+        ("k", shape.heads_kv, shape.len_k, shape.head_dim),
+        ("v", shape.heads_kv, shape.len_k, shape.head_dim_v),
+    ] {
+        let bytes = shape.batch as u128 * h as u128 * l as u128 * d as u128 * dtype.size() as u128;
+        if bytes > u128::from(max_buffer) {
+            return Err(Error::LimitExceeded {
+                what: format!("the benchmark's {what} [{}, {h}, {l}, {d}]", shape.batch),
+                limit: "max_buffer_size",
+                unit: "bytes",
+                requested: u64::try_from(bytes).unwrap_or(u64::MAX),
+                max: max_buffer,
+            });
+        }
+    }
+    check_bench_data(shape)?;
     let [q, k, v] = bench_data(shape);
     let upload = |h: usize, l: usize, d: usize, data: &[f32]| {
         Tensor::from_f32_as(ctx, [shape.batch, h, l, d], Layout::Bhsd, dtype, data)

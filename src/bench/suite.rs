@@ -2,7 +2,7 @@
 //! with the derived figures (GFLOP/s, GB/s, percent of the probe, speedups).
 
 use super::probe::Probe;
-use super::{bench_data, bench_inputs, gflops, time_gpu, time_host, Timing};
+use super::{bench_data, bench_inputs, check_bench_data, gflops, time_gpu, time_host, Timing};
 use crate::attention::{encode_sdpa, resolve_kernel};
 pub use crate::bench_cases::{BenchCase, Suite};
 use crate::context::Context;
@@ -154,6 +154,9 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             if case.flops() > CPU_REFERENCE_MAX_FLOPS {
                 return Ok((name, Err(format!("skipped: over {CPU_REFERENCE_MAX_FLOPS:.1e} FLOPs"))));
             }
+            if let Err(e) = check_bench_data(&shape) {
+                return Ok((name, Err(format!("refused: {e}"))));
+            }
             let [q, k, v] = bench_data(&shape);
             let options = case.options(KernelChoice::Auto);
             // The reference is slow: one timed run after the first.
@@ -170,7 +173,11 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             };
             let options = case.options(choice);
             let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
-            let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
+            let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
+                Ok(inputs) => inputs,
+                Err(e @ Error::LimitExceeded { .. }) => return Ok((name, Err(format!("refused: {e}")))),
+                Err(e) => return Err(e),
+            };
             // Decode reads K and V from a KV cache, as when generating (with the cache's
             // texel mirror where it keeps one), and so does every kernel at Lq = 1 (a
             // generation step, `bench --decode`), so that the fused row is timed on the

@@ -3,7 +3,7 @@
 //! roofline probe measured in the same process. `--compare` reads two JSON files instead.
 
 use super::info::adapter_json;
-use super::npy::write_all;
+use super::output::write_all;
 use super::{AdapterArgs, CliError};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -91,7 +91,8 @@ fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
     }
     let shape = AttentionShape::new(v[0], v[1], v[2], v[3], v[4], v[5], *v.get(6).unwrap_or(&v[5]));
     shape
-        .check_options(&Default::default())
+        .validate()
+        .and_then(|()| shape.check_options(&Default::default()))
         .map_err(|e| CliError::bad(format!("--shape '{s}': {e}")))?;
     Ok(shape)
 }
@@ -205,7 +206,7 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
         return super::bench_compare::run(&args.compare[0], &args.compare[1]);
     }
     if let Some(path) = &args.json {
-        super::npy::check_outputs(&[path.as_path()], false)?;
+        super::output::check_outputs(&[path.as_path()], false)?;
     }
     if let Some(sizes) = &args.mha {
         return mha_phases(adapter, args, sizes);

@@ -24,7 +24,7 @@ pub struct CheckArgs {
 /// errored. A case that returns an error is reported and the run goes on.
 pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     let outputs: Vec<&std::path::Path> = args.json.iter().chain(&args.junit).map(|p| p.as_path()).collect();
-    super::npy::check_outputs(&outputs, false)?;
+    super::output::check_outputs(&outputs, false)?;
     let ctx = adapter.context()?;
     let mut report = Report::new(ctx.adapter_info().clone(), args.seed);
     outln!("adapter: {}", report.adapter_line());
@@ -87,7 +87,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     if let Some(path) = &args.junit {
         files.push((path.clone(), report.to_junit()));
     }
-    super::npy::write_all(&files)?;
+    super::output::write_all(&files)?;
     if failed > 0 {
         return Err(CliError::Failed(format!(
             "{failed} case(s) differ from the CPU reference or failed to run"

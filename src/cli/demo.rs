@@ -131,6 +131,7 @@ fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
         files.extend(viz::render_files(
             [1, heads, seq, seq],
             data,
+            &viz::Selection::all(1, heads),
             &labels,
             heatmaps,
             &prefix,

@@ -1,13 +1,13 @@
 //! `mha`: a multi-head attention layer (weights from `.safetensors`) on `.npy` inputs.
 
-use super::npy;
-use super::run::{parse_precision, parse_tiling, DTypeArg, KernelArg, MaskArgs};
+use super::run::{check_finite_output, parse_precision, parse_tiling, DTypeArg, KernelArg, MaskArgs};
+use super::{input, npy, output};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::options::key_mask_from_tokens;
 use wgpu_attention::{
-    Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MultiHeadAttention, Precision, Tensor,
+    Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MhaWeights, MultiHeadAttention, Precision, Tensor,
 };
 
 #[derive(clap::Args)]
@@ -71,11 +71,35 @@ pub struct MhaArgs {
     per_head: bool,
 }
 
-/// A `[B, S, width]` float array uploaded as a sequence tensor.
-fn load_sequence(ctx: &Context, path: &Path, width: usize, what: &str, dtype: DType) -> Result<Tensor, CliError> {
+/// Every array of a layer's weights, named.
+fn weight_arrays(w: &MhaWeights) -> impl Iterator<Item = (&'static str, &[f32])> {
+    let projections = [("q", &w.q), ("k", &w.k), ("v", &w.v), ("o", &w.o)];
+    let norm = w
+        .norm
+        .iter()
+        .flat_map(|n| [("norm weight", &n.weight[..]), ("norm bias", &n.bias[..])]);
+    projections
+        .into_iter()
+        .flat_map(|(name, p)| std::iter::once((name, &p.weight[..])).chain(p.bias.iter().map(move |b| (name, &b[..]))))
+        .chain(norm)
+}
+
+/// A `[B, S, width]` float array uploaded as a sequence tensor (in f16, only if every
+/// value is within f16's range). Returns whether every value is finite.
+fn load_sequence(
+    ctx: &Context,
+    path: &Path,
+    width: usize,
+    what: &str,
+    dtype: DType,
+) -> Result<(Tensor, bool), CliError> {
     let a = npy::read_float(path)?;
+    if dtype == DType::F16 {
+        npy::check_f16_range(path, &a.data, "--dtype f16")?;
+    }
+    let finite = a.data.iter().all(|x| x.is_finite());
     match a.shape.as_slice() {
-        &[b, s, w] if w == width && b > 0 && s > 0 => Ok(Tensor::sequence(ctx, [b, s, w], dtype, &a.data)?),
+        &[b, s, w] if w == width && b > 0 && s > 0 => Ok((Tensor::sequence(ctx, [b, s, w], dtype, &a.data)?, finite)),
         _ => Err(CliError::bad(format!(
             "{}: the {what} must have shape [B, S, {width}] (the layer's width), got {:?}",
             path.display(),
@@ -89,9 +113,8 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         .chain(&args.weights_out)
         .map(|p| p.as_path())
         .collect();
-    npy::check_outputs(&outputs, true)?;
-    let bytes = std::fs::read(&args.weights)
-        .map_err(|e| CliError::bad(format!("{}: cannot read weights: {e}", args.weights.display())))?;
+    output::check_outputs(&outputs, true)?;
+    let bytes = input::read_safetensors(&args.weights)?;
     let mut loaded = load_safetensors(&bytes, args.num_heads, args.num_kv_heads, &args.prefix)
         .map_err(|e| CliError::bad(format!("{}: {e}", args.weights.display())))?;
     if args.post_norm {
@@ -100,13 +123,20 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
     let config = loaded.config.clone();
     let dtype = args.dtype.into();
     let ctx = adapter.context()?;
+    if dtype == DType::F16 {
+        for (name, w) in weight_arrays(&loaded.weights) {
+            npy::check_f16_range(&args.weights, w, &format!("--dtype f16 (tensor {name})"))?;
+        }
+    }
     let layer = MultiHeadAttention::new(&ctx, config.clone(), &loaded.weights, dtype)?;
-    let query = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype)?;
+    let (query, mut inputs_finite) = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype)?;
     let kv = match (&args.key, &args.value) {
-        (Some(k), Some(v)) => Some((
-            load_sequence(&ctx, k, config.kdim, "key", dtype)?,
-            load_sequence(&ctx, v, config.vdim, "value", dtype)?,
-        )),
+        (Some(k), Some(v)) => {
+            let (key, key_finite) = load_sequence(&ctx, k, config.kdim, "key", dtype)?;
+            let (value, value_finite) = load_sequence(&ctx, v, config.vdim, "value", dtype)?;
+            inputs_finite &= key_finite && value_finite;
+            Some((key, value))
+        }
         _ => None,
     };
     let inputs = match &kv {
@@ -142,10 +172,10 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
     let result = layer.forward(&ctx, inputs, &MhaOptions { attention, weights })?;
 
     let e = config.embed_dim;
-    let mut files = vec![(
-        args.out.as_path(),
-        npy::encode_f32(&[batch, len_q, e], &result.out.to_f32_vec(&ctx)?)?,
-    )];
+    let out = result.out.to_f32_vec(&ctx)?;
+    let weights_finite = weight_arrays(&loaded.weights).all(|(_, w)| w.iter().all(|x| x.is_finite()));
+    check_finite_output(&out, inputs_finite && weights_finite)?;
+    let mut files = vec![(args.out.as_path(), npy::encode_f32(&[batch, len_q, e], &out)?)];
     if let (Some(path), Some(w)) = (&args.weights_out, &result.weights) {
         let shape = w.shape();
         let shape: &[usize] = if args.per_head {
@@ -155,5 +185,5 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         };
         files.push((path.as_path(), npy::encode_f32(shape, &w.to_f32_vec(&ctx)?)?));
     }
-    npy::write_all(&files)
+    output::write_all(&files)
 }

@@ -23,8 +23,10 @@ mod check;
 mod check_report;
 mod demo;
 mod info;
+mod input;
 mod mha;
 mod npy;
+mod output;
 mod run;
 mod viz;
 

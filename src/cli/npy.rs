@@ -1,8 +1,8 @@
-//! `.npy` input and output for the CLI: typed reads with clear errors, and writes that
-//! never leave a partial file behind (temp file, then rename, for regular files;
-//! links, devices and FIFOs are written through).
+//! `.npy` arrays for the CLI: typed reads with clear errors (each file read once, no
+//! further than its header declares) and float32 encoding; files are written by
+//! [`super::output`].
 
-use super::CliError;
+use super::{input, CliError};
 use half::f16;
 use std::path::Path;
 
@@ -12,12 +12,51 @@ pub struct Array<T> {
     pub data: Vec<T>,
 }
 
-fn open(path: &Path) -> Result<npyz::NpyFile<std::io::BufReader<std::fs::File>>, CliError> {
-    let file = std::fs::File::open(path).map_err(|e| CliError::bad(format!("cannot open {}: {e}", path.display())))?;
-    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
-        .map_err(|e| CliError::bad(format!("{} is not a valid .npy file: {e}", path.display())))?;
-    // The header's element count must not overflow, and its data must fit in the file:
-    // never allocate more than the file justifies (a truncated or hostile header).
+/// The reader of an opened `.npy` file's data: exactly the bytes its header declares.
+type Data = std::io::Take<std::io::BufReader<std::fs::File>>;
+
+/// The largest `.npy` header read (NumPy writes a few hundred bytes; version 1 allows
+/// 64 KiB).
+const MAX_HEADER: u64 = 1 << 20;
+
+/// Opens a `.npy` file once (FIFOs and `/dev/stdin` work) and parses its header; the
+/// data that follows is bounded by what the header declares, by the file's length for
+/// a regular file, and by the host memory budget.
+fn open(path: &Path) -> Result<npyz::NpyFile<Data>, CliError> {
+    use std::io::Read;
+    let invalid = |why: String| CliError::bad(format!("{} is not a valid .npy file: {why}", path.display()));
+    let mut input = input::open(path)?;
+    // Magic (6 bytes), version (2), header length (u16 in version 1, else u32).
+    let mut head = vec![0u8; 10];
+    input
+        .file
+        .read_exact(&mut head)
+        .map_err(|e| invalid(format!("cannot read its preamble: {e}")))?;
+    if &head[..6] != b"\x93NUMPY" {
+        return Err(invalid("it does not start with the .npy magic string".into()));
+    }
+    let header_len = if head[6] == 1 {
+        u64::from(u16::from_le_bytes([head[8], head[9]]))
+    } else {
+        let mut rest = [0u8; 2];
+        input
+            .file
+            .read_exact(&mut rest)
+            .map_err(|e| invalid(format!("cannot read its preamble: {e}")))?;
+        head.extend_from_slice(&rest);
+        u64::from(u32::from_le_bytes([head[8], head[9], rest[0], rest[1]]))
+    };
+    if header_len > MAX_HEADER {
+        return Err(invalid(format!(
+            "a header of {header_len} bytes (at most {MAX_HEADER} read)"
+        )));
+    }
+    let preamble = head.len() as u64;
+    input::read_exact_into(&mut input, path, "header", header_len, &mut head)?;
+    let header = npyz::NpyHeader::from_reader(std::io::Cursor::new(&head)).map_err(|e| invalid(e.to_string()))?;
+    let npy = npyz::NpyFile::with_header(header, input.file.take(0));
+    // The header's element count must not overflow, and its data must fit in the file
+    // and the host budget: never allocate more than the input justifies.
     let dims: Vec<usize> = npy
         .shape()
         .iter()
@@ -29,52 +68,41 @@ fn open(path: &Path) -> Result<npyz::NpyFile<std::io::BufReader<std::fs::File>>,
         npyz::DType::Plain(t) => t.num_bytes().unwrap_or(1),
         _ => 1,
     };
-    let data_len = data_bytes(path);
-    if (count as u128) * (item as u128) > u128::from(data_len) {
-        return Err(CliError::bad(format!(
-            "{}: the header claims {dims:?} ({count} elements of {item} bytes) but the file holds {data_len} bytes of data",
-            path.display()
-        )));
+    let needed = (count as u128) * (item as u128);
+    if let Some(len) = input.regular_len {
+        let data_len = len.saturating_sub(preamble + header_len);
+        if needed > u128::from(data_len) {
+            return Err(CliError::bad(format!(
+                "{}: the header claims {dims:?} ({count} elements of {item} bytes) but the file holds {data_len} bytes of data",
+                path.display()
+            )));
+        }
     }
+    input::check_host_bytes(
+        &format!("{} ({dims:?} of {item}-byte elements)", path.display()),
+        needed,
+    )?;
     if npy.order() != npyz::Order::C {
         return Err(CliError::bad(format!(
             "{}: Fortran-order arrays are not supported; save it in C order",
             path.display()
         )));
     }
-    Ok(npy)
-}
-
-/// Bytes after the header of a `.npy` file (whose header npyz has already parsed):
-/// magic and version (8 bytes), then the header length as u16 (version 1) or u32.
-fn data_bytes(path: &Path) -> u64 {
-    use std::io::Read;
-    let mut head = [0u8; 12];
-    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
-    let file_len = std::fs::metadata(path).map_or(0, |m| m.len());
-    if read.is_err() {
-        return file_len;
-    }
-    let header_end = if head[6] == 1 {
-        10 + u64::from(u16::from_le_bytes([head[8], head[9]]))
-    } else {
-        12 + u64::from(u32::from_le_bytes([head[8], head[9], head[10], head[11]]))
-    };
-    file_len.saturating_sub(header_end)
+    let header = npy.header().clone();
+    let mut data = npy.into_inner();
+    data.set_limit(needed as u64);
+    Ok(npyz::NpyFile::with_header(header, data))
 }
 
 /// The dtype string without its byte-order character (`f4`, `f2`, `b1`, `i4`, `i8`).
-fn kind(npy: &npyz::NpyFile<std::io::BufReader<std::fs::File>>) -> String {
+fn kind(npy: &npyz::NpyFile<Data>) -> String {
     match npy.dtype() {
         npyz::DType::Plain(t) => t.to_string().chars().skip(1).collect(),
         other => format!("{other:?}"),
     }
 }
 
-fn read_as<T: npyz::Deserialize>(
-    path: &Path,
-    npy: npyz::NpyFile<std::io::BufReader<std::fs::File>>,
-) -> Result<Array<T>, CliError> {
+fn read_as<T: npyz::Deserialize>(path: &Path, npy: npyz::NpyFile<Data>) -> Result<Array<T>, CliError> {
     let shape = npy.shape().iter().map(|&n| n as usize).collect();
     let data = npy
         .into_vec::<T>()
@@ -158,147 +186,16 @@ pub fn encode_f32(shape: &[usize], data: &[f32]) -> Result<Vec<u8>, CliError> {
     Ok(bytes)
 }
 
-/// How an output path is written.
-enum Target {
-    /// A regular file, or nothing yet: written to a temporary sibling, then renamed
-    /// into place, so a failed run leaves no partial file.
-    Replace,
-    /// A symlink, device or FIFO (`/dev/stdout` in a pipeline): written through, since
-    /// renaming over it would replace the link or the device node itself.
-    Through,
-    /// `-`: standard output.
-    Stdout,
-}
-
-fn target(path: &Path) -> Result<Target, CliError> {
-    if path.as_os_str() == "-" {
-        return Ok(Target::Stdout);
-    }
-    match std::fs::symlink_metadata(path) {
-        Err(_) => Ok(Target::Replace),
-        Ok(m) if m.file_type().is_file() => Ok(Target::Replace),
-        Ok(m) if m.is_dir() => Err(CliError::bad(format!(
-            "cannot write {}: it is a directory",
-            path.display()
+/// Refuses values that f16 arithmetic would turn into infinities (|x| > 65504, f16's
+/// largest finite value), naming the file, the first such value and `why` f16 is used.
+pub fn check_f16_range(path: &Path, data: &[f32], why: &str) -> Result<(), CliError> {
+    let max = f32::from(f16::MAX);
+    match data.iter().position(|x| x.is_finite() && x.abs() > max) {
+        None => Ok(()),
+        Some(i) => Err(CliError::bad(format!(
+            "{}: value {} at flat index {i} is beyond f16's range (|x| <= {max}), which {why} needs",
+            path.display(),
+            data[i]
         ))),
-        Ok(_) => match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => Err(CliError::bad(format!(
-                "cannot write {}: it links to a directory",
-                path.display()
-            ))),
-            _ => Ok(Target::Through),
-        },
     }
-}
-
-/// Checks a command's output paths before any work: each must be writable
-/// ([`check_writable`]), and `-` (standard output) may name one of them, and only where
-/// the command prints nothing else there (`stdout_free`).
-pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError> {
-    let dashes = paths.iter().filter(|p| p.as_os_str() == "-").count();
-    if dashes > 0 && !stdout_free {
-        return Err(CliError::bad(
-            "'-' (standard output) cannot take an output here: this command prints its report there",
-        ));
-    }
-    if dashes > 1 {
-        return Err(CliError::bad("only one output can be '-' (standard output)"));
-    }
-    paths.iter().try_for_each(|p| check_writable(p))
-}
-
-/// Refuses, before any work is done, an output path that could not be written: a
-/// directory, or a new file in a directory that does not exist.
-pub fn check_writable(path: &Path) -> Result<(), CliError> {
-    if let Target::Stdout = target(path)? {
-        return Ok(());
-    }
-    if std::fs::symlink_metadata(path).is_err() {
-        let parent = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        if !parent.is_dir() {
-            return Err(CliError::bad(format!(
-                "cannot write {}: {} is not a directory",
-                path.display(),
-                parent.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn temp_sibling(path: &Path) -> std::path::PathBuf {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".partial");
-    std::path::PathBuf::from(tmp)
-}
-
-/// Writes all files or, as far as the targets allow, none: regular files go to a
-/// temporary sibling first and are renamed into place only when every write
-/// succeeded; links, devices and FIFOs are written through (after every temporary file
-/// is written, before any rename). Any failure removes every temporary file and names
-/// the path.
-pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError> {
-    let targets = files
-        .iter()
-        .map(|(path, _)| target(path.as_ref()))
-        .collect::<Result<Vec<_>, _>>()?;
-    if targets.iter().filter(|t| matches!(t, Target::Stdout)).count() > 1 {
-        return Err(CliError::bad("only one output can be '-' (standard output)"));
-    }
-    let mut temps = Vec::new();
-    let cleanup = |temps: &[std::path::PathBuf]| {
-        for t in temps {
-            let _ = std::fs::remove_file(t);
-        }
-    };
-    let fail = |path: &Path, e: std::io::Error| CliError::bad(format!("cannot write {}: {e}", path.display()));
-    for ((path, bytes), target) in files.iter().zip(&targets) {
-        if let Target::Replace = target {
-            let tmp = temp_sibling(path.as_ref());
-            if let Err(e) = std::fs::write(&tmp, bytes) {
-                let _ = std::fs::remove_file(&tmp);
-                cleanup(&temps);
-                return Err(fail(path.as_ref(), e));
-            }
-            temps.push(tmp);
-        }
-    }
-    for ((path, bytes), target) in files.iter().zip(&targets) {
-        if let Target::Stdout = target {
-            let mut out = std::io::stdout().lock();
-            let written = std::io::Write::write_all(&mut out, bytes).and_then(|()| std::io::Write::flush(&mut out));
-            if let Err(e) = written {
-                cleanup(&temps);
-                return Err(fail(path.as_ref(), e));
-            }
-        }
-        if let Target::Through = target {
-            // ENOSPC from /dev/full, EPIPE from a closed pipe: an error, not exit 0.
-            // Truncate (a linked regular file longer than the output keeps no old tail)
-            // and create (a dangling link makes its target), as fs::write would.
-            let written = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(path.as_ref())
-                .and_then(|mut f| {
-                    std::io::Write::write_all(&mut f, bytes).and_then(|()| std::io::Write::flush(&mut f))
-                });
-            if let Err(e) = written {
-                cleanup(&temps);
-                return Err(fail(path.as_ref(), e));
-            }
-        }
-    }
-    let regular = files.iter().zip(&targets).filter(|(_, t)| matches!(t, Target::Replace));
-    for (i, ((path, _), _)) in regular.enumerate() {
-        if let Err(e) = std::fs::rename(&temps[i], path.as_ref()) {
-            cleanup(&temps[i..]);
-            return Err(fail(path.as_ref(), e));
-        }
-    }
-    Ok(())
 }

@@ -1,11 +1,12 @@
 //! `run`: one attention call on `.npy` inputs, outputs written as float32 `.npy`.
 
 use super::npy::{self, MaskArray};
+use super::output;
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use wgpu_attention::{
-    sdpa, AttentionOptions, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Precision,
-    Tensor, Window,
+    resolve_kernel, sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice,
+    Layout, Mask, Precision, Tensor, Window,
 };
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -119,22 +120,72 @@ pub struct RunArgs {
     lse_out: Option<PathBuf>,
 }
 
+/// A 4-D float input read on the host, before it goes to the GPU.
+pub struct HostInput {
+    path: PathBuf,
+    /// The array's shape as stored (BHSD or BSHD).
+    memory: [usize; 4],
+    data: Vec<f32>,
+}
+
+impl HostInput {
+    pub fn read(path: &std::path::Path) -> Result<Self, CliError> {
+        let a = npy::read_float(path)?;
+        let memory: [usize; 4] = a.shape.as_slice().try_into().map_err(|_| {
+            CliError::bad(format!(
+                "{}: expected a 4-D array, got shape {:?}",
+                path.display(),
+                a.shape
+            ))
+        })?;
+        Ok(HostInput {
+            path: path.to_path_buf(),
+            memory,
+            data: a.data,
+        })
+    }
+
+    pub fn logical_shape(&self, layout: Layout) -> [usize; 4] {
+        layout.logical_shape(self.memory)
+    }
+
+    pub fn all_finite(&self) -> bool {
+        self.data.iter().all(|x| x.is_finite())
+    }
+
+    /// Refuses values that f16 arithmetic would turn into infinities (|x| > 65504),
+    /// naming the file and the first one.
+    pub fn check_f16_range(&self, why: &str) -> Result<(), CliError> {
+        npy::check_f16_range(&self.path, &self.data, why)
+    }
+
+    pub fn upload(&self, ctx: &Context, layout: Layout, dtype: DType) -> Result<Tensor, CliError> {
+        Ok(Tensor::from_f32_as(
+            ctx,
+            self.logical_shape(layout),
+            layout,
+            dtype,
+            &self.data,
+        )?)
+    }
+}
+
 pub fn load_4d(ctx: &Context, path: &std::path::Path, layout: Layout, dtype: DType) -> Result<Tensor, CliError> {
-    let a = npy::read_float(path)?;
-    let memory: [usize; 4] = a.shape.as_slice().try_into().map_err(|_| {
-        CliError::bad(format!(
-            "{}: expected a 4-D array, got shape {:?}",
-            path.display(),
-            a.shape
-        ))
-    })?;
-    Ok(Tensor::from_f32_as(
-        ctx,
-        layout.logical_shape(memory),
-        layout,
-        dtype,
-        &a.data,
-    )?)
+    HostInput::read(path)?.upload(ctx, layout, dtype)
+}
+
+/// Refuses an output with infinities or NaN from inputs that had none: the options
+/// (scale, ALiBi slopes, an additive mask) pushed scores past f32's range, and a file of
+/// NaN would be a silent wrong answer.
+pub fn check_finite_output(out: &[f32], inputs_finite: bool) -> Result<(), CliError> {
+    match out.iter().position(|x| !x.is_finite()) {
+        Some(i) if inputs_finite => Err(CliError::bad(format!(
+            "the output holds {} at flat index {i} although every input is finite: \
+             the options (--scale, --alibi-slopes, an additive --mask) push scores beyond f32's range",
+            out[i]
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl MaskArgs {
@@ -239,22 +290,44 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .chain(&args.lse_out)
         .map(|p| p.as_path())
         .collect();
-    npy::check_outputs(&outputs, true)?;
+    output::check_outputs(&outputs, true)?;
     let ctx = adapter.context()?;
     let dtype = args.dtype.into();
     let layout = match args.layout {
         LayoutArg::Bhsd => Layout::Bhsd,
         LayoutArg::Bshd => Layout::Bshd,
     };
-    let q = load_4d(&ctx, &args.q, layout, dtype)?;
-    let k = load_4d(&ctx, &args.k, layout, dtype)?;
-    let v = load_4d(&ctx, &args.v, layout, dtype)?;
-    let options = options_from(args, q.shape()[0])?;
+    let inputs = [&args.q, &args.k, &args.v]
+        .map(|path| HostInput::read(path))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let [qh, kh, vh] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.logical_shape(layout));
+    let options = options_from(args, qh[0])?;
+    let shape = AttentionShape::from_qkv(qh, kh, vh)?;
+    shape.check_options(&options)?;
+    // f16 storage, or f16 products at --precision medium: values past f16's range
+    // would turn into infinities silently.
+    let why = if dtype == DType::F16 {
+        Some("--dtype f16")
+    } else if resolve_kernel(&ctx, dtype, &options, &shape)?.f16_products() {
+        Some("--precision medium on this adapter's tensor-core tiling")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        inputs.iter().try_for_each(|h| h.check_f16_range(why))?;
+    }
+    // An additive mask holds no NaN or +inf (Mask::additive refuses them).
+    let inputs_finite = inputs.iter().all(HostInput::all_finite);
+    let [q, k, v] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.upload(&ctx, layout, dtype));
+    let (q, k, v) = (q?, k?, v?);
     let result = sdpa(&ctx, &q, &k, &v, &options)?;
 
+    let out = result.out.to_f32_vec(&ctx)?;
+    check_finite_output(&out, inputs_finite)?;
     let mut files = vec![(
         args.out.as_path(),
-        npy::encode_f32(&layout.memory_shape(result.out.shape()), &result.out.to_f32_vec(&ctx)?)?,
+        npy::encode_f32(&layout.memory_shape(result.out.shape()), &out)?,
     )];
     if let (Some(path), Some(w)) = (&args.weights_out, &result.weights) {
         let [b, h, lq, lk] = w.shape();
@@ -268,5 +341,5 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
         files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));
     }
-    npy::write_all(&files)
+    output::write_all(&files)
 }

@@ -2,11 +2,11 @@
 //! masks and options of `run`) or from a weights `.npy`. Writes one image per
 //! (batch, head) and one grid of all heads per batch element, all or none.
 
-use super::npy;
 use super::run::{load_4d, LayoutArg, MaskArgs};
+use super::{npy, output};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
-use wgpu_attention::heatmap::{render_grid, render_panel, Labels, Panel};
+use wgpu_attention::heatmap::{render_grid, render_panel, Labels, Panel, MAX_GRID_PANELS};
 use wgpu_attention::{sdpa, AttentionOptions, DType, Layout};
 
 #[derive(clap::Args)]
@@ -40,6 +40,60 @@ pub struct VizArgs {
     /// File name prefix: <prefix>_b<b>_h<h>.png and <prefix>_b<b>_heads.png.
     #[arg(long, default_value = "attention")]
     prefix: String,
+    /// Heads to draw: indices and ranges, e.g. 0,3,8-11 (default: the first 16).
+    #[arg(long, value_name = "LIST")]
+    heads: Option<String>,
+    /// Batch elements to draw: indices and ranges (default: the first 8).
+    #[arg(long, value_name = "LIST")]
+    batches: Option<String>,
+}
+
+/// Heads drawn when `--heads` is not given (more are named on stderr).
+const DEFAULT_HEADS: usize = 16;
+/// Batch elements drawn when `--batches` is not given.
+const DEFAULT_BATCHES: usize = 8;
+/// Most images one call writes.
+const MAX_IMAGES: usize = 1024;
+
+/// The indices `spec` names (`0,3,8-11`), each below `count`; all of `0..default` (and a
+/// note on stderr if that leaves some out) when there is no spec.
+fn select(spec: Option<&str>, flag: &str, what: &str, count: usize, default: usize) -> Result<Vec<usize>, CliError> {
+    let Some(spec) = spec else {
+        if count > default {
+            eprintln!(
+                "viz: drawing {what} 0-{} of {count}; choose others with --{flag}",
+                default - 1
+            );
+        }
+        return Ok((0..count.min(default)).collect());
+    };
+    let bad = |why: String| CliError::bad(format!("--{flag} '{spec}': {why}"));
+    let index = |t: &str| -> Result<usize, CliError> {
+        let i: usize = t.trim().parse().map_err(|e| bad(format!("'{t}': {e}")))?;
+        if i >= count {
+            return Err(bad(format!("{what} {i} does not exist (there are {count})")));
+        }
+        Ok(i)
+    };
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (index(a)?, index(b)?);
+                if a > b {
+                    return Err(bad(format!("range {a}-{b} runs backwards")));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(index(part)?),
+        }
+        if out.len() > MAX_IMAGES {
+            return Err(bad(format!("more than {MAX_IMAGES} {what}")));
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// Weights as [B, H, Lq, Lk] host data.
@@ -116,25 +170,78 @@ pub fn run(adapter: &AdapterArgs, args: &VizArgs) -> Result<(), CliError> {
         queries: split_labels(&args.query_labels, "query", len_q)?,
         keys: split_labels(&args.key_labels, "key", len_k)?,
     };
-    let files = render_files(weights.shape, &weights.data, &labels, &args.out_dir, &args.prefix)?;
+    let heads_drawn = select(args.heads.as_deref(), "heads", "heads", heads, DEFAULT_HEADS)?;
+    let batches_drawn = select(
+        args.batches.as_deref(),
+        "batches",
+        "batch elements",
+        batch,
+        DEFAULT_BATCHES,
+    )?;
+    if heads_drawn.len() > MAX_GRID_PANELS {
+        return Err(CliError::bad(format!(
+            "--heads selects {} heads; one grid image holds at most {MAX_GRID_PANELS}",
+            heads_drawn.len()
+        )));
+    }
+    let images = batches_drawn.len() * (heads_drawn.len() + 1);
+    if images > MAX_IMAGES {
+        return Err(CliError::bad(format!(
+            "{} batch elements x {} heads make {images} images, more than {MAX_IMAGES}: select fewer with --batches/--heads",
+            batches_drawn.len(),
+            heads_drawn.len()
+        )));
+    }
+    let selection = Selection {
+        batches: batches_drawn,
+        heads: heads_drawn,
+    };
+    let files = render_files(
+        weights.shape,
+        &weights.data,
+        &selection,
+        &labels,
+        &args.out_dir,
+        &args.prefix,
+    )?;
     write_images(&args.out_dir, &files)?;
     Ok(())
 }
 
-/// PNG heatmaps of weights `[B, H, Lq, Lk]`: one per (batch, head) and a grid of all
-/// heads per batch element, named `{prefix}_b{b}_h{h}.png` and `{prefix}_b{b}_heads.png`.
+/// The batch elements and heads to draw.
+pub struct Selection {
+    pub batches: Vec<usize>,
+    pub heads: Vec<usize>,
+}
+
+impl Selection {
+    /// Every batch element and head of a `[B, H, ..]` array.
+    pub fn all(batch: usize, heads: usize) -> Self {
+        Selection {
+            batches: (0..batch).collect(),
+            heads: (0..heads).collect(),
+        }
+    }
+}
+
+/// PNG heatmaps of weights `[B, H, Lq, Lk]`: one per selected (batch, head) and a grid
+/// of the selected heads per batch element, named `{prefix}_b{b}_h{h}.png` and
+/// `{prefix}_b{b}_heads.png`.
 pub fn render_files(
-    [batch, heads, len_q, len_k]: [usize; 4],
+    [_, heads, len_q, len_k]: [usize; 4],
     data: &[f32],
+    selection: &Selection,
     labels: &Labels,
     out_dir: &Path,
     prefix: &str,
 ) -> Result<Vec<(PathBuf, Vec<u8>)>, CliError> {
     let panel_len = len_q * len_k;
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
-    for b in 0..batch {
-        let panels: Vec<Panel> = (0..heads)
-            .map(|h| {
+    for &b in &selection.batches {
+        let panels: Vec<Panel> = selection
+            .heads
+            .iter()
+            .map(|&h| {
                 let start = (b * heads + h) * panel_len;
                 Panel {
                     title: format!("batch {b}, head {h}"),
@@ -144,7 +251,7 @@ pub fn render_files(
                 }
             })
             .collect();
-        for (h, panel) in panels.iter().enumerate() {
+        for (&h, panel) in selection.heads.iter().zip(&panels) {
             let (canvas, _) = render_panel(panel, labels)?;
             files.push((out_dir.join(format!("{prefix}_b{b}_h{h}.png")), canvas.to_png()?));
         }
@@ -157,7 +264,7 @@ pub fn render_files(
 /// Creates `out_dir` and writes the images (all or none, as every CLI output).
 pub fn write_images(out_dir: &Path, files: &[(PathBuf, Vec<u8>)]) -> Result<(), CliError> {
     std::fs::create_dir_all(out_dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", out_dir.display())))?;
-    npy::write_all(files)?;
+    output::write_all(files)?;
     outln!("wrote {} images to {}", files.len(), out_dir.display());
     Ok(())
 }

@@ -1,0 +1,202 @@
+//! Output files for every command: checked before any work, written all or none, and
+//! never through a link someone planted beside them (docs/design.md, "CLI contract").
+//!
+//! A regular file (or a new one) is written to a temporary file with a fresh, unique
+//! name in its own directory (created exclusively, so a planted link or file with that
+//! name is never followed or reused), synced, given the mode of the file it replaces,
+//! and renamed over it only once every output has been written. An output that is a
+//! link to a regular file replaces the file the link names, and the link stays. Devices
+//! and FIFOs (`/dev/stdout` in a pipeline) are written through; `-` is standard output.
+//!
+//! Renaming makes a new inode: other hard links to a replaced file keep the old
+//! contents (as with every editor that saves atomically).
+
+use super::CliError;
+use std::path::{Path, PathBuf};
+
+/// How one output path is written.
+enum Target {
+    /// Replace this regular file (the output, or what its link names) by renaming.
+    Replace(PathBuf),
+    /// A device, FIFO or dangling link: written through, since renaming over it would
+    /// replace the node or the link itself.
+    Through,
+    /// `-`: standard output.
+    Stdout,
+}
+
+fn target(path: &Path) -> Result<Target, CliError> {
+    if path.as_os_str() == "-" {
+        return Ok(Target::Stdout);
+    }
+    let directory = |how: &str| CliError::bad(format!("cannot write {}: it {how} a directory", path.display()));
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Ok(Target::Replace(path.to_path_buf())),
+        Ok(m) if m.file_type().is_file() => Ok(Target::Replace(path.to_path_buf())),
+        Ok(m) if m.is_dir() => Err(directory("is")),
+        Ok(m) if m.file_type().is_symlink() => match std::fs::metadata(path) {
+            Ok(t) if t.is_dir() => Err(directory("links to")),
+            Ok(t) if t.is_file() => {
+                let resolved = std::fs::canonicalize(path)
+                    .map_err(|e| CliError::bad(format!("cannot resolve {}: {e}", path.display())))?;
+                Ok(Target::Replace(resolved))
+            }
+            _ => Ok(Target::Through),
+        },
+        Ok(_) => Ok(Target::Through),
+    }
+}
+
+/// The directory a new or replaced file lives in.
+fn parent_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// What makes two paths one file: device and inode where it exists (hard links and
+/// links included), else the canonical directory and the name.
+#[derive(PartialEq, Eq)]
+enum Identity {
+    #[cfg(unix)]
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn identity(path: &Path) -> Option<Identity> {
+    if path.as_os_str() == "-" {
+        return None;
+    }
+    #[cfg(unix)]
+    if let Ok(m) = std::fs::metadata(path) {
+        use std::os::unix::fs::MetadataExt;
+        return Some(Identity::Inode(m.dev(), m.ino()));
+    }
+    let dir = std::fs::canonicalize(parent_of(path)).ok()?;
+    Some(Identity::Path(dir.join(path.file_name()?)))
+}
+
+/// Checks a command's output paths before any work: each must be writable, no two may
+/// be one file (by any name: links, `./`, hard links), and `-` (standard output) may
+/// name one of them, only where the command prints nothing else there (`stdout_free`).
+pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError> {
+    let dashes = paths.iter().filter(|p| p.as_os_str() == "-").count();
+    if dashes > 0 && !stdout_free {
+        return Err(CliError::bad(
+            "'-' (standard output) cannot take an output here: this command prints its report there",
+        ));
+    }
+    if dashes > 1 {
+        return Err(CliError::bad("only one output can be '-' (standard output)"));
+    }
+    paths.iter().try_for_each(|p| check_writable(p))?;
+    let ids: Vec<Option<Identity>> = paths.iter().map(|p| identity(p)).collect();
+    for (i, a) in ids.iter().enumerate() {
+        if let Some(j) = (0..i).find(|&j| a.is_some() && ids[j] == *a) {
+            return Err(CliError::bad(format!(
+                "{} and {} are the same file: give each output its own path",
+                paths[j].display(),
+                paths[i].display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output path that could not be written: a directory, or a new file in a
+/// directory that does not exist.
+fn check_writable(path: &Path) -> Result<(), CliError> {
+    if let Target::Replace(file) = target(path)? {
+        let parent = parent_of(&file);
+        if !parent.is_dir() {
+            return Err(CliError::bad(format!(
+                "cannot write {}: {} is not a directory",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A written temporary file waiting to be renamed over its output.
+struct Staged {
+    file: tempfile::NamedTempFile,
+    into: PathBuf,
+}
+
+/// Writes `bytes` to a fresh temporary file beside `into`, synced to disk, with the
+/// mode of the file it will replace (a new file gets 0666 less the umask, as `open`
+/// would give it).
+fn stage(into: &Path, bytes: &[u8]) -> std::io::Result<Staged> {
+    use std::io::Write;
+    let name = into
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut file = builder.tempfile_in(parent_of(into))?;
+    file.write_all(bytes)?;
+    if let Ok(existing) = std::fs::metadata(into) {
+        file.as_file().set_permissions(existing.permissions())?;
+    }
+    file.as_file().sync_all()?;
+    Ok(Staged {
+        file,
+        into: into.to_path_buf(),
+    })
+}
+
+/// Writes all files or, as far as the targets allow, none: regular files are staged
+/// first and renamed into place only when every write succeeded; devices, FIFOs and
+/// standard output are written after staging, before any rename. Any failure removes
+/// every temporary file and names the path.
+pub fn write_all<P: AsRef<Path>>(files: &[(P, Vec<u8>)]) -> Result<(), CliError> {
+    let paths: Vec<&Path> = files.iter().map(|(p, _)| p.as_ref()).collect();
+    check_outputs(&paths, true)?;
+    let targets = paths.iter().map(|p| target(p)).collect::<Result<Vec<_>, _>>()?;
+    let fail = |path: &Path, e: std::io::Error| CliError::bad(format!("cannot write {}: {e}", path.display()));
+    // Dropping a staged file deletes it: an early return cleans up.
+    let mut staged = Vec::new();
+    for ((path, bytes), target) in files.iter().zip(&targets) {
+        if let Target::Replace(into) = target {
+            staged.push(stage(into, bytes).map_err(|e| fail(path.as_ref(), e))?);
+        }
+    }
+    for ((path, bytes), target) in files.iter().zip(&targets) {
+        let written = match target {
+            Target::Replace(_) => continue,
+            Target::Stdout => {
+                let mut out = std::io::stdout().lock();
+                std::io::Write::write_all(&mut out, bytes).and_then(|()| std::io::Write::flush(&mut out))
+            }
+            // ENOSPC from /dev/full, EPIPE from a closed pipe: an error, not exit 0.
+            // Truncate (a linked regular file longer than the output keeps no old tail)
+            // and create (a dangling link makes its target), as fs::write would.
+            Target::Through => std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path.as_ref())
+                .and_then(|mut f| {
+                    std::io::Write::write_all(&mut f, bytes).and_then(|()| std::io::Write::flush(&mut f))
+                }),
+        };
+        written.map_err(|e| fail(path.as_ref(), e))?;
+    }
+    for Staged { file, into } in staged {
+        file.persist(&into).map_err(|e| fail(&into, e.error))?;
+        // The rename itself is durable once its directory is synced.
+        if let Ok(dir) = std::fs::File::open(parent_of(&into)) {
+            let _ = dir.sync_all();
+        }
+    }
+    Ok(())
+}
