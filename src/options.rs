@@ -214,7 +214,9 @@ pub enum Precision {
     /// as `Medium`.
     High,
     /// f32 inputs may be rounded to f16 for the products (tensor cores), with f32
-    /// accumulation and an f32 softmax.
+    /// accumulation and an f32 softmax. Values beyond f16's range (|x| > 65504) then
+    /// become infinities: the library does not scan inputs that already live on the GPU,
+    /// so keep q, k and v inside it (the CLI refuses files that are not).
     Medium,
 }
 

@@ -10,6 +10,8 @@ use half::f16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
+    /// IEEE half precision: f32 data converted to it rounds, and values beyond ±65504
+    /// become ±inf (the conversion does not check; the CLI refuses such files).
     F16,
 }
 
