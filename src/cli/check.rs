@@ -1,6 +1,6 @@
 //! `check`: every kernel variant against the CPU reference over a fixed grid.
 
-use super::check_report::{CaseReport, CaseStatus, Report};
+use super::check_report::{table_header, wrap, CaseReport, CaseStatus, Report, TABLE_WIDTH};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -31,17 +31,11 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     if !ctx.capabilities().f16 {
         outln!("f16 variants skipped: adapter lacks SHADER_F16");
     }
-    outln!(
-        "{:<20} {:<58} {:>10} {:>10}  result",
-        "variant",
-        "case",
-        "max err",
-        "bound"
-    );
+    outln!("{}", table_header());
     for variant in variants(ctx.capabilities().f16) {
         let label = variant.label.clone();
         if let Some(e) = variant.unmet(&ctx) {
-            outln!("{label:<20} skipped: {e}");
+            outln!("{label:<20} {}", wrap(&format!("skipped: {e}"), 21, TABLE_WIDTH));
             report.skipped.push((label, e.to_string()));
             continue;
         }

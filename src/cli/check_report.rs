@@ -24,21 +24,69 @@ pub struct CaseReport {
     pub status: CaseStatus,
 }
 
+/// The width the `check` table keeps to (full detail is in `--json`).
+pub const TABLE_WIDTH: usize = 100;
+
+/// Where the case column starts: variant, result, max err and bound come first, so a
+/// long case description never pushes the numbers out of their columns.
+const CASE_COLUMN: usize = 20 + 1 + 6 + 1 + 9 + 1 + 9 + 2;
+
+/// The table's header line.
+pub fn table_header() -> String {
+    format!(
+        "{:<20} {:<6} {:>9} {:>9}  case",
+        "variant", "result", "max err", "bound"
+    )
+}
+
+/// `text` broken at spaces (or `+`, which joins masks) into lines of at most `width -
+/// indent` characters, every line after the first indented by `indent` spaces.
+pub fn wrap(text: &str, indent: usize, width: usize) -> String {
+    let room = width.saturating_sub(indent).max(20);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    // Split after each space or '+', keeping the separator with the piece before it.
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        if c == ' ' || c == '+' {
+            pieces.push(&text[start..i + c.len_utf8()]);
+            start = i + c.len_utf8();
+        }
+    }
+    pieces.push(&text[start..]);
+    for piece in pieces {
+        if !line.is_empty() && line.chars().count() + piece.trim_end().chars().count() > room {
+            lines.push(std::mem::take(&mut line).trim_end().to_string());
+        }
+        line.push_str(piece);
+    }
+    lines.push(line.trim_end().to_string());
+    lines.join(&format!("\n{}", " ".repeat(indent)))
+}
+
 impl CaseReport {
+    /// The row: variant, result, max error, bound, then the case (wrapped under its
+    /// column); a failure's reason follows on lines of its own.
     pub fn table_line(&self) -> String {
         let num = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2e}"));
-        let result = match &self.status {
-            CaseStatus::Ok => "ok".to_string(),
-            CaseStatus::Failed(why) => format!("FAIL (seed {}): {why}", self.seed),
-            CaseStatus::Error(why) => format!("ERROR (seed {}): {why}", self.seed),
+        let (result, why) = match &self.status {
+            CaseStatus::Ok => ("ok", None),
+            CaseStatus::Failed(why) => ("FAIL", Some(why)),
+            CaseStatus::Error(why) => ("ERROR", Some(why)),
         };
-        format!(
-            "{:<20} {:<58} {:>10} {:>10}  {result}",
+        let mut line = format!(
+            "{:<20} {result:<6} {:>9} {:>9}  {}",
             self.variant,
-            self.case,
             num(self.max_abs_error),
-            num(self.bound)
-        )
+            num(self.bound),
+            wrap(&self.case, CASE_COLUMN, TABLE_WIDTH)
+        );
+        if let Some(why) = why {
+            let detail = format!("seed {}: {why}", self.seed);
+            line += &format!("\n    {}", wrap(&detail, 4, TABLE_WIDTH));
+        }
+        line
     }
 }
 
@@ -238,6 +286,40 @@ mod tests {
             });
         }
         r
+    }
+
+    #[test]
+    fn table_lines_keep_their_columns_within_the_width() {
+        let long =
+            "B1 Hq2 Hkv2 Lq17 Lk31 D111 Dv111 Bshd causal BottomRight+key-lengths+bool-mask+window 4,4+softcap 1.22";
+        let mut r = sample();
+        r.cases[1].case = long.into();
+        r.cases[1].status = CaseStatus::Failed(format!("max abs err 1e-2 > 1e-5 at {}", "x ".repeat(80)));
+        for case in &r.cases {
+            let text = case.table_line();
+            for line in text.lines() {
+                assert!(
+                    line.chars().count() <= TABLE_WIDTH,
+                    "{} chars: {line}",
+                    line.chars().count()
+                );
+            }
+            // The numbers sit in their columns whatever the case's length.
+            let first = text.lines().next().expect("a line");
+            assert_eq!(&first[..20], format!("{:<20}", case.variant));
+            let result = match case.status {
+                CaseStatus::Ok => "ok    ",
+                CaseStatus::Failed(_) => "FAIL  ",
+                CaseStatus::Error(_) => "ERROR ",
+            };
+            assert_eq!(&first[21..27], result, "{first}");
+        }
+        let failed = r.cases[1].table_line();
+        // Nothing of the case or the reason is lost by wrapping.
+        let joined: String = failed.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(joined.contains("window 4,4+softcap 1.22"), "{failed}");
+        assert!(failed.lines().count() >= 3, "{failed}");
+        assert!(table_header().chars().count() <= TABLE_WIDTH);
     }
 
     #[test]
