@@ -277,6 +277,16 @@ fn bench_mha_prints_every_phase_and_the_paired_projection_ratio() {
         stdout.contains("2 pairs run back to back"),
         "no paired ratio line in:\n{stdout}"
     );
+    // The layer's parts share 100% between them (alternatives and the whole show "-" or
+    // 100%): each share is rounded, so the sum is within half a percent per part.
+    let shares: Vec<f64> = stdout
+        .lines()
+        .filter(|l| !l.starts_with("whole layer") && !l.starts_with("phase"))
+        .filter_map(|l| l.split_whitespace().last()?.strip_suffix('%')?.parse().ok())
+        .collect();
+    assert_eq!(shares.len(), 4, "packed projection, attention, output, norm:\n{stdout}");
+    let sum: f64 = shares.iter().sum();
+    assert!((sum - 100.0).abs() <= 2.0, "shares sum to {sum}%:\n{stdout}");
 
     // Heads that do not divide the width: refused before any measuring, exit 2.
     let bad = bin()
@@ -388,9 +398,11 @@ fn bench_decode_reports_tokens_per_second() {
             "{tokens} tok/s at {median_s} s: {row}"
         );
         // The table's last column is the same figure.
+        // The kernel's row under the case's line.
         let line = text
             .lines()
-            .find(|l| l.starts_with("3,4,2,1,300,32,32") && l.contains(row["kernel"].as_str().expect("kernel")))
+            .skip_while(|l| !l.starts_with("3,4,2,1,300,32,32 "))
+            .find(|l| l.trim_start().starts_with(row["kernel"].as_str().expect("kernel")))
             .expect("the row's line");
         let printed: f64 = line
             .split_whitespace()

@@ -21,6 +21,10 @@ pub struct MhaPhase {
     pub timing: Timing,
     /// Floating-point operations (multiply-adds count 2), 0 where not meaningful.
     pub flops: f64,
+    /// Whether the layer runs this phase: the parts of the layer's time (the packed
+    /// projection, attention, output projection, norm), not an alternative (three
+    /// GEMMs), a piece of another phase, or the whole layer.
+    pub part_of_layer: bool,
 }
 
 /// What [`measure_mha`] measured.
@@ -84,11 +88,16 @@ pub fn measure_mha(
     )?;
 
     let mut phases = Vec::new();
-    let mut phase = |name, flops, timing: Result<Timing>| -> Result<()> {
+    let mut phase = |name: &'static str, flops, timing: Result<Timing>| -> Result<()> {
+        let part_of_layer = !matches!(
+            name,
+            "Q, K, V projections, three GEMMs" | "  of which X into a texture, per GEMM" | "whole layer"
+        );
         phases.push(MhaPhase {
             name,
             timing: timing?,
             flops,
+            part_of_layer,
         });
         Ok(())
     };

@@ -328,20 +328,29 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
             progress.inc(1);
         }
         fill_speedups(&mut case_rows);
-        for row in &case_rows {
-            progress.suspend(|| print_row(row))?;
-        }
+        progress.suspend(|| -> Result<(), CliError> {
+            outln!("{}", case_line(case));
+            case_rows.iter().try_for_each(print_row)
+        })?;
         rows.extend(case_rows);
     }
     progress.finish_and_clear();
-    outln!("GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv) (= 4·B·Hq·Lq·Lk·D), halved for causal, visible pairs only with a window; GB/s count Q, K, V, O once; tok/s is B·Lq over the median (with --decode: tokens per second across the batch).");
+    for note in [
+        "GFLOP/s count 2·B·Hq·Lq·Lk·(D+Dv), halved for causal, visible pairs only with a window;",
+        "GB/s count Q, K, V, O once; %gemm and %copy are of the probe's rates; x mat and x cpu are",
+        "speed-ups over the materialized and CPU-reference rows; MiB/c is GPU memory allocated per",
+        "call; tok/s (Lq = 1 only) is the batch's new tokens per second.",
+    ] {
+        outln!("{note}");
+    }
     // The CPU reference always reads the wall clock; GPU rows fall back to it.
     let walled = rows
         .iter()
         .filter(|r| r.kernel != "cpu-reference" && r.measured().is_some_and(|m| m.timing.clock != clock))
         .count();
     if walled > 0 {
-        outln!("{walled} row(s) timed on the wall clock instead: most of their GPU timestamps were implausible (under a quarter of a wait over 2 ms for the same submission), as on Mesa 22.3's lavapipe once a KV cache's texel mirror has been dropped; the JSON's `clock` says which.");
+        let note = format!("{walled} row(s) timed on the wall clock instead: most of their GPU timestamps were implausible (under a quarter of a wait over 2 ms for the same submission), as on Mesa 22.3's lavapipe once a KV cache's texel mirror has been dropped; the JSON's `clock` says which.");
+        outln!("{}", super::check_report::wrap(&note, 0, 100));
     }
 
     let caps = ctx.capabilities();
@@ -396,47 +405,57 @@ pub fn shape_text(s: &AttentionShape) -> String {
     )
 }
 
+/// The table: a line naming each case, then one row per kernel, in at most 100
+/// columns (min and max times, and everything else, are in `--json`).
 fn print_header() -> Result<(), CliError> {
     outln!(
-        "{:<26} {:<29} {:<5} {:<18} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>10}",
-        "B,Hq,Hkv,Lq,Lk,D,Dv",
-        "mask",
-        "dtype",
-        "kernel",
+        "{:<20} {:>8} {:>9} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>10}",
+        "case / kernel",
         "first ms",
         "median ms",
-        "min ms",
-        "max ms",
         "GFLOP/s",
         "GB/s",
         "%gemm",
         "%copy",
         "x mat",
         "x cpu",
-        "alloc MiB",
+        "MiB/c",
         "tok/s"
     );
     Ok(())
 }
 
+/// The line that names a case: its shape, mask and dtype.
+fn case_line(case: &BenchCase) -> String {
+    format!(
+        "{} (B,Hq,Hkv,Lq,Lk,D,Dv) {} {}",
+        shape_text(&case.shape),
+        case.mask_name(),
+        case.dtype.name()
+    )
+}
+
+/// Whether tokens per second mean something for a case: one new token per sequence
+/// (decode); for a prefill they would only restate the time.
+fn is_decode(case: &BenchCase) -> bool {
+    case.shape.len_q == 1
+}
+
 fn print_row(row: &BenchRow) -> Result<(), CliError> {
-    let head = format!(
-        "{:<26} {:<29} {:<5} {:<18}",
-        shape_text(&row.case.shape),
-        row.case.mask_name(),
-        row.case.dtype.name(),
-        row.kernel
-    );
+    let head = format!("  {:<18}", row.kernel);
     match &row.outcome {
-        RowOutcome::Skipped(reason) => outln!("{head} {reason}"),
+        RowOutcome::Skipped(reason) => outln!("{head} {}", super::check_report::wrap(reason, 21, 100)),
         RowOutcome::Measured(m) => {
             let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+            let tokens = if is_decode(&row.case) {
+                format!("{:.1}", m.tokens_per_second)
+            } else {
+                "-".to_string()
+            };
             outln!(
-                "{head} {:>9.1} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.2} {:>6.0}% {:>6.0}% {:>8} {:>8} {:>9} {:>10.1}",
+                "{head} {:>8.1} {:>9.2} {:>8.2} {:>6.2} {:>4.0}% {:>4.0}% {:>5} {:>5} {:>6} {:>10}",
                 ms(m.timing.first),
                 ms(m.timing.median),
-                ms(m.timing.min),
-                ms(m.timing.max),
                 m.gflops,
                 m.gbps,
                 m.percent_of_probe_gflops,
@@ -445,7 +464,7 @@ fn print_row(row: &BenchRow) -> Result<(), CliError> {
                 ratio(m.speedup_over_cpu_reference),
                 m.allocated_bytes
                     .map_or("-".to_string(), |b| format!("{:.2}", b as f64 / 1048576.0)),
-                m.tokens_per_second,
+                tokens,
             );
         }
     }
@@ -583,7 +602,12 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         "%gemm",
         "%layer"
     );
-    let whole = phases.last().map_or(1.0, |p| p.timing.median.as_secs_f64());
+    // Shares of the layer's parts, which sum to 100%; alternatives and pieces get none.
+    let parts: f64 = phases
+        .iter()
+        .filter(|p| p.part_of_layer)
+        .map(|p| p.timing.median.as_secs_f64())
+        .sum();
     for p in phases {
         let secs = p.timing.median.as_secs_f64();
         let rate = if p.flops > 0.0 {
@@ -596,13 +620,25 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         } else {
             ("-".into(), "-".into())
         };
+        let share = if p.part_of_layer {
+            format!("{:.0}%", 100.0 * secs / parts.max(1e-12))
+        } else {
+            "-".into()
+        };
         outln!(
-            "{:<36} {:>10.2} {:>10} {:>8} {:>8.0}%",
+            "{:<36} {:>10.2} {:>10} {:>8} {:>9}",
             p.name,
             1e3 * secs,
             rate_text,
             pct,
-            100.0 * secs / whole
+            share
+        );
+    }
+    if let Some(whole) = phases.iter().find(|p| p.name == "whole layer") {
+        outln!(
+            "%layer: each part's share of the parts' sum, {:.2} ms; the whole layer in one submission took {:.2} ms",
+            1e3 * parts,
+            1e3 * whole.timing.median.as_secs_f64()
         );
     }
     let ratios = &measured.separate_over_packed;
