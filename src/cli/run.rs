@@ -307,9 +307,10 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     shape.check_options(&options)?;
     // f16 storage, or f16 products at --precision medium: values past f16's range
     // would turn into infinities silently.
+    let kernel = resolve_kernel(&ctx, dtype, &options, &shape)?;
     let why = if dtype == DType::F16 {
         Some("--dtype f16")
-    } else if resolve_kernel(&ctx, dtype, &options, &shape)?.f16_products() {
+    } else if kernel.f16_products() {
         Some("--precision medium on this adapter's tensor-core tiling")
     } else {
         None
@@ -321,9 +322,10 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     let inputs_finite = inputs.iter().all(HostInput::all_finite);
     let [q, k, v] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.upload(&ctx, layout, dtype));
     let (q, k, v) = (q?, k?, v?);
+    let started = std::time::Instant::now();
     let result = sdpa(&ctx, &q, &k, &v, &options)?;
-
     let out = result.out.to_f32_vec(&ctx)?;
+    let elapsed = started.elapsed();
     check_finite_output(&out, inputs_finite)?;
     let mut files = vec![(
         args.out.as_path(),
@@ -341,5 +343,14 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
         files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));
     }
-    output::write_all(&files)
+    output::write_all(&files)?;
+    // On stderr, so `--out -` keeps standard output for the array.
+    eprintln!(
+        "run: {} {} on {}, {:.1} ms with the output read back (a first call: pipelines compiled)",
+        kernel.name(),
+        dtype.name(),
+        ctx.adapter_info().name,
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
 }
