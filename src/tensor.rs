@@ -148,6 +148,59 @@ impl Tensor {
         })
     }
 
+    /// Wraps a caller's buffer as a tensor, without copying: its first
+    /// `shape.product() · dtype.size()` bytes hold the data in `layout`'s memory order.
+    /// The buffer must come from this context's device ([`Context::device`]; wgpu
+    /// cannot tell, and a buffer of another device fails inside wgpu) and have
+    /// `STORAGE` usage (`COPY_SRC` too, to read it back, `COPY_DST` to be appended to a
+    /// cache from). Data starts at offset 0: to use a range of a larger buffer, copy it
+    /// (`CommandEncoder::copy_buffer_to_buffer`), since the kernels bind whole buffers.
+    pub fn from_buffer(
+        ctx: &Context,
+        buffer: wgpu::Buffer,
+        shape: [usize; 4],
+        layout: Layout,
+        dtype: DType,
+    ) -> Result<Self> {
+        if dtype == DType::F16 {
+            ctx.require_f16("f16 tensors")?;
+        }
+        let bytes = checked_product(
+            "tensor shape (bytes)",
+            &[shape[0], shape[1], shape[2], shape[3], dtype.size()],
+        )? as u64;
+        if bytes == 0 {
+            return Err(Error::unsupported(
+                "tensor shape",
+                format!("{shape:?}"),
+                "every axis at least 1",
+            ));
+        }
+        if buffer.size() < bytes {
+            return Err(Error::shape(
+                format!("buffer for a {} tensor of shape {shape:?}", dtype.name()),
+                format!("at least {bytes} bytes"),
+                format!("{} bytes", buffer.size()),
+            ));
+        }
+        if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::invalid(
+                "buffer for a tensor",
+                format!(
+                    "its usage {:?} lacks STORAGE, which the kernels bind it as",
+                    buffer.usage()
+                ),
+            ));
+        }
+        Ok(Tensor {
+            buffer,
+            context: ctx.id(),
+            shape,
+            layout,
+            dtype,
+        })
+    }
+
     /// An uninitialised tensor (used for outputs).
     pub fn empty(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType) -> Result<Self> {
         let bytes = checked_product(
@@ -175,6 +228,27 @@ impl Tensor {
         self.check_context(ctx, "tensor to read back")?;
         let bytes = ctx.read_buffer_async(&self.buffer, self.byte_len()).await?;
         Ok(self.values_of(&bytes))
+    }
+
+    /// Reads an f16 tensor back as f16, in its layout's memory order, without rounding
+    /// through f32 ([`Tensor::to_f32_vec`] reads either dtype as f32).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<f16>> {
+        pollster::block_on(self.to_f16_vec_async(ctx))
+    }
+
+    /// [`Tensor::to_f16_vec`], awaited (the only form on the web).
+    pub async fn to_f16_vec_async(&self, ctx: &Context) -> Result<Vec<f16>> {
+        self.check_context(ctx, "tensor to read back")?;
+        if self.dtype != DType::F16 {
+            return Err(Error::shape(
+                "dtype of the tensor read back as f16",
+                "f16",
+                format!("{} (read it with to_f32_vec)", self.dtype.name()),
+            ));
+        }
+        let bytes = ctx.read_buffer_async(&self.buffer, self.byte_len()).await?;
+        Ok(bytemuck::pod_collect_to_vec::<u8, f16>(&bytes))
     }
 
     /// This tensor's elements as f32, from the bytes of its buffer.
