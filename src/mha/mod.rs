@@ -40,8 +40,11 @@ pub enum HeadWeights {
 pub struct MhaOptions {
     /// Masks (causal, key lengths, explicit, broadcastable to `[B, H, Lq, Lk]`), scale
     /// (default `1/sqrt(E/H)`) and kernel choice of the attention step. Its
-    /// `need_weights`, `need_lse` and `output_layout` are set by the layer.
+    /// `output_layout` is the layer's to set; weights are asked for with
+    /// [`MhaOptions::weights`] only (setting `need_weights`, `average_weights` or
+    /// `need_lse` here is an error that says so).
     pub attention: AttentionOptions,
+    /// The one way to ask a layer for its attention weights.
     pub weights: HeadWeights,
 }
 
@@ -199,6 +202,14 @@ impl MultiHeadAttention {
         inputs: Inputs,
         options: &MhaOptions,
     ) -> Result<MhaOutput> {
+        let asked = &options.attention;
+        if asked.need_weights || asked.average_weights || asked.need_lse {
+            return Err(Error::invalid(
+                "MhaOptions::attention",
+                "need_weights, average_weights and need_lse belong to the layer: ask for weights with \
+                 MhaOptions::weights (HeadWeights::Averaged or HeadWeights::PerHead)",
+            ));
+        }
         let precision = options.attention.precision;
         let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused, precision)?;
         let attention = AttentionOptions {
