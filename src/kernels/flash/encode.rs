@@ -1,0 +1,122 @@
+//! Recording a fused tiling's dispatch: the texel kernel where the subgroup tiling
+//! reads K and V as texels, else the tiling's buffer kernel.
+
+use super::super::flash_texel;
+use super::super::kv_texels::{KvTexels, TexelGrid};
+use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams};
+use super::variants::SLOTS;
+use super::FlashConfig;
+use crate::context::Context;
+use crate::error::Result;
+use crate::options::FusedTiling;
+use crate::tensor::DType;
+
+pub(crate) fn encode(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    config: FlashConfig,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<()> {
+    if let Some(variant) = texel_variant(ctx, dtype, config, params) {
+        if encode_texel(ctx, encoder, dtype, variant, bindings, params)? {
+            return Ok(());
+        }
+    }
+    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
+    let pipeline = pipeline(ctx, &launch.kernel, dtype, &launch.constants)?;
+    let groups = [
+        groups_for(params.len_q as usize, launch.rows as usize),
+        params.bh_count,
+        1,
+    ];
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
+}
+
+/// The subgroup tiling's texel kernel for a problem, where it serves it.
+fn texel_variant(
+    ctx: &Context,
+    dtype: DType,
+    config: FlashConfig,
+    params: &AttentionParams,
+) -> Option<flash_texel::TexelVariant> {
+    if config.spec().tiling != FusedTiling::Subgroup {
+        return None;
+    }
+    let strides = [
+        params.k_stride_b,
+        params.k_stride_h,
+        params.k_stride_s,
+        params.k_page_stride,
+        params.v_stride_b,
+        params.v_stride_h,
+        params.v_stride_s,
+        params.v_page_stride,
+    ];
+    flash_texel::variant_for(
+        dtype,
+        (params.head_dim, params.head_dim_v),
+        &strides,
+        full_rules(params),
+        ctx.capabilities(),
+    )
+}
+
+/// Records the copy of plain K and V buffers into a texel mirror where the fused
+/// dispatches of a problem will read one (the texel kernel, without a KV cache's
+/// mirror), so that every dispatch of the problem (key ranges, head chunks) shares one
+/// copy; `None` where they read none.
+pub(crate) fn texel_mirror(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    config: FlashConfig,
+    params: &AttentionParams,
+    (k, v): (&wgpu::Buffer, &wgpu::Buffer),
+) -> Result<Option<KvTexels>> {
+    if texel_variant(ctx, dtype, config, params).is_none() {
+        return Ok(None);
+    }
+    KvTexels::copy_of(ctx, encoder, k, v)
+}
+
+/// Whether a problem has rules beyond visible key ranges: explicit masks, soft-capping
+/// or ALiBi (the WGSL's `only_key_ranges()` is false).
+fn full_rules(params: &AttentionParams) -> bool {
+    params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0
+}
+
+/// Records the texel kernel's dispatch, reading the mirror the bindings carry (a KV
+/// cache's, or one [`texel_mirror`] made); `false` (nothing recorded) where they carry
+/// none.
+fn encode_texel(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    variant: flash_texel::TexelVariant,
+    bindings: &AttentionBindings,
+    params: &AttentionParams,
+) -> Result<bool> {
+    // Plan::encode makes the mirror (texel_mirror) wherever this kernel will run; none
+    // means K and V outgrew the device's textures.
+    let Some(texels) = bindings.kv_texels else {
+        return Ok(false);
+    };
+    let grid = TexelGrid::for_context(ctx);
+    let mut constants = grid.constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS").to_vec();
+    constants.push(("FULL_RULES", u32::from(full_rules(params))));
+    constants.push(("PAGED", u32::from(params.page_size > 0)));
+    let pipeline = pipeline(ctx, &variant.kernel(), dtype, &constants)?;
+    let groups = [
+        groups_for(params.len_q as usize, variant.rows as usize),
+        params.bh_count,
+        1,
+    ];
+    let bindings = AttentionBindings {
+        kv_texels: Some(texels),
+        ..*bindings
+    };
+    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(flash_texel::SLOTS)?, groups)?;
+    Ok(true)
+}

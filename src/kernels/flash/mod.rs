@@ -1,0 +1,191 @@
+//! The fused one-pass kernels and the registry of their tilings.
+//!
+//! Each tiling is declared once, in [`FUSED_TILINGS`]: its name, what it needs from the
+//! adapter, the class of adapter it is picked for, its kernel variants and its
+//! loop-iteration model. The picker ([`crate::Context::default_fused_tiling`]),
+//! `info`, `bench`, `check`, the CLI's `--tiling`, `WGPU_ATTENTION_TILING` and the
+//! tests all read this table (docs/design.md, "Kernel paths and tilings").
+//!
+//! Three rooms: `variants` (the WGSL kernels and their memory needs), `tilings` (the
+//! registry and picking) and `encode` (recording a dispatch).
+
+mod encode;
+mod tilings;
+mod variants;
+
+pub(crate) use encode::{encode, texel_mirror};
+pub use tilings::*;
+pub use variants::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::Capabilities;
+    use crate::error::Error;
+    use crate::kernels::{flash_texel, loop_budget};
+    use crate::options::FusedTiling;
+    use crate::problem::AttentionShape;
+
+    fn caps(subgroups: Option<(u32, u32)>, workgroup_bytes: u32) -> Capabilities {
+        Capabilities::for_tests(subgroups, workgroup_bytes, None)
+    }
+
+    #[test]
+    fn subgroup_key_blocks_follow_the_mesa_release() {
+        let mut c = caps(Some((8, 8)), 32768);
+        assert_eq!(crate::context::mesa_version("Mesa 22.3.6 (LLVM 15.0.6)"), Some((22, 3)));
+        assert_eq!(
+            crate::context::mesa_version("4.5 (Core Profile) Mesa 25.0.7-2~bpo12+1"),
+            Some((25, 0))
+        );
+        assert_eq!(crate::context::mesa_version("NVIDIA 550.54"), None);
+        assert_eq!(crate::context::mesa_version("Mesa x"), None);
+        assert_eq!(subgroup_keys_per_block(&c), 16);
+        c.mesa_version = Some((22, 3));
+        assert_eq!(subgroup_keys_per_block(&c), 32);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(64, 64, &c);
+        assert_eq!(launch.kernel, SUBGROUP_WIDE_64);
+        c.mesa_version = Some((25, 0));
+        assert_eq!(subgroup_keys_per_block(&c), 16);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(200, 64, &c);
+        assert_eq!(launch.kernel, SUBGROUP_256);
+    }
+
+    #[test]
+    fn blocks_of_16_keys_bound_the_subgroup_model_past_the_shortest_ranges() {
+        // The model takes the larger count of the two block sizes; past 32 keys it is
+        // the 16-key one, so picking 32 on Mesa 22 never shortens its dispatches.
+        for d in [8, 64, 128, 256] {
+            for lk in (32..2000).step_by(7) {
+                let s = AttentionShape::new(1, 1, 1, 1, lk, d, d);
+                let (k16, k32) = (
+                    loop_budget::subgroup_iterations_per(&s, 16),
+                    loop_budget::subgroup_iterations_per(&s, 32),
+                );
+                assert!(k16 >= k32, "D {d}, {lk} keys: {k16} < {k32}");
+                let texel = flash_texel::iterations(lk as u64);
+                let both = if d <= 128 { k16.max(texel) } else { k16 };
+                assert_eq!(loop_budget::subgroup_iterations(&s), both);
+                // Head dims the texel kernel never serves keep the buffer kernel's model.
+                let odd = AttentionShape::new(1, 1, 1, 1, lk, d + 2, d + 2);
+                assert_eq!(
+                    loop_budget::subgroup_iterations(&odd),
+                    loop_budget::subgroup_iterations_per(&odd, 16)
+                );
+            }
+        }
+    }
+
+    fn with_tensor_cores(mut caps: Capabilities) -> Capabilities {
+        caps.cooperative_matrix = vec![crate::context::CoopConfig {
+            m: 16,
+            n: 16,
+            k: 16,
+            ab: "f16",
+            c: "f32",
+        }];
+        caps
+    }
+
+    #[test]
+    fn picker_chooses_gpu_tilings_for_gpus_and_cpu_tilings_for_cpu_adapters() {
+        // An NVIDIA H100 through Vulkan without tensor cores enabled: 48 KiB, subgroups of 32.
+        let h100 = caps(Some((32, 32)), 48 * 1024);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100, true), FusedTiling::Blocked);
+        // With them: tensor cores where f16 products are allowed, else exact f32.
+        let h100_coop = with_tensor_cores(h100);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100_coop, true), FusedTiling::Coop);
+        assert_eq!(
+            default_tiling(AdapterClass::Gpu, &h100_coop, false),
+            FusedTiling::Blocked
+        );
+        // Tensor cores but no fixed subgroup size (the kernel's SG): not coop.
+        let varying = with_tensor_cores(caps(Some((32, 64)), 64 * 1024));
+        assert_eq!(default_tiling(AdapterClass::Gpu, &varying, true), FusedTiling::Blocked);
+        // A GPU at WebGPU's default 16 KiB: the small shared tiling.
+        let webgpu = caps(Some((4, 128)), 16 * 1024);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &webgpu, true), FusedTiling::Shared);
+        // Less than that: registers, which runs anywhere.
+        assert_eq!(
+            default_tiling(AdapterClass::Gpu, &caps(None, 8192), true),
+            FusedTiling::Registers
+        );
+        // lavapipe: 32 KiB, subgroups of 8.
+        let lavapipe = caps(Some((8, 8)), 32 * 1024);
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &lavapipe, true),
+            FusedTiling::Subgroup
+        );
+        // llvmpipe GL and SwiftShader: no subgroups, 32 KiB.
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &caps(None, 32 * 1024), true),
+            FusedTiling::Blocked
+        );
+        // SwiftShader in a browser: shared.
+        assert_eq!(
+            default_tiling(AdapterClass::BrowserCpu, &caps(None, 32 * 1024), true),
+            FusedTiling::Shared
+        );
+        // A CPU adapter with less workgroup memory than blocked needs: registers.
+        assert_eq!(
+            default_tiling(AdapterClass::Cpu, &caps(None, 16 * 1024), true),
+            FusedTiling::Registers
+        );
+    }
+
+    #[test]
+    fn coop_says_which_need_is_missing() {
+        let spec = spec(FusedTiling::Coop).expect("registered");
+        let plain = caps(Some((32, 32)), 48 * 1024);
+        assert!(matches!(spec.unmet("gpu", &plain), Some(Error::MissingFeature { .. })));
+        let small = with_tensor_cores(caps(Some((32, 32)), 16 * 1024));
+        assert!(matches!(spec.unmet("gpu", &small), Some(Error::LimitExceeded { .. })));
+        let wide = with_tensor_cores(caps(Some((128, 128)), 48 * 1024));
+        assert!(matches!(spec.unmet("gpu", &wide), Some(Error::LimitExceeded { .. })));
+        assert!(spec.unmet("gpu", &with_tensor_cores(plain)).is_none());
+    }
+
+    /// The largest of the smallest variant of each head-dim class.
+    fn min_bytes(variants: &[BlockVariant]) -> u32 {
+        let mut classes: Vec<u32> = variants.iter().map(|v| v.dmax).collect();
+        classes.dedup();
+        classes
+            .iter()
+            .map(|&d| {
+                variants
+                    .iter()
+                    .filter(|v| v.dmax == d)
+                    .map(|v| v.workgroup_bytes)
+                    .min()
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn block_tilings_need_exactly_what_their_widest_class_takes() {
+        assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&BLOCKED_VARIANTS));
+        assert_eq!(COOP_MIN_BYTES, min_bytes(&COOP_VARIANTS));
+        // Every head dim up to 256 finds a variant at that budget; the wide D <= 64 one
+        // only with 48 KiB.
+        for d in [1, 8, 63, 64, 65, 128, 129, 256] {
+            let v = blocked_for(d, d, BLOCKED_MIN_BYTES).map(|v| v.dmax);
+            assert!(v.is_some_and(|dmax| dmax >= d), "D = {d}: {v:?}");
+            let v = coop_for(d, d, COOP_MIN_BYTES).map(|v| v.dmax);
+            assert!(v.is_some_and(|dmax| dmax >= d), "coop, D = {d}: {v:?}");
+        }
+        assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.br), Some(64));
+        assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.br), Some(32));
+        assert!(blocked_for(257, 1, u32::MAX).is_none());
+        assert_eq!(coop_for(64, 64, 48 * 1024).map(|v| v.bc), Some(64));
+        assert_eq!(coop_for(64, 64, COOP_MIN_BYTES).map(|v| v.bc), Some(32));
+        assert_eq!(coop_for(128, 128, 48 * 1024).map(|v| v.br), Some(64));
+        assert_eq!(coop_for(256, 256, 48 * 1024).map(|v| v.br), Some(32));
+        assert!(coop_for(1, 257, u32::MAX).is_none());
+        // One 16-row band per subgroup, at most 4 subgroups; tiles of whole 16-key chunks.
+        for v in COOP_VARIANTS {
+            assert!(v.br % 16 == 0 && v.br / 16 <= 4 && v.bc % 16 == 0, "{v:?}");
+        }
+    }
+}
