@@ -28,7 +28,7 @@ fn main() -> wgpu_attention::Result<()> {
     if let Some(weights) = &result.weights {
         let w = weights.to_f32_vec(&ctx)?;
         // Sequence 1, head 0, the last query: keys 4 and 5 are padding, so weight 0.
-        let row = &w[((hq + 0) * len + (len - 1)) * len..][..len];
+        let row = &w[(hq * len + (len - 1)) * len..][..len];
         println!("weights of sequence 1, head 0, last query: {row:.3?}");
         assert!(row[4] == 0.0 && row[5] == 0.0);
     }

@@ -116,10 +116,23 @@ fn run_takes_a_window_alibi_slopes_and_a_softcap() {
     }
 }
 
-/// Runs the CLI expecting exit 2, one stderr line containing `needle`, and no output.
+/// The names of the files in `dir`, sorted.
+fn files_in(dir: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs the CLI expecting exit 2, one stderr line containing `needle` (the reason, in
+/// the CLI's wording: `|` separates several phrases that must all be there), and no
+/// output or other file left behind.
 fn expect_bad_input(dir: &Path, args: &[&str], needle: &str) {
     let out_file = dir.join("o.npy");
     let _ = std::fs::remove_file(&out_file);
+    let before = files_in(dir);
     let output = bin().current_dir(dir).args(args).output().expect("runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     let ours: Vec<&str> = stderr
@@ -128,13 +141,16 @@ fn expect_bad_input(dir: &Path, args: &[&str], needle: &str) {
         .collect();
     assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
     assert_eq!(ours.len(), 1, "{args:?}: expected one error line, got {stderr}");
-    assert!(
-        ours[0].contains(needle),
-        "{args:?}: '{}' should mention '{needle}'",
-        ours[0]
-    );
+    for phrase in needle.split('|') {
+        assert!(
+            ours[0].contains(phrase),
+            "{args:?}: '{}' should say '{phrase}'",
+            ours[0]
+        );
+    }
     assert!(!out_file.exists(), "{args:?}: an output file was written");
     assert!(!dir.join("o.npy.partial").exists(), "{args:?}: a partial file was left");
+    assert_eq!(files_in(dir), before, "{args:?}: files left behind");
 }
 
 #[test]
@@ -160,41 +176,70 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
         v.extend_from_slice(extra);
         v
     };
-    expect_bad_input(&dir, &with(&["--v", "missing.npy"]), "missing.npy");
-    expect_bad_input(&dir, &with(&["--v", "garbage.npy"]), "not a valid .npy");
-    expect_bad_input(&dir, &with(&["--v", "ints.npy"]), "not float32 or float16");
-    expect_bad_input(&dir, &with(&["--v", "v6.npy"]), "sequence length of v");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "missing.npy"]),
+        "cannot open missing.npy|No such file",
+    );
+    expect_bad_input(&dir, &with(&["--v", "garbage.npy"]), "garbage.npy|not a valid .npy");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "ints.npy"]),
+        "ints.npy|dtype i4 is not float32 or float16",
+    );
+    expect_bad_input(&dir, &with(&["--v", "v6.npy"]), "sequence length of v|expected 5|got 6");
     expect_bad_input(
         &dir,
         &[
             "run", "--q", "q.npy", "--k", "k3d.npy", "--v", "k5.npy", "--out", "o.npy",
         ],
-        "4-D",
+        "k3d.npy|expected a 4-D array|[2, 5, 4]",
     );
     expect_bad_input(
         &dir,
         &with(&["--v", "k5.npy", "--key-lengths", "lens.npy"]),
-        "shape [1]",
+        "lens.npy|key lengths must have shape [1]|got [3]",
     );
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--key-lengths", "neg.npy"]), "negative");
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--mask", "mask.npy"]), "mask");
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--scale", "inf"]), "scale");
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--window", "7"]), "LEFT,RIGHT");
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--softcap", "0"]), "softcap");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--key-lengths", "neg.npy"]),
+        "neg.npy|key length -1 is negative",
+    );
+    // [4, 5] against [B, Hq, Lq, Lk] = [1, 2, 3, 5]: axis 2 holds 4 where 1 or 3 would do.
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--mask", "mask.npy"]),
+        "mask (axis 2|to broadcast to [1, 2, 3, 5]|got 4",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--scale", "inf"]),
+        "invalid scale|inf is not finite",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--window", "7"]),
+        "'7' is not LEFT,RIGHT",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--softcap", "0"]),
+        "invalid softcap|0 is not a finite number above 0",
+    );
     expect_bad_input(
         &dir,
         &with(&["--v", "k5.npy", "--alibi-slopes", "slopes3.npy"]),
-        "ALiBi slopes",
+        "ALiBi slopes|expected 2 entries (one per query head)|got 3",
     );
     expect_bad_input(
         &dir,
         &with(&["--v", "k5.npy", "--alibi-slopes", "mask.npy"]),
-        "mask.npy",
+        "mask.npy|dtype b1 is not float32 or float16",
     );
     expect_bad_input(
         &dir,
         &with(&["--v", "k5.npy", "--adapter", "no-such-gpu"]),
-        "no-such-gpu",
+        "no GPU adapter matches|no-such-gpu",
     );
     // Headers that lie (issue 17 §1.2): a shape whose product wraps to 0 in 64 bits used
     // to pass every size check and hang; one claiming gigabytes, or more than the file
@@ -209,20 +254,36 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
         ];
         let at = args.iter().position(|&a| a == wrap[0]).expect("flag") + 1;
         args[at] = wrap[1];
-        expect_bad_input(&dir, &args, "overflows");
+        expect_bad_input(&dir, &args, "wrap.npy|overflows");
     }
     assert!(
         started.elapsed().as_secs() < 20,
         "wrapped shapes took {:?}",
         started.elapsed()
     );
-    expect_bad_input(&dir, &with(&["--v", "huge.npy"]), "header claims");
-    expect_bad_input(&dir, &with(&["--v", "short.npy"]), "header claims");
-    expect_bad_input(&dir, &with(&["--v", "k5.npy", "--tiling", "bogus"]), "blocked");
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "huge.npy"]),
+        "huge.npy|header claims [4, 4, 1000000, 64]",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "short.npy"]),
+        "short.npy|header claims [1, 2, 5, 4]|holds 40 bytes",
+    );
+    expect_bad_input(
+        &dir,
+        &with(&["--v", "k5.npy", "--tiling", "bogus"]),
+        "'bogus' is not one of|blocked",
+    );
     // check's reports: an unwritable path is refused before the grid runs.
     let started = std::time::Instant::now();
-    expect_bad_input(&dir, &["check", "--json", "."], "is a directory");
-    expect_bad_input(&dir, &["check", "--junit", "no-dir/r.xml"], "not a directory");
+    expect_bad_input(&dir, &["check", "--json", "."], "cannot write .|is a directory");
+    expect_bad_input(
+        &dir,
+        &["check", "--junit", "no-dir/r.xml"],
+        "cannot write no-dir/r.xml|not a directory",
+    );
     assert!(
         started.elapsed().as_secs() < 20,
         "check ran before refusing its report path"
@@ -256,7 +317,10 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
     let output = run("full.npy");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("full.npy"), "{stderr}");
+    assert!(
+        stderr.contains("full.npy") && stderr.contains("No space left"),
+        "{stderr}"
+    );
     let meta = std::fs::symlink_metadata(&link).expect("link still there");
     assert!(meta.file_type().is_symlink(), "the link was replaced");
     assert!(!dir.join("full.npy.partial").exists());
@@ -278,11 +342,11 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
     assert_eq!(read_f32(&dir.join("new-target.npy")).0, vec![1, 1, 3, 4]);
     // A directory, and a path whose directory does not exist: exit 2, nothing left.
     std::fs::create_dir(dir.join("adir")).expect("mkdir");
-    for out in ["adir", "missing/o.npy"] {
+    for (out, reason) in [("adir", "is a directory"), ("missing/o.npy", "not a directory")] {
         let output = run(out);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{out}: {stderr}");
-        assert!(stderr.contains(out), "{out}: {stderr}");
+        assert!(stderr.contains(out) && stderr.contains(reason), "{out}: {stderr}");
     }
     assert!(dir.join("adir").is_dir());
     assert!(!dir.join("adir.partial").exists());
@@ -317,6 +381,8 @@ fn a_dash_writes_the_output_to_stdout() {
     // Two outputs cannot share standard output.
     let both = run("-", &["--lse-out", "-"]);
     assert_eq!(both.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(stderr.contains("standard output"), "{stderr}");
     assert!(both.stdout.is_empty(), "something was written to stdout");
 }
 

@@ -14,29 +14,11 @@ use wgpu_attention::{
     Tensor,
 };
 
-/// A context that emulates cooperative matrices, or `None` with a message where the
-/// adapter cannot (no f16, or no fixed subgroup size: llvmpipe GL).
+/// A context that emulates cooperative matrices (`common::emulating_ctx`: skips where
+/// the adapter cannot, except on lavapipe through Vulkan under
+/// `WGPU_ATTENTION_REQUIRE_ADAPTER=1`, where it fails).
 fn emulating() -> Option<Context> {
-    let mut ctx = match Context::new() {
-        Ok(ctx) => ctx,
-        Err(e) => {
-            if std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() == Ok("1") {
-                panic!("WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}");
-            }
-            eprintln!("SKIPPING: no adapter ({e})");
-            return None;
-        }
-    };
-    // Long key ranges split across dispatches as under Mesa 22's llvmpipe, whatever
-    // the driver, so the resume path runs (the_emulated_kernel_splits_long_key_ranges).
-    ctx.limit_loop_iterations(wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP);
-    match ctx.emulate_cooperative_matrix() {
-        Ok(()) => Some(ctx),
-        Err(e) => {
-            eprintln!("SKIPPING coop emulation on {}: {e}", ctx.adapter_info().name);
-            None
-        }
-    }
+    common::emulating_ctx()
 }
 
 fn coop_case(shape: AttentionShape, options: AttentionOptions, dtype: DType, seed: u64) -> CheckCase {

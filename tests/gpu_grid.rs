@@ -9,11 +9,16 @@ use wgpu_attention::{DType, FusedTiling, KernelChoice};
 fn run_grid(kernel: KernelChoice, tiling: FusedTiling, dtype: DType) {
     let Some(ctx) = common::ctx() else { return };
     if dtype == DType::F16 && !ctx.capabilities().f16 {
-        eprintln!("SKIPPING f16 grid: adapter lacks SHADER_F16");
+        common::skip_lacking(ctx, "SHADER_F16 (the f16 grid)", true);
         return;
     }
     if let Err(e) = ctx.fused_config(tiling) {
-        eprintln!("SKIPPING {tiling:?} grid: {e}");
+        // Tensor cores only a GPU has (tests/gpu_coop_emulated.rs runs their kernel).
+        common::skip_lacking(
+            ctx,
+            &format!("the {tiling:?} tiling ({e})"),
+            tiling != FusedTiling::Coop,
+        );
         return;
     }
     for mut case in standard_grid(wgpu_attention::check::DEFAULT_SEED) {

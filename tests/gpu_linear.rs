@@ -241,7 +241,7 @@ fn linear_rejects_bad_requests_with_errors() {
 fn texture_gemm_takes_prepacked_weights_and_matrices_taller_than_a_layer() {
     let Some(ctx) = common::ctx() else { return };
     if ctx.linear_tiling() != LinearTiling::Texture {
-        eprintln!("skipped: this adapter does not use the texture GEMM");
+        common::skip_lacking(ctx, "the texture GEMM (a CPU adapter with 8-lane subgroups)", true);
         return;
     }
     let tall = ctx.capabilities().max_texture_dim as usize + 5;

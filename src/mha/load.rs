@@ -46,6 +46,13 @@ pub fn load_safetensors(
         return Err(Error::invalid("num_heads", "head counts must be at least 1"));
     }
     let tensors = SafeTensors::deserialize(bytes).map_err(|e| Error::invalid("weights file", e.to_string()))?;
+    // The safetensors crate keeps the last of two entries of one name, silently.
+    if let Some(name) = duplicate_name(bytes) {
+        return Err(Error::invalid(
+            "weights file",
+            format!("the header lists '{name}' twice; which one is meant is ambiguous"),
+        ));
+    }
     let file = File { tensors, prefix };
     let naming = if file.has("in_proj_weight") {
         WeightNaming::PyTorchPacked
@@ -152,7 +159,12 @@ fn hugging_face(file: &File, num_heads: usize, num_kv_heads: Option<usize>) -> R
     let head_dim = e / num_heads;
     let (kdim, vdim) = (file.dim("k_proj.weight", 1)?, file.dim("v_proj.weight", 1)?);
     let kv_width = match num_kv_heads {
-        Some(g) => g * head_dim,
+        Some(g) => g.checked_mul(head_dim).ok_or_else(|| {
+            Error::invalid(
+                "num_kv_heads",
+                format!("{g} heads of {head_dim} overflow the address space"),
+            )
+        })?,
         None => file.dim("k_proj.weight", 0)?,
     };
     if !kv_width.is_multiple_of(head_dim) || kv_width == 0 {
@@ -281,5 +293,82 @@ impl File<'_> {
             }
         };
         Ok(Some(values))
+    }
+}
+
+/// The first key that the JSON header of a `.safetensors` file (`bytes`, which the
+/// safetensors crate has already parsed, so the header is valid JSON) holds twice at
+/// its top level, with escapes decoded (`"a"` and `"\u0061"` are one name).
+fn duplicate_name(bytes: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let header = std::str::from_utf8(bytes.get(8..8usize.checked_add(len)?)?).ok()?;
+    let mut chars = header.chars().peekable();
+    let skip_space = |chars: &mut std::iter::Peekable<std::str::Chars>| {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+    };
+    skip_space(&mut chars);
+    if chars.next()? != '{' {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        skip_space(&mut chars);
+        match chars.next()? {
+            '"' => {}
+            _ => return None, // `}`: the end of the object
+        }
+        let key = json_string(&mut chars)?;
+        if !seen.insert(key.clone()) {
+            return Some(key);
+        }
+        skip_space(&mut chars);
+        if chars.next()? != ':' {
+            return None;
+        }
+        // The value: strings skipped whole, brackets counted, up to the `,` or `}`
+        // that ends it at the top level.
+        let mut depth = 0usize;
+        loop {
+            match chars.next()? {
+                '"' => {
+                    json_string(&mut chars)?;
+                }
+                '{' | '[' => depth += 1,
+                '}' | ']' if depth > 0 => depth -= 1,
+                '}' => return None,
+                ',' if depth == 0 => break,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A JSON string's value, read after its opening quote up to and including the closing one.
+fn json_string(chars: &mut std::iter::Peekable<std::str::Chars>) -> Option<String> {
+    let mut out = String::new();
+    let mut units: Vec<u16> = Vec::new();
+    loop {
+        let c = chars.next()?;
+        if c == '\\' && chars.peek() == Some(&'u') {
+            chars.next();
+            let hex: String = chars.by_ref().take(4).collect();
+            units.push(u16::from_str_radix(&hex, 16).ok()?);
+            continue;
+        }
+        if !units.is_empty() {
+            out.extend(char::decode_utf16(units.drain(..)).map(|r| r.unwrap_or(char::REPLACEMENT_CHARACTER)));
+        }
+        match c {
+            '"' => return Some(out),
+            '\\' => out.push(match chars.next()? {
+                'n' => '\n',
+                't' => '\t',
+                'r' => '\r',
+                'b' => '\u{8}',
+                'f' => '\u{c}',
+                other => other, // `"`, `\\`, `/`
+            }),
+            c => out.push(c),
+        }
     }
 }

@@ -11,28 +11,98 @@ use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{Context, DType, FusedTiling, KernelChoice};
 
-/// The shared context, or `None` (with a visible message) when no adapter exists and
-/// `WGPU_ATTENTION_REQUIRE_ADAPTER` is not `1`.
+/// Whether `WGPU_ATTENTION_REQUIRE_ADAPTER=1` (CI): a GPU test that cannot run must
+/// fail, never pass by skipping.
+pub fn adapter_required() -> bool {
+    std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() == Ok("1")
+}
+
+/// The one place that decides whether a test that cannot run skips or fails: it prints
+/// a visible `SKIPPING <test>: <reason>` line, or, under
+/// `WGPU_ATTENTION_REQUIRE_ADAPTER=1`, panics with the reason. The caller returns
+/// right after (it only returns here when skipping).
+#[track_caller]
+pub fn skip_or_fail(reason: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    if adapter_required() {
+        panic!("WGPU_ATTENTION_REQUIRE_ADAPTER=1, so {test} fails instead of skipping: {reason}");
+    }
+    eprintln!("SKIPPING {test}: {reason}");
+}
+
+/// A skip for something this adapter lacks that other adapters have (f16 and subgroups
+/// on llvmpipe GL, a loop cap on Mesa 25, ...): a legitimate skip even under
+/// `WGPU_ATTENTION_REQUIRE_ADAPTER=1`, except where the adapter is lavapipe through
+/// Vulkan (CI's) and `lavapipe_has_it`: CI's lavapipe (Mesa 22.3 and 25) has f16 and
+/// subgroups of a fixed size, so there a skip would only hide a detection bug, and it
+/// fails (through [`skip_or_fail`]).
+#[track_caller]
+pub fn skip_lacking(ctx: &Context, lacking: &str, lavapipe_has_it: bool) {
+    let info = ctx.adapter_info();
+    let reason = format!("{} ({:?}) lacks {lacking}", info.name, info.backend);
+    if lavapipe_has_it && is_vulkan_lavapipe(ctx) {
+        skip_or_fail(&format!("{reason}, which lavapipe through Vulkan has"));
+    } else {
+        let thread = std::thread::current();
+        eprintln!("SKIPPING {}: {reason}", thread.name().unwrap_or("a test"));
+    }
+}
+
+/// Whether the context runs on lavapipe (Mesa's llvmpipe through Vulkan), CI's adapter.
+pub fn is_vulkan_lavapipe(ctx: &Context) -> bool {
+    let info = ctx.adapter_info();
+    info.backend == wgpu_attention::wgpu::Backend::Vulkan && info.name.contains("llvmpipe")
+}
+
+/// The shared context, or `None` (after [`skip_or_fail`], which panics under
+/// `WGPU_ATTENTION_REQUIRE_ADAPTER=1`) when no adapter exists: every test that gets
+/// `None` prints its own `SKIPPING` line.
 pub fn ctx() -> Option<&'static Context> {
-    static CTX: OnceLock<Option<Context>> = OnceLock::new();
-    CTX.get_or_init(|| match Context::new() {
+    static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
+    let shared = CTX.get_or_init(|| match Context::new() {
         Ok(ctx) => {
             eprintln!(
                 "GPU tests on: {} ({:?})",
                 ctx.adapter_info().name,
                 ctx.adapter_info().backend
             );
-            Some(ctx)
+            Ok(ctx)
         }
+        Err(e) => Err(e.to_string()),
+    });
+    match shared {
+        Ok(ctx) => Some(ctx),
         Err(e) => {
-            if std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() == Ok("1") {
-                panic!("WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}");
-            }
-            eprintln!("SKIPPING GPU tests: no adapter ({e})");
+            skip_or_fail(&format!("no adapter ({e})"));
             None
         }
-    })
-    .as_ref()
+    }
+}
+
+/// A context of its own on the shared context's adapter (a test that changes it:
+/// destroys its device, lowers its loop cap), or `None` as [`ctx`] gives it.
+pub fn own_ctx() -> Option<Context> {
+    ctx()?;
+    Some(Context::new().expect("a second context on the shared context's adapter"))
+}
+
+/// A context of its own that emulates cooperative matrices
+/// ([`Context::emulate_cooperative_matrix`]), its long key ranges split as under Mesa
+/// 22's llvmpipe loop cap whatever the driver (so the resume path runs), or `None`
+/// where there is no adapter ([`ctx`]) or it cannot emulate them (no f16 or no fixed
+/// subgroup size: llvmpipe GL; [`skip_lacking`], which fails on lavapipe through
+/// Vulkan, where emulation must work).
+pub fn emulating_ctx() -> Option<Context> {
+    let mut ctx = own_ctx()?;
+    ctx.limit_loop_iterations(wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP);
+    match ctx.emulate_cooperative_matrix() {
+        Ok(()) => Some(ctx),
+        Err(e) => {
+            skip_lacking(&ctx, &format!("cooperative-matrix emulation ({e})"), true);
+            None
+        }
+    }
 }
 
 /// A context that splits long key ranges as under Mesa 22's llvmpipe loop cap, on
