@@ -5,8 +5,8 @@ use crate::options::FusedTiling;
 use crate::staging::{self, StagingPool};
 use crate::tensor::DType;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// How to pick an adapter. Empty fields fall back to the environment
 /// (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`, `WGPU_POWER_PREF`), then to wgpu's default.
@@ -55,6 +55,46 @@ impl AdapterSelector {
             (None, Some(b)) => format!("backend '{b}'"),
             (Some(n), Some(b)) => format!("name containing '{n}' on backend '{b}'"),
         }
+    }
+
+    /// Every adapter this selector's fields admit: on its backends, with its name
+    /// (call [`AdapterSelector::with_env`] first to honour the environment as
+    /// [`Context::with_selector`] does). Where a name or a backend is given and no
+    /// adapter matches, [`Error::NoAdapter`] names the filter and every adapter on any
+    /// backend; with neither, the list may be empty.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn adapters(&self) -> Result<Vec<wgpu::Adapter>> {
+        pollster::block_on(self.adapters_async())
+    }
+
+    /// [`AdapterSelector::adapters`], awaited.
+    pub async fn adapters_async(&self) -> Result<Vec<wgpu::Adapter>> {
+        let backends = self.backends()?;
+        let wanted = self.name.as_ref().map(|n| n.to_lowercase());
+        let adapters: Vec<wgpu::Adapter> = new_instance(backends)
+            .enumerate_adapters(backends)
+            .await
+            .into_iter()
+            .filter(|a| {
+                wanted
+                    .as_ref()
+                    .is_none_or(|w| a.get_info().name.to_lowercase().contains(w))
+            })
+            .collect();
+        if adapters.is_empty() && (self.name.is_some() || self.backend.is_some()) {
+            let every = wgpu::Backends::all();
+            let names: Vec<String> = new_instance(every)
+                .enumerate_adapters(every)
+                .await
+                .iter()
+                .map(|a| {
+                    let info = a.get_info();
+                    format!("{} ({:?})", info.name, info.backend)
+                })
+                .collect();
+            return Err(no_adapter(self, &names));
+        }
+        Ok(adapters)
     }
 }
 
@@ -288,20 +328,273 @@ pub struct Context {
     /// Readback buffers for reuse.
     staging: StagingPool,
     allocated: AtomicU64,
-    /// Set by wgpu's device-lost callback: every later call fails with an error that
-    /// says so (wgpu itself would panic on some of them, e.g. mapping a new buffer).
-    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// What every context on this device shares: whether the device was lost (after
+    /// which every call fails with an error that says so, where wgpu itself would
+    /// panic on some, e.g. mapping a new buffer), the hooks to run then, and GPU errors
+    /// that escaped every error scope, kept for the next call to return.
+    watch: Arc<DeviceWatch>,
     /// Unique per context in this process (tensors remember the one that made them).
     id: u64,
-    /// A GPU error that escaped every error scope (work the caller submitted outside
-    /// one), kept for the next call to return.
-    escaped: Arc<Mutex<Option<String>>>,
     /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
     /// or why it could not be parsed.
     env_tiling: std::result::Result<FusedTiling, String>,
 }
 
 static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A hook run once when a device is lost: wgpu's reason and message.
+type LostHook = Box<dyn FnOnce(wgpu::DeviceLostReason, &str) + Send>;
+
+/// At most this many threads' escaped errors are kept ([`DeviceWatch::escaped`]): a
+/// thread that never calls again must not make the list grow without bound.
+const KEPT_ESCAPED: usize = 16;
+
+/// What every [`Context`] on one device shares. wgpu keeps one device-lost callback per
+/// device, so the first context made on a device installs one that notifies this watch,
+/// and every later one on the same device ([`Context::from_wgpu`] on a device a context
+/// already uses) finds the watch in a process-wide registry rather than replacing the
+/// callback, which would leave the earlier contexts blind to the loss.
+#[derive(Default)]
+struct DeviceWatch {
+    lost: AtomicBool,
+    on_lost: Mutex<LostState>,
+    /// GPU errors that escaped every error scope (work the caller submitted outside
+    /// one), each with the thread wgpu raised it on: natively wgpu raises an error on
+    /// the thread of the call that caused it (its error scopes are per thread), so
+    /// that thread's next call gets it, and no other thread's. The first per thread.
+    escaped: Mutex<Vec<Escaped>>,
+}
+
+#[derive(Default)]
+struct LostState {
+    hooks: Vec<LostHook>,
+    /// Set once the device is lost: hooks registered later run at once with it.
+    cause: Option<(wgpu::DeviceLostReason, String)>,
+}
+
+/// A GPU error that escaped every error scope.
+struct Escaped {
+    /// The thread wgpu raised it on. On the web every error arrives on the one thread,
+    /// after the call that caused it has returned, so none is recorded.
+    #[cfg(not(target_arch = "wasm32"))]
+    thread: std::thread::ThreadId,
+    message: String,
+}
+
+/// Locks a mutex whose data stays consistent whatever a panicking holder did (each
+/// change is one push, take or assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl DeviceWatch {
+    /// Marks the device lost and runs the hooks (outside the lock: a hook may register
+    /// another, which then runs at once). Only the first loss counts.
+    fn notify(&self, reason: wgpu::DeviceLostReason, message: String) {
+        self.lost.store(true, Ordering::SeqCst);
+        let hooks = {
+            let mut state = lock(&self.on_lost);
+            if state.cause.is_some() {
+                return;
+            }
+            state.cause = Some((reason, message.clone()));
+            std::mem::take(&mut state.hooks)
+        };
+        for hook in hooks {
+            hook(reason, &message);
+        }
+    }
+
+    fn add_hook(&self, hook: LostHook) {
+        let mut state = lock(&self.on_lost);
+        match &state.cause {
+            Some((reason, message)) => {
+                let (reason, message) = (*reason, message.clone());
+                drop(state);
+                hook(reason, &message);
+            }
+            None => state.hooks.push(hook),
+        }
+    }
+
+    /// Keeps an error that escaped every scope, for the next call of the thread it was
+    /// raised on (the first one per thread; at most [`KEPT_ESCAPED`] threads, oldest
+    /// dropped).
+    fn keep_escaped(&self, message: String) {
+        let mut escaped = lock(&self.escaped);
+        #[cfg(not(target_arch = "wasm32"))]
+        let entry = Escaped {
+            thread: std::thread::current().id(),
+            message,
+        };
+        #[cfg(target_arch = "wasm32")]
+        let entry = Escaped { message };
+        #[cfg(not(target_arch = "wasm32"))]
+        if escaped.iter().any(|e| e.thread == entry.thread) {
+            return;
+        }
+        #[cfg(target_arch = "wasm32")]
+        if !escaped.is_empty() {
+            return;
+        }
+        if escaped.len() == KEPT_ESCAPED {
+            escaped.remove(0);
+        }
+        escaped.push(entry);
+    }
+
+    /// The escaped error that belongs to the calling thread, if any (on the web, the
+    /// one kept, whichever call raised it).
+    fn take_escaped(&self) -> Option<String> {
+        let mut escaped = lock(&self.escaped);
+        #[cfg(not(target_arch = "wasm32"))]
+        let i = {
+            let me = std::thread::current().id();
+            escaped.iter().position(|e| e.thread == me)?
+        };
+        #[cfg(target_arch = "wasm32")]
+        let i = (!escaped.is_empty()).then_some(0)?;
+        Some(escaped.remove(i).message)
+    }
+
+    /// The watch every context on `device` shares: the one registered for it, unless
+    /// `fresh` (a device this crate has just made, which none can be), else a new one,
+    /// whose device-lost callback this installs.
+    fn for_device(device: &wgpu::Device, fresh: bool) -> Arc<DeviceWatch> {
+        prune_watches();
+        let (watch, created) = with_watches(|watches| {
+            if !fresh {
+                let found = watches
+                    .iter()
+                    .filter(|(_, w)| w.strong_count() > 0)
+                    .find(|(d, _)| same_device(d, device))
+                    .and_then(|(_, w)| w.upgrade());
+                if let Some(watch) = found {
+                    return (watch, false);
+                }
+            }
+            let watch = Arc::new(DeviceWatch::default());
+            watches.push((device.clone(), Arc::downgrade(&watch)));
+            (watch, true)
+        });
+        if created {
+            // Installed outside the registry's lock: replacing the caller's callback drops
+            // it, and whatever it owned with it.
+            device.set_device_lost_callback(lost_callback(&watch));
+            #[cfg(not(target_arch = "wasm32"))]
+            if !fresh && is_dead(device) {
+                watch.notify(
+                    wgpu::DeviceLostReason::Unknown,
+                    "the device was lost before this context was made".into(),
+                );
+            }
+        }
+        watch
+    }
+}
+
+/// What wgpu's device-lost callback runs: notifies the watch if a context still uses
+/// it. It holds the watch weakly: the registry keeps the device, which keeps this.
+fn lost_callback(watch: &Arc<DeviceWatch>) -> impl Fn(wgpu::DeviceLostReason, String) + Send + Sync + 'static {
+    let watch = Arc::downgrade(watch);
+    move |reason, message| {
+        if let Some(watch) = watch.upgrade() {
+            watch.notify(reason, message);
+        }
+    }
+}
+
+impl Drop for DeviceWatch {
+    fn drop(&mut self) {
+        // The last context on the device is gone: its registry entry goes, and with it
+        // the registry's handle on the device.
+        prune_watches();
+    }
+}
+
+/// Each device a context uses, with its watch (held weakly: the contexts own it).
+type Watches = Vec<(wgpu::Device, Weak<DeviceWatch>)>;
+
+/// Runs `f` on the registry of device watches. `f` must not drop a watch or a device:
+/// either may end up back here ([`prune_watches`]).
+#[cfg(not(target_arch = "wasm32"))]
+fn with_watches<R>(f: impl FnOnce(&mut Watches) -> R) -> R {
+    static WATCHES: Mutex<Watches> = Mutex::new(Vec::new());
+    f(&mut lock(&WATCHES))
+}
+
+/// [`with_watches`] on the web, where devices cannot cross threads (nor do they need
+/// to: there is one).
+#[cfg(target_arch = "wasm32")]
+fn with_watches<R>(f: impl FnOnce(&mut Watches) -> R) -> R {
+    thread_local! {
+        static WATCHES: std::cell::RefCell<Watches> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    WATCHES.with(|w| f(&mut w.borrow_mut()))
+}
+
+/// Drops the registry's entries of devices no context uses any more (outside the
+/// registry, so that nothing a device owns runs with it held).
+fn prune_watches() {
+    let dead: Watches = with_watches(|watches| {
+        let (live, dead) = std::mem::take(watches)
+            .into_iter()
+            .partition(|(_, w)| w.strong_count() > 0);
+        *watches = live;
+        dead
+    });
+    drop(dead);
+}
+
+/// Whether `a` and `b` are the same device. On the web, wgpu's device ids are unique
+/// in the process.
+#[cfg(target_arch = "wasm32")]
+fn same_device(a: &wgpu::Device, b: &wgpu::Device) -> bool {
+    a == b
+}
+
+/// Whether `a` and `b` are the same device. wgpu compares devices by id, and natively
+/// the devices of two wgpu instances (each `Context::new` makes one) number their ids
+/// alike, so equal ids are confirmed: a validation error raised on `a` reaches the
+/// innermost error scope of its own device, which is the one pushed on `b` only if `b`
+/// is `a`.
+#[cfg(not(target_arch = "wasm32"))]
+fn same_device(a: &wgpu::Device, b: &wgpu::Device) -> bool {
+    if a != b {
+        return false;
+    }
+    let outer = a.push_error_scope(wgpu::ErrorFilter::Validation);
+    let inner = b.push_error_scope(wgpu::ErrorFilter::Validation);
+    raise_validation_error(a);
+    // Scopes pop in the reverse order of their pushes; natively a popped scope is
+    // ready at once.
+    let (inner, outer) = (inner.pop(), outer.pop());
+    let caught_by_b = pollster::block_on(inner).is_some();
+    let _ = pollster::block_on(outer);
+    caught_by_b
+}
+
+/// Whether `device` was destroyed or lost already: wgpu answers an invalid request on
+/// such a device with nothing (it reports only the loss, through the callback, which
+/// it may have run before this crate installed its own), a live one with a validation
+/// error.
+#[cfg(not(target_arch = "wasm32"))]
+fn is_dead(device: &wgpu::Device) -> bool {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    raise_validation_error(device);
+    pollster::block_on(scope.pop()).is_none()
+}
+
+/// Creates a buffer without usages, always invalid, and drops it at once.
+#[cfg(not(target_arch = "wasm32"))]
+fn raise_validation_error(device: &wgpu::Device) {
+    drop(device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("wgpu-attention device probe"),
+        size: 16,
+        usage: wgpu::BufferUsages::empty(),
+        mapped_at_creation: false,
+    }));
+}
 
 /// The environment variable that names the fused tiling when none is asked for.
 pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
@@ -379,6 +672,19 @@ impl Context {
     /// handler stays the caller's: errors in work the caller submits outside an error
     /// scope go there, not to this context's next call (as they do for contexts this
     /// crate makes).
+    ///
+    /// **This installs a device-lost callback** (`Device::set_device_lost_callback`),
+    /// unless a context already uses this device (then they share it). wgpu keeps one
+    /// callback per device and offers no way to read it back, so one the caller set
+    /// before is replaced. To keep a handler of your own:
+    /// - register it with [`Context::on_device_lost`]: every context on the device runs
+    ///   it once, when the device is lost (at once if it already was);
+    /// - or, if you set a callback of your own after making the context, call
+    ///   [`Context::device_lost_callback`]'s function from it; otherwise no context on
+    ///   the device learns of the loss.
+    ///
+    /// A device destroyed or lost before this call makes a context that is lost from
+    /// the start (natively; on the web only once the browser reports the loss).
     pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         pollster::block_on(Self::from_wgpu_async(info, device, queue))
     }
@@ -468,15 +774,18 @@ impl Context {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        let mut ctx = Self::from_wgpu_async(info, device.clone(), queue).await;
+        let mut ctx = Self::from_device_async(info, device.clone(), queue, true).await;
         // Every operation runs inside error scopes. An error that escapes them (work the
         // caller recorded with an `encode_*` function and submitted outside a scope)
-        // is kept for the next call's `Result`, rather than aborting the process as
-        // wgpu's default handler does.
-        let escaped = ctx.escaped.clone();
+        // is kept for the `Result` of the next call on the thread that raised it, rather
+        // than aborting the process as wgpu's default handler does. The handler holds
+        // the watch weakly (the device owns the handler).
+        let watch = Arc::downgrade(&ctx.watch);
         device.on_uncaptured_error(Arc::new(move |e| {
             eprintln!("wgpu-attention: uncaptured wgpu error: {e}");
-            *escaped.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            if let Some(watch) = watch.upgrade() {
+                watch.keep_escaped(e.to_string());
+            }
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
@@ -528,13 +837,18 @@ impl Context {
     /// [`Context::from_wgpu`], awaited (a CPU adapter's context runs the loop probe,
     /// [`Context::loop_cap`], which reads a result back).
     pub async fn from_wgpu_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        Self::from_device_async(info, device, queue, false).await
+    }
+
+    /// [`Context::from_wgpu_async`]; `fresh` for a device this crate has just made
+    /// (no other context can share it, so none is looked for).
+    async fn from_device_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue, fresh: bool) -> Self {
+        let watch = DeviceWatch::for_device(&device, fresh);
         let mut caps = Capabilities::detect(&device, &info);
-        if is_cpu_adapter(&info) {
+        // (A lost device runs nothing: every call on the context will say so.)
+        if is_cpu_adapter(&info) && !watch.lost.load(Ordering::SeqCst) {
             caps.loop_cap = crate::kernels::loop_probe::probe_async(&device, &queue).await;
         }
-        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = lost.clone();
-        device.set_device_lost_callback(move |_, _| flag.store(true, Ordering::SeqCst));
         Context {
             device,
             queue,
@@ -543,11 +857,36 @@ impl Context {
             pipelines: Mutex::new(HashMap::new()),
             staging: StagingPool::default(),
             allocated: AtomicU64::new(0),
-            lost,
+            watch,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
-            escaped: Arc::new(Mutex::new(None)),
             env_tiling: tiling_from_env(),
         }
+    }
+
+    /// Runs `hook` once when this context's device is lost, with wgpu's reason and
+    /// message, on the thread that polls the device then (or at once, here, if it was
+    /// lost already). Every context on one device shares its hooks, and each runs once
+    /// however many contexts there are: the way for a caller that owns the device to
+    /// keep a handler of its own after [`Context::from_wgpu`] replaced its callback.
+    pub fn on_device_lost(&self, hook: impl FnOnce(wgpu::DeviceLostReason, &str) + Send + 'static) {
+        self.watch.add_hook(Box::new(hook));
+    }
+
+    /// The function the device-lost callback this crate installed runs: for a caller
+    /// that sets a callback of its own on the device after making contexts on it (wgpu
+    /// keeps one per device, so that replaces this crate's). Call it from yours, or no
+    /// context on the device learns of the loss:
+    ///
+    /// ```no_run
+    /// # let ctx = wgpu_attention::Context::new().unwrap();
+    /// let ours = ctx.device_lost_callback();
+    /// ctx.device().set_device_lost_callback(move |reason, message| {
+    ///     eprintln!("device lost: {message}");
+    ///     ours(reason, message);
+    /// });
+    /// ```
+    pub fn device_lost_callback(&self) -> impl Fn(wgpu::DeviceLostReason, String) + Send + Sync + 'static {
+        lost_callback(&self.watch)
     }
 
     /// The tiling [`TILING_VAR`] named when this context was made (`Auto` when unset),
@@ -648,9 +987,9 @@ impl Context {
         if self.is_lost() {
             return Err(Self::lost_error(during));
         }
-        if let Some(message) = self.escaped.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(message) = self.watch.take_escaped() {
             return Err(Error::Gpu {
-                during: format!("work submitted before {during}, outside an error scope (Context::submit scopes it)"),
+                during: escaped_during(during),
                 message,
             });
         }
@@ -735,9 +1074,10 @@ impl Context {
         })
     }
 
-    /// Whether the device has been lost (see [`Context::scoped`]'s callers).
+    /// Whether the device has been lost (see [`Context::scoped`]'s callers). Every
+    /// context on the device sees it (wgpu reports a loss when the device is polled).
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        self.watch.lost.load(Ordering::SeqCst)
     }
 
     /// Creates a texture; its bytes count in [`Context::allocated_bytes`].
@@ -752,16 +1092,17 @@ impl Context {
     /// 16-byte units, so any buffer can be bound as an array of vec4s that reaches its
     /// last element (the subgroup decode design reads K and V only so).
     fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {
-        let size = bytes.max(16).div_ceil(16) * 16;
-        if size > self.caps.max_buffer {
+        // Checked: within 16 bytes of 2^64, rounding up would wrap to a 0-byte buffer.
+        let size = bytes.max(16).checked_next_multiple_of(16);
+        let Some(size) = size.filter(|&size| size <= self.caps.max_buffer) else {
             return Err(Error::LimitExceeded {
                 what: label.into(),
                 limit: "max_buffer_size",
                 unit: "bytes",
-                requested: size,
+                requested: size.unwrap_or(bytes),
                 max: self.caps.max_buffer,
             });
-        }
+        };
         self.allocated.fetch_add(size, Ordering::Relaxed);
         Ok(size)
     }
@@ -851,7 +1192,14 @@ impl Context {
                 let mut encoder = self.device.create_command_encoder(&Default::default());
                 let out = record(&mut encoder)?;
                 let (buffer, bytes) = read(&out);
-                let padded = bytes.max(4).div_ceil(4) * 4;
+                // A copy is whole 4-byte words, all inside the buffer.
+                let padded = bytes
+                    .max(4)
+                    .checked_next_multiple_of(4)
+                    .filter(|&padded| padded <= buffer.size())
+                    .ok_or_else(|| {
+                        Error::Readback(format!("{bytes} bytes asked of a buffer of {} bytes", buffer.size()))
+                    })?;
                 let class = staging::class_of(padded);
                 let staging = match self.staging.take(class) {
                     Some(b) => b,
@@ -891,7 +1239,9 @@ impl Context {
                 .slice(..padded)
                 .get_mapped_range()
                 .map_err(|e| Error::Readback(e.to_string()))?;
-            view[..bytes as usize].to_vec()
+            // `bytes` <= `padded`, the view's length, which fits in memory.
+            let len = usize::try_from(bytes).map_err(|e| Error::Readback(e.to_string()))?;
+            view[..len].to_vec()
         };
         staging.unmap();
         self.staging.give(staging);
@@ -934,6 +1284,24 @@ impl Context {
     pub fn compiled_pipelines(&self) -> usize {
         self.lock_pipelines().len()
     }
+}
+
+/// What an escaped error's [`Error::Gpu`] says it happened during: natively the
+/// calling thread's own work (wgpu raised it on this thread, in a call made outside
+/// every error scope).
+#[cfg(not(target_arch = "wasm32"))]
+fn escaped_during(during: &str) -> String {
+    format!("work submitted on this thread before {during}, outside an error scope (Context::submit scopes it)")
+}
+
+/// [`escaped_during`] on the web, where errors arrive after their call has returned,
+/// so the one kept may be another call's.
+#[cfg(target_arch = "wasm32")]
+fn escaped_during(during: &str) -> String {
+    format!(
+        "work submitted before {during}, outside an error scope (Context::submit scopes it); \
+         it may belong to another call than this one"
+    )
 }
 
 fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {

@@ -51,6 +51,20 @@ pub enum Error {
         max: u64,
     },
 
+    /// The request is larger than a capacity the caller chose, not a device limit: the
+    /// rows a [`crate::KvCache`] holds, the free pages of a [`crate::PagedKvCache`].
+    /// Nothing was changed; growing the cache (or freeing pages) makes room.
+    #[error("{what} needs {requested} {unit} but {capacity} is {max} {unit}")]
+    CapacityExceeded {
+        what: String,
+        /// The capacity, named as the sentence's subject: "the cache's capacity".
+        capacity: &'static str,
+        /// What `requested` and `max` count: rows, pages.
+        unit: &'static str,
+        requested: u64,
+        max: u64,
+    },
+
     /// wgpu reported a validation or out-of-memory error while recording or submitting.
     #[error("GPU error during {during}: {message}")]
     Gpu { during: String, message: String },

@@ -15,8 +15,8 @@ use crate::tensor::{DType, Layout, Tensor};
 /// dtype, of which batch element `b` holds its first `lengths()[b]` rows.
 ///
 /// [`KvCache::append`] writes new rows after each element's last one, never
-/// reallocating; a cache that would overflow refuses and is left as it was, and
-/// [`KvCache::grow`] makes room explicitly. [`KvCache::attend`] runs attention of new
+/// reallocating; a cache that would overflow refuses ([`Error::CapacityExceeded`]) and
+/// is left as it was, and [`KvCache::grow`] makes room explicitly. [`KvCache::attend`] runs attention of new
 /// queries against what each element holds, positions aligned bottom-right to each
 /// element's own length (the last query row sits at the last cached key).
 ///
@@ -169,11 +169,12 @@ impl KvCache {
             }
             let needed = len as usize + count as usize;
             if needed > self.capacity() {
-                return Err(Error::LimitExceeded {
+                // The cache's own capacity, which the caller chose: not a device limit.
+                return Err(Error::CapacityExceeded {
                     what: format!(
                         "KV cache rows of batch element {b} ({len} held + {count} appended; KvCache::grow makes room)"
                     ),
-                    limit: "the cache's capacity",
+                    capacity: "the cache's capacity",
                     unit: "rows",
                     requested: needed as u64,
                     max: self.capacity() as u64,

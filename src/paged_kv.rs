@@ -145,8 +145,8 @@ struct Sequence {
 /// (BSHD is vLLM's `[P, page_size, Hkv, D]`).
 ///
 /// Sequences are added and removed at will; appending rows takes free pages as a
-/// sequence needs them (an append the free pages cannot hold is refused and changes
-/// nothing), and removing a sequence frees its pages for others. [`PagedKvCache::attend`]
+/// sequence needs them (an append the free pages cannot hold is refused with
+/// [`crate::Error::CapacityExceeded`] and changes nothing), and removing a sequence frees its pages for others. [`PagedKvCache::attend`]
 /// runs attention of a batch of sequences' new queries against what each holds, as
 /// [`crate::KvCache::attend`] does.
 ///
@@ -367,12 +367,13 @@ impl PagedKvCache {
             grown.push((seq.clone(), rows));
         }
         if pages_needed > self.free.len() {
-            return Err(Error::LimitExceeded {
+            // The pool's own size, which the caller chose: not a device limit.
+            return Err(Error::CapacityExceeded {
                 what: format!(
                     "KV pool pages for appends to {} sequences (remove_sequence frees pages)",
                     ids.len()
                 ),
-                limit: "the pool's free pages",
+                capacity: "the pool's free space",
                 unit: "pages",
                 requested: pages_needed as u64,
                 max: self.free.len() as u64,

@@ -132,7 +132,7 @@ fn overflow_is_refused_and_changes_nothing_until_grown() {
     // `append` records rows in `expected` only when the cache took them.
     let err = append(ctx, &mut cache, &mut expected, &mut rng, rows(4, &[2, 3, 4])).expect_err("element 2 overflows");
     assert!(
-        matches!(&err, Error::LimitExceeded { what, .. } if what.contains("batch element 2") && what.contains("grow")),
+        matches!(&err, Error::CapacityExceeded { what, .. } if what.contains("batch element 2") && what.contains("grow")),
         "{err}"
     );
     assert_eq!(cache.lengths(), &[6, 2, 5], "a refused append changed the lengths");

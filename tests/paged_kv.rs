@@ -238,7 +238,7 @@ fn sequences_share_one_pool_and_reuse_freed_pages() {
     assert!(
         matches!(
             &err,
-            Error::LimitExceeded {
+            Error::CapacityExceeded {
                 requested: 8,
                 max: 6,
                 ..

@@ -1,4 +1,5 @@
-//! `info`: every adapter wgpu sees, its features and the limits that matter here.
+//! `info`: every adapter wgpu sees (on the backends and with the name the adapter
+//! options or the environment ask for), its features and the limits that matter here.
 
 use super::{AdapterArgs, CliError};
 
@@ -10,16 +11,23 @@ pub struct InfoArgs {
 }
 
 pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
-    let adapters = wgpu_attention::enumerate_adapters(adapter.backend.as_deref())?;
+    // The adapters every other command chooses among: `--backend` and `--adapter`, else
+    // WGPU_BACKEND and WGPU_ADAPTER_NAME. A filter that matches nothing is bad input
+    // (exit 2), naming the filter and the adapters there are.
+    let selector = wgpu_attention::AdapterSelector {
+        name: adapter.adapter.clone(),
+        backend: adapter.backend.clone(),
+    }
+    .with_env();
+    let adapters = selector.adapters()?;
     let mut all = Vec::new();
     for a in &adapters {
-        let info = a.get_info();
-        if let Some(name) = &adapter.adapter {
-            if !info.name.to_lowercase().contains(&name.to_lowercase()) {
-                continue;
-            }
-        }
-        all.push(adapter_json(&info, a.features(), &a.limits(), &cooperative_matrix(a)));
+        all.push(adapter_json(
+            &a.get_info(),
+            a.features(),
+            &a.limits(),
+            &cooperative_matrix(a),
+        ));
     }
     if args.json {
         outln!(

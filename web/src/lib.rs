@@ -234,21 +234,17 @@ pub struct BenchProblem {
 
 impl BenchProblem {
     async fn new(ctx: Rc<Context>, request: Request) -> wgpu_attention::Result<Self> {
-        let [b, hq, hkv, lq, lk, d, dv] =
-            request.counts_exact("shape", f64::from(u32::MAX), "[B, Hq, Hkv, Lq, Lk, D, Dv]")?;
-        let shape = AttentionShape::new(b, hq, hkv, lq, lk, d, dv);
-        // Refused before the inputs are drawn: a shape past the adapter's buffers would
-        // otherwise exhaust the module's memory first.
-        let max_elements = ctx.capabilities().max_buffer / 4;
-        for (name, h, l, width) in [("q", hq, lq, d), ("k", hkv, lk, d), ("v", hkv, lk, dv)] {
-            let elements = [b, h, l, width].iter().try_fold(1u64, |n, &x| n.checked_mul(x as u64));
-            if elements.is_none_or(|n| n > max_elements) {
-                return Err(wgpu_attention::Error::invalid(
-                    "shape",
-                    format!("{name} would exceed this adapter's largest buffer ({max_elements} f32 values)"),
-                ));
-            }
-        }
+        let dims = request.counts_exact("shape", f64::from(u32::MAX), "[B, Hq, Hkv, Lq, Lk, D, Dv]")?;
+        let shape = bench_shape(dims, ctx.capabilities().max_buffer)?;
+        let AttentionShape {
+            batch: b,
+            heads_q: hq,
+            heads_kv: hkv,
+            len_q: lq,
+            len_k: lk,
+            head_dim: d,
+            head_dim_v: dv,
+        } = shape;
         let dtype = match request.string("dtype")?.as_deref() {
             None | Some("f32") => DType::F32,
             Some("f16") => DType::F16,
@@ -284,12 +280,46 @@ impl BenchProblem {
         Ok(BenchProblem {
             inputs: Rc::new(inputs),
             flops: case.flops(),
-            bytes: case.compulsory_bytes(),
+            bytes: compulsory_bytes(&shape, dtype),
             ctx,
             options,
             kernel,
         })
     }
+}
+
+/// A bench problem's shape `[B, Hq, Hkv, Lq, Lk, D, Dv]`, refused (before any input is
+/// drawn or any size multiplied in `usize`, 32 bits here) unless the library's shape
+/// checks pass (no zero sizes, whole GQA groups, head dims, element counts that fit)
+/// and every tensor, the output included, fits the adapter's largest buffer (a shape
+/// past it would exhaust the module's memory first).
+fn bench_shape(dims: [usize; 7], max_buffer: u64) -> wgpu_attention::Result<AttentionShape> {
+    let [b, hq, hkv, lq, lk, d, dv] = dims;
+    let shape = AttentionShape::from_qkv([b, hq, lq, d], [b, hkv, lk, d], [b, hkv, lk, dv])?;
+    let max_elements = max_buffer / 4;
+    for (name, h, l, width) in [
+        ("q", hq, lq, d),
+        ("k", hkv, lk, d),
+        ("v", hkv, lk, dv),
+        ("the output", hq, lq, dv),
+    ] {
+        let elements = [b, h, l, width].iter().try_fold(1u64, |n, &x| n.checked_mul(x as u64));
+        if elements.is_none_or(|n| n > max_elements) {
+            return Err(wgpu_attention::Error::invalid(
+                "shape",
+                format!("{name} would exceed this adapter's largest buffer ({max_elements} f32 values)"),
+            ));
+        }
+    }
+    Ok(shape)
+}
+
+/// Bytes one call must move (Q, K, V read and O written once), as the native `bench`
+/// counts them (`BenchCase::compulsory_bytes`), but in f64: its `usize` products can
+/// wrap on wasm32.
+fn compulsory_bytes(s: &AttentionShape, dtype: DType) -> f64 {
+    let rows = s.batch as f64 * (s.heads_q as f64 * s.len_q as f64 + s.heads_kv as f64 * s.len_k as f64);
+    rows * (s.head_dim + s.head_dim_v) as f64 * dtype.size() as f64
 }
 
 #[wasm_bindgen]
@@ -369,4 +399,36 @@ async fn sentence_example(ctx: &Context) -> wgpu_attention::Result<JsValue> {
     set(&object, "images", &images.into()).map_err(js_failure)?;
     set(&object, "weights", &Float32Array::from(&result.weights[..]).into()).map_err(js_failure)?;
     Ok(object.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_shapes_are_checked_before_anything_uses_them() {
+        let max_buffer = 1 << 28;
+        // The shapes `bench --shape` was found dividing by zero with, and a group that
+        // does not divide: each refused by the library's own checks.
+        for dims in [
+            [1, 1, 0, 1, 1, 4, 4],
+            [1, 0, 1, 1, 1, 4, 4],
+            [1, 3, 2, 4, 4, 8, 8],
+            [1, 1, 1, 1, 1, 257, 8],
+        ] {
+            assert!(bench_shape(dims, max_buffer).is_err(), "{dims:?}");
+        }
+        // The output past the largest buffer while q, k and v fit.
+        let err = bench_shape([1, 1, 1, 1 << 20, 1, 1, 256], max_buffer).expect_err("the output is 2^28 values");
+        assert!(err.to_string().contains("the output"), "{err}");
+        // Sizes whose product would wrap a 32-bit usize (and exceed any buffer).
+        let big = (1 << 31) - 1;
+        assert!(bench_shape([big, big, big, big, big, 256, 256], u64::MAX).is_err());
+        let shape = bench_shape([2, 8, 2, 64, 96, 32, 16], max_buffer).expect("a valid shape");
+        assert_eq!(shape, AttentionShape::new(2, 8, 2, 64, 96, 32, 16));
+        assert_eq!(
+            compulsory_bytes(&shape, DType::F32),
+            (2 * 4 * (8 * 64 + 2 * 96) * 48) as f64
+        );
+    }
 }
