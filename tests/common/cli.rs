@@ -4,9 +4,14 @@ use npyz::WriterBuilder;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The `wgpu-attention` binary built for this test run.
+/// The `wgpu-attention` binary built for this test run, or the one
+/// `WGPU_ATTENTION_BIN` names (to run the CLI tests against another build, e.g. to show
+/// a regression test failing on the binary before its fix).
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+    match std::env::var_os("WGPU_ATTENTION_BIN") {
+        Some(path) => Command::new(path),
+        None => Command::new(env!("CARGO_BIN_EXE_wgpu-attention")),
+    }
 }
 
 /// A fresh, empty temporary directory for one test.
