@@ -128,7 +128,20 @@ enum Command {
     Viz(viz::VizArgs),
 }
 
+/// Mesa's Vulkan device-select layer connects to a Wayland display while the loader
+/// lists devices, and on a headless machine (no `XDG_RUNTIME_DIR`) libwayland then
+/// prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." on
+/// stderr, on success. The CLI picks adapters itself (`--adapter`), so the layer's
+/// ordering is not needed there: it is turned off (`NODEVICE_SELECT=1`) unless the
+/// caller set that variable. Runs first, before any thread exists.
+fn quiet_headless_vulkan() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 pub fn main() -> ExitCode {
+    quiet_headless_vulkan();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
