@@ -72,6 +72,11 @@ pub enum Error {
     /// Reading a buffer back, or waiting for the device, failed.
     #[error("GPU readback failed: {0}")]
     Readback(String),
+
+    /// A file could not be read or written: what a caller's `std::fs::read(..)?` gives
+    /// in a function returning this crate's [`Result`] (weights files, mostly).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// Shorthand used throughout the crate.

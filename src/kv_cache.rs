@@ -35,21 +35,60 @@ pub struct KvCache {
     texels: Option<KvTexels>,
 }
 
+/// What a [`KvCache`] holds: sizes by name, so that none can be given for another.
+///
+/// ```
+/// use wgpu_attention::{DType, KvCacheConfig, Layout};
+/// let config = KvCacheConfig {
+///     batch: 2,
+///     heads_kv: 8,
+///     capacity: 4096,
+///     head_dim: 128,
+///     head_dim_v: 128,
+///     layout: Layout::Bshd,
+///     dtype: DType::F16,
+/// };
+/// # let _ = config;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvCacheConfig {
+    /// Sequences (batch elements), each with its own length.
+    pub batch: usize,
+    /// Key/value heads (`Hkv`; query heads may be a multiple of it, GQA).
+    pub heads_kv: usize,
+    /// Rows each sequence can hold before [`KvCache::grow`].
+    pub capacity: usize,
+    /// Key head dim `D`.
+    pub head_dim: usize,
+    /// Value head dim `Dv` (usually `D`).
+    pub head_dim_v: usize,
+    /// Layout of the cache's own tensors (rows appended may come in either).
+    pub layout: Layout,
+    /// The cache's dtype, and that of the rows appended ([`Tensor::from_f32_as`] uploads
+    /// f32 data as f16).
+    pub dtype: DType,
+}
+
 impl KvCache {
-    /// An empty cache; `layout` and `dtype` are those of the rows it will be given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        ctx: &Context,
-        batch: usize,
-        heads_kv: usize,
-        capacity: usize,
-        head_dim: usize,
-        head_dim_v: usize,
-        layout: Layout,
-        dtype: DType,
-    ) -> Result<Self> {
-        let k_shape = [batch, heads_kv, capacity, head_dim];
-        KvCache::allocate(ctx, k_shape, head_dim_v, layout, dtype, true)
+    /// An empty cache as `config` describes.
+    pub fn new(ctx: &Context, config: KvCacheConfig) -> Result<Self> {
+        let KvCacheConfig {
+            batch,
+            heads_kv,
+            capacity,
+            head_dim,
+            head_dim_v,
+            layout,
+            dtype,
+        } = config;
+        KvCache::allocate(
+            ctx,
+            [batch, heads_kv, capacity, head_dim],
+            head_dim_v,
+            layout,
+            dtype,
+            true,
+        )
     }
 
     /// An empty cache that holds the keys and values of attention shape `s`: batch,
@@ -363,7 +402,19 @@ pub(crate) fn check_new_rows(
         ));
     }
     if t.dtype() != dtype {
-        return Err(Error::shape(format!("dtype of {what}"), dtype.name(), t.dtype().name()));
+        return Err(Error::shape(
+            format!("dtype of {what}"),
+            format!(
+                "{} (the cache's; upload f32 data as {} with Tensor::from_f32_as(ctx, shape, layout, DType::{}, data))",
+                dtype.name(),
+                dtype.name(),
+                match dtype {
+                    DType::F32 => "F32",
+                    DType::F16 => "F16",
+                }
+            ),
+            t.dtype().name(),
+        ));
     }
     Ok(())
 }

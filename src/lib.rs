@@ -61,13 +61,13 @@ pub use attention::{
 pub use context::enumerate_adapters;
 pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig};
 pub use error::{Error, Result};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvCacheConfig};
 pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
 pub use options::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,
     MaskValues, Precision, Window,
 };
-pub use paged_kv::{PageTable, PagedKvCache, SequenceId};
+pub use paged_kv::{PageTable, PagedKvCache, PagedKvConfig, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
 pub use tensor::{relayout, DType, Layout, Tensor};
 // One Context serves many threads (docs/design.md): this stops compiling if it no

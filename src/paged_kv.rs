@@ -164,19 +164,38 @@ pub struct PagedKvCache {
     generations: u64,
 }
 
+/// What a [`PagedKvCache`] holds: sizes by name, so that none can be given for another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PagedKvConfig {
+    /// Pages in the pool, shared by every sequence.
+    pub pages: usize,
+    /// Rows per page (vLLM uses 16).
+    pub page_size: usize,
+    /// Key/value heads (`Hkv`).
+    pub heads_kv: usize,
+    /// Key head dim `D`.
+    pub head_dim: usize,
+    /// Value head dim `Dv` (usually `D`).
+    pub head_dim_v: usize,
+    /// Layout of the pool's tensors `[pages, Hkv, page_size, D]` (`Bshd`: vLLM's
+    /// `[pages, page_size, Hkv, D]`).
+    pub layout: Layout,
+    /// The pool's dtype, and that of the rows appended.
+    pub dtype: DType,
+}
+
 impl PagedKvCache {
-    /// An empty pool of `pages` pages of `page_size` rows.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        ctx: &Context,
-        pages: usize,
-        page_size: usize,
-        heads_kv: usize,
-        head_dim: usize,
-        head_dim_v: usize,
-        layout: Layout,
-        dtype: DType,
-    ) -> Result<Self> {
+    /// An empty pool as `config` describes.
+    pub fn new(ctx: &Context, config: PagedKvConfig) -> Result<Self> {
+        let PagedKvConfig {
+            pages,
+            page_size,
+            heads_kv,
+            head_dim,
+            head_dim_v,
+            layout,
+            dtype,
+        } = config;
         if pages == 0 || pages > u32::MAX as usize / 2 {
             return Err(Error::unsupported("KV pool pages", pages, "1 to 2^31 - 1"));
         }

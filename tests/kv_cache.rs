@@ -6,6 +6,7 @@
 mod common;
 use wgpu_attention::check::{alibi_slopes, ErrorStats, Rng, Tolerance};
 use wgpu_attention::reference::attention;
+use wgpu_attention::KvCacheConfig;
 use wgpu_attention::{
     relayout, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, KernelChoice, KvCache, Layout,
     Tensor, Window,
@@ -102,7 +103,19 @@ fn appends_write_rows_in_place_bit_for_bit() {
                 continue;
             }
             let mut rng = Rng::new(61);
-            let mut cache = KvCache::new(ctx, B, HKV, 40, D, DV, cache_layout, dtype).expect("cache");
+            let mut cache = KvCache::new(
+                ctx,
+                KvCacheConfig {
+                    batch: B,
+                    heads_kv: HKV,
+                    capacity: 40,
+                    head_dim: D,
+                    head_dim_v: DV,
+                    layout: cache_layout,
+                    dtype: dtype,
+                },
+            )
+            .expect("cache");
             let mut expected = Expected::new();
             // A prompt for everyone, a ragged chunk, then one token each.
             for (n, counts) in [(12, vec![12, 12, 12]), (9, vec![9, 0, 4]), (1, vec![1, 1, 1])] {
@@ -125,7 +138,19 @@ fn appends_write_rows_in_place_bit_for_bit() {
 fn overflow_is_refused_and_changes_nothing_until_grown() {
     let Some(ctx) = common::ctx() else { return };
     let mut rng = Rng::new(62);
-    let mut cache = KvCache::new(ctx, B, HKV, 8, D, DV, Layout::Bhsd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: B,
+            heads_kv: HKV,
+            capacity: 8,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     let mut expected = Expected::new();
     let rows = |n, counts: &'static [u32]| (n, counts, Layout::Bhsd, DType::F32);
     append(ctx, &mut cache, &mut expected, &mut rng, rows(6, &[6, 2, 5])).expect("fits");
@@ -163,7 +188,19 @@ fn attention_after_clear_never_sees_the_forgotten_rows() {
     let Some(ctx) = common::ctx() else { return };
     let seed = 66;
     let mut rng = Rng::new(seed);
-    let mut cache = KvCache::new(ctx, B, HKV, 8, D, DV, Layout::Bhsd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: B,
+            heads_kv: HKV,
+            capacity: 8,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     // Rows of infinities, forgotten, then one finite row each: the infinities now sit
     // past the lengths, where kernels load (and mask) whole blocks of rows.
     let inf = |dim| {
@@ -209,7 +246,20 @@ fn attention_after_clear_never_sees_the_forgotten_rows() {
 #[test]
 fn caches_attention_could_not_read_are_refused_at_construction() {
     let Some(ctx) = common::ctx() else { return };
-    let new = |b, h, d, dv, dtype| KvCache::new(ctx, b, h, 8, d, dv, Layout::Bhsd, dtype);
+    let new = |b, h, d, dv, dtype| {
+        KvCache::new(
+            ctx,
+            KvCacheConfig {
+                batch: b,
+                heads_kv: h,
+                capacity: 8,
+                head_dim: d,
+                head_dim_v: dv,
+                layout: Layout::Bhsd,
+                dtype: dtype,
+            },
+        )
+    };
     for (b, h, d, dv, what) in [
         (0, HKV, D, DV, "no batch elements"),
         (B, 0, D, DV, "no heads"),
@@ -234,7 +284,19 @@ fn caches_attention_could_not_read_are_refused_at_construction() {
 fn rows_or_a_cache_from_another_context_are_refused() {
     let Some(ctx) = common::ctx() else { return };
     let other = Context::new().expect("a second context on the same adapter");
-    let mut cache = KvCache::new(ctx, B, HKV, 8, D, DV, Layout::Bhsd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: B,
+            heads_kv: HKV,
+            capacity: 8,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     let mut rng = Rng::new(64);
     let k = Tensor::from_f32(&other, [B, HKV, 1, D], Layout::Bhsd, &rng.vec(B * HKV * D, -1.0, 1.0)).expect("upload");
     let v = Tensor::from_f32(ctx, [B, HKV, 1, DV], Layout::Bhsd, &rng.vec(B * HKV * DV, -1.0, 1.0)).expect("upload");
@@ -249,7 +311,19 @@ fn appends_over_more_pairs_than_one_grid_axis_holds_fit_one_call() {
     let Some(ctx) = common::ctx() else { return };
     // 70,000 (batch, head) pairs: past the 65,535 workgroups of one grid axis.
     let (b, h) = (35_000, 2);
-    let mut cache = KvCache::new(ctx, b, h, 2, 1, 1, Layout::Bhsd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: b,
+            heads_kv: h,
+            capacity: 2,
+            head_dim: 1,
+            head_dim_v: 1,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     let seed = 65;
     let mut rng = Rng::new(seed);
     let (k, v) = (rng.vec(b * h, -1.0, 1.0), rng.vec(b * h, -1.0, 1.0));
@@ -269,7 +343,19 @@ fn attention_over_the_cache_equals_attention_over_the_concatenated_rows() {
     let Some(ctx) = common::ctx() else { return };
     let hq = 4;
     let mut rng = Rng::new(63);
-    let mut cache = KvCache::new(ctx, B, HKV, 1200, D, DV, Layout::Bshd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: B,
+            heads_kv: HKV,
+            capacity: 1200,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bshd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     let mut expected = Expected::new();
     // Lengths 1100, 0 and 37: a long sequence (split-K decode for Lq = 1), an empty one
     // (zeros), and a short one with fewer keys than some windows.

@@ -10,6 +10,7 @@ use wgpu_attention::check::Rng;
 use wgpu_attention::kernels::decode::DecodeDesign;
 use wgpu_attention::kernels::kv_texels::TexelGrid;
 use wgpu_attention::{AttentionOptions, Context, DType, FusedTiling, KernelChoice, KvCache, Layout, Tensor};
+use wgpu_attention::{KvCacheConfig, PagedKvConfig};
 
 const B: usize = 3;
 const HKV: usize = 2;
@@ -37,7 +38,21 @@ struct Pair {
 
 impl Pair {
     fn new(ctx: &Context, capacity: usize, (d, dv): (usize, usize), layout: Layout, dtype: DType) -> Pair {
-        let new = || KvCache::new(ctx, B, HKV, capacity, d, dv, layout, dtype).expect("cache");
+        let new = || {
+            KvCache::new(
+                ctx,
+                KvCacheConfig {
+                    batch: B,
+                    heads_kv: HKV,
+                    capacity: capacity,
+                    head_dim: d,
+                    head_dim_v: dv,
+                    layout: layout,
+                    dtype: dtype,
+                },
+            )
+            .expect("cache")
+        };
         let mirrored = new();
         let mut plain = new();
         assert!(
@@ -235,7 +250,21 @@ fn a_paged_pool_and_its_mirror_give_the_same_decode_after_pages_are_reused() {
         let seed = 7300 + u64::from(dtype == DType::F16);
         let what = |step: &str| format!("seed {seed}, paged {dtype:?}, {step}");
         let mut rng = Rng::new(seed);
-        let new = || PagedKvCache::new(ctx, 40, PAGE, HKV, d, dv, Layout::Bshd, dtype).expect("pool");
+        let new = || {
+            PagedKvCache::new(
+                ctx,
+                PagedKvConfig {
+                    pages: 40,
+                    page_size: PAGE,
+                    heads_kv: HKV,
+                    head_dim: d,
+                    head_dim_v: dv,
+                    layout: Layout::Bshd,
+                    dtype: dtype,
+                },
+            )
+            .expect("pool")
+        };
         let mut pools = [new(), new()];
         assert!(
             pools[0].has_texel_mirror(),

@@ -7,6 +7,7 @@ mod common;
 use std::sync::mpsc;
 use wgpu_attention::wgpu;
 use wgpu_attention::{Context, DType, Error, KvCache, Layout, PagedKvCache, Tensor};
+use wgpu_attention::{KvCacheConfig, PagedKvConfig};
 
 fn upload(ctx: &Context) -> wgpu_attention::Result<Tensor> {
     Tensor::from_f32(ctx, [1, 1, 2, 4], Layout::Bhsd, &[0.5; 8])
@@ -138,7 +139,19 @@ fn a_buffer_within_16_bytes_of_2_to_the_64_is_refused() {
 fn a_full_kv_cache_names_its_capacity_not_a_device_limit() {
     let Some(ctx) = common::ctx() else { return };
     let rows = |n: usize| upload_rows(ctx, n);
-    let mut cache = KvCache::new(ctx, 1, 1, 24, 4, 4, Layout::Bhsd, DType::F32).expect("cache");
+    let mut cache = KvCache::new(
+        ctx,
+        KvCacheConfig {
+            batch: 1,
+            heads_kv: 1,
+            capacity: 24,
+            head_dim: 4,
+            head_dim_v: 4,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("cache");
     cache.append(ctx, &rows(24), &rows(24)).expect("fits");
     let err = cache.append(ctx, &rows(1), &rows(1)).expect_err("full");
     let message = err.to_string();
@@ -159,7 +172,19 @@ fn a_full_kv_cache_names_its_capacity_not_a_device_limit() {
     );
     assert!(!message.contains("device"), "{message}");
 
-    let mut pool = PagedKvCache::new(ctx, 2, 4, 1, 4, 4, Layout::Bhsd, DType::F32).expect("pool");
+    let mut pool = PagedKvCache::new(
+        ctx,
+        PagedKvConfig {
+            pages: 2,
+            page_size: 4,
+            heads_kv: 1,
+            head_dim: 4,
+            head_dim_v: 4,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("pool");
     let id = pool.add_sequence();
     let err = pool.append(ctx, &[id], &rows(9), &rows(9)).expect_err("3 pages of 2");
     let message = err.to_string();

@@ -9,6 +9,7 @@ use common::paged::{PagedInputs, HKV, PAGE};
 use common::{dtypes, paths};
 use wgpu_attention::check::{alibi_slopes, ErrorStats, Rng, Tolerance};
 use wgpu_attention::reference::attention;
+use wgpu_attention::PagedKvConfig;
 use wgpu_attention::{
     sdpa_paged, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, KernelChoice, Layout,
     PageTable, PagedKvCache, SequenceId, Tensor, Window,
@@ -91,16 +92,50 @@ fn bad_tables_and_pools_are_refused() {
     assert!(PageTable::new(2, 2, vec![0, 1, 2]).is_err(), "3 entries for 2 x 2");
     assert!(PageTable::new(0, 2, vec![]).is_err(), "an empty table");
     // f16 pages of an odd number of elements cannot be cleared by buffer clears.
-    let odd = PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F16);
+    let odd = PagedKvCache::new(
+        ctx,
+        PagedKvConfig {
+            pages: 4,
+            page_size: 5,
+            heads_kv: 1,
+            head_dim: 3,
+            head_dim_v: 3,
+            layout: Layout::Bshd,
+            dtype: wgpu_attention::DType::F16,
+        },
+    );
     assert!(matches!(odd, Err(Error::Unsupported { .. })), "{:?}", odd.err());
-    assert!(PagedKvCache::new(ctx, 4, 5, 1, 3, 3, Layout::Bshd, wgpu_attention::DType::F32).is_ok());
+    assert!(PagedKvCache::new(
+        ctx,
+        PagedKvConfig {
+            pages: 4,
+            page_size: 5,
+            heads_kv: 1,
+            head_dim: 3,
+            head_dim_v: 3,
+            layout: Layout::Bshd,
+            dtype: wgpu_attention::DType::F32
+        }
+    )
+    .is_ok());
     // Pools attention could never read.
     for (heads, d, what) in [
         (0, D, "no heads"),
         (HKV, 512, "head dim past 256"),
         (HKV, 0, "head dim 0"),
     ] {
-        let pool = PagedKvCache::new(ctx, 4, PAGE, heads, d, DV, Layout::Bshd, DType::F32);
+        let pool = PagedKvCache::new(
+            ctx,
+            PagedKvConfig {
+                pages: 4,
+                page_size: PAGE,
+                heads_kv: heads,
+                head_dim: d,
+                head_dim_v: DV,
+                layout: Layout::Bshd,
+                dtype: DType::F32,
+            },
+        );
         assert!(
             matches!(pool, Err(Error::Unsupported { .. })),
             "{what}: {:?}",
@@ -113,7 +148,19 @@ fn bad_tables_and_pools_are_refused() {
 fn appends_from_another_context_or_to_no_sequence_are_refused() {
     let Some(ctx) = common::ctx() else { return };
     let other = Context::new().expect("a second context on the same adapter");
-    let mut cache = PagedKvCache::new(ctx, 4, PAGE, HKV, D, DV, Layout::Bhsd, DType::F32).expect("pool");
+    let mut cache = PagedKvCache::new(
+        ctx,
+        PagedKvConfig {
+            pages: 4,
+            page_size: PAGE,
+            heads_kv: HKV,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bhsd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("pool");
     let id = cache.add_sequence();
     let mut rng = Rng::new(73);
     let mut rows =
@@ -219,7 +266,19 @@ fn assert_attends(ctx: &Context, cache: &PagedKvCache, ids: &[SequenceId], held:
 fn sequences_share_one_pool_and_reuse_freed_pages() {
     let Some(ctx) = common::ctx() else { return };
     let mut rng = Rng::new(72);
-    let mut cache = PagedKvCache::new(ctx, 12, PAGE, HKV, D, DV, Layout::Bshd, DType::F32).expect("pool");
+    let mut cache = PagedKvCache::new(
+        ctx,
+        PagedKvConfig {
+            pages: 12,
+            page_size: PAGE,
+            heads_kv: HKV,
+            head_dim: D,
+            head_dim_v: DV,
+            layout: Layout::Bshd,
+            dtype: DType::F32,
+        },
+    )
+    .expect("pool");
     let ids: Vec<SequenceId> = (0..3).map(|_| cache.add_sequence()).collect();
     let mut held = vec![Held::default(); 3];
     // Ragged prompts (7, 12 and 3 rows: 2 + 3 + 1 pages), then a token each twice.
