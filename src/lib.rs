@@ -29,26 +29,36 @@
 //! Semantics (shared by the GPU paths and the CPU [`reference`]) are in the README:
 //! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
 
-pub mod attention;
+#![warn(missing_docs)]
+
+// The public surface is the root's re-exports below, plus the `mha`, `reference` and
+// `heatmap` modules. The `doc(hidden)` modules are public only for this crate's own
+// CLI, web module, tests and benches.
+mod attention;
 // Timing uses std::time::Instant and blocking waits: native targets only, for now.
 #[cfg(not(target_arch = "wasm32"))]
+#[doc(hidden)]
 pub mod bench;
+#[doc(hidden)]
 pub mod bench_cases;
+#[doc(hidden)]
 pub mod check;
-pub mod context;
-pub mod error;
+mod context;
+mod error;
 #[cfg(feature = "viz")]
 pub mod heatmap;
+#[doc(hidden)]
 pub mod kernels;
-pub mod kv_cache;
+mod kv_cache;
 pub mod mha;
-pub mod options;
-pub mod paged_kv;
-pub mod problem;
+mod options;
+mod paged_kv;
+mod problem;
 pub mod reference;
+#[doc(hidden)]
 pub mod sentence_example;
 mod staging;
-pub mod tensor;
+mod tensor;
 mod wait;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -59,10 +69,17 @@ pub use attention::{
 };
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::enumerate_adapters;
+#[doc(hidden)]
+pub use context::MAX_INDEXED_BINDING;
 pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig};
+#[doc(hidden)]
+pub use error::checked_product;
 pub use error::{Error, Result};
 pub use kv_cache::{KvCache, KvCacheConfig};
-pub use mha::{HeadWeights, Inputs, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention};
+pub use mha::{
+    load_safetensors, HeadWeights, Inputs, LoadedMha, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention,
+    PostNorm,
+};
 pub use options::{
     key_lengths_from_tokens, key_mask_from_tokens, AttentionOptions, CausalAlignment, FusedTiling, KernelChoice, Mask,
     MaskValues, Precision, Window,

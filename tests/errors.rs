@@ -162,7 +162,7 @@ fn bindings_are_capped_where_u32_indices_end() {
     // Metal reports maxBufferLength (often above 4 GiB) as its binding limit; the
     // kernels index with u32, so the capabilities cap it (issue 17 §1.3).
     let Some(ctx) = common::ctx() else { return };
-    use wgpu_attention::context::MAX_INDEXED_BINDING;
+    use wgpu_attention::MAX_INDEXED_BINDING;
     for (reported, want) in [(8u64 << 30, MAX_INDEXED_BINDING), (1 << 27, 1 << 27)] {
         let limits = wgpu_attention::wgpu::Limits {
             max_storage_buffer_binding_size: reported,

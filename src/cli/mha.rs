@@ -5,7 +5,7 @@ use super::{input, npy, output};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::{load_safetensors, PostNorm};
-use wgpu_attention::options::key_mask_from_tokens;
+use wgpu_attention::key_mask_from_tokens;
 use wgpu_attention::{
     Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MhaWeights, MultiHeadAttention, Precision, Tensor,
 };

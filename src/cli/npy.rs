@@ -62,7 +62,7 @@ fn open(path: &Path) -> Result<npyz::NpyFile<Data>, CliError> {
         .iter()
         .map(|&n| usize::try_from(n).unwrap_or(usize::MAX))
         .collect();
-    let count = wgpu_attention::error::checked_product("array shape", &dims)
+    let count = wgpu_attention::checked_product("array shape", &dims)
         .map_err(|e| CliError::bad(format!("{}: {e}", path.display())))?;
     let item = match npy.dtype() {
         npyz::DType::Plain(t) => t.num_bytes().unwrap_or(1),

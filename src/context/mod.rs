@@ -1,0 +1,379 @@
+//! The GPU context: adapter, device, queue, detected capabilities and the pipeline cache.
+//!
+//! Rooms: `adapter` (choosing one), `capabilities` (what it can do), `device_watch`
+//! (device loss and escaped errors), `submit` (error scopes, submission, readback) and
+//! `resources` (buffers, textures, pipelines); this file makes contexts.
+
+mod adapter;
+mod capabilities;
+mod device_watch;
+mod resources;
+mod submit;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub use adapter::enumerate_adapters;
+#[cfg(test)]
+pub use adapter::mesa_version;
+pub use adapter::{enumerate_adapters_async, is_cpu_adapter, AdapterSelector};
+pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
+pub(crate) use resources::{CompiledPipeline, PipelineKey};
+
+use crate::error::{Error, Result};
+use crate::options::FusedTiling;
+use crate::staging::StagingPool;
+use adapter::{new_instance, no_adapter};
+use capabilities::experimental_features;
+use device_watch::DeviceWatch;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Adapter, device, queue, capabilities and compiled pipelines.
+pub struct Context {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    caps: Capabilities,
+    pipelines: Mutex<HashMap<PipelineKey, CompiledPipeline>>,
+    /// Readback buffers for reuse.
+    staging: StagingPool,
+    allocated: AtomicU64,
+    /// What every context on this device shares: whether the device was lost (after
+    /// which every call fails with an error that says so, where wgpu itself would
+    /// panic on some, e.g. mapping a new buffer), the hooks to run then, and GPU errors
+    /// that escaped every error scope, kept for the next call to return.
+    watch: Arc<DeviceWatch>,
+    /// Unique per context in this process (tensors remember the one that made them).
+    id: u64,
+    /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
+    /// or why it could not be parsed.
+    env_tiling: std::result::Result<FusedTiling, String>,
+}
+
+static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The environment variable that names the fused tiling when none is asked for.
+pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
+
+/// [`TILING_VAR`], parsed: read once per context, so a typo is one clear error when
+/// the context is made rather than a surprise at some later call.
+fn tiling_from_env() -> std::result::Result<FusedTiling, String> {
+    match std::env::var(TILING_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(FusedTiling::Auto),
+        Err(e) => Err(e.to_string()),
+        Ok(name) => crate::kernels::flash::parse_tiling(TILING_VAR, &name).map_err(|e| match e {
+            Error::Invalid { reason, .. } => reason,
+            e => e.to_string(),
+        }),
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("caps", &self.caps)
+            .finish()
+    }
+}
+
+// Every function that waits on the GPU has an async form, the one implementation; the
+// blocking form (native targets only: a browser cannot block) runs it with pollster.
+#[cfg(not(target_arch = "wasm32"))]
+impl Context {
+    /// Builds a context from the environment (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`,
+    /// `WGPU_POWER_PREF`), else wgpu's default adapter. Blocks until the device is ready.
+    pub fn new() -> Result<Self> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// Builds a context on the adapter the selector (then the environment) names.
+    pub fn with_selector(selector: AdapterSelector) -> Result<Self> {
+        pollster::block_on(Self::with_selector_async(selector))
+    }
+
+    /// Creates a device on `adapter` with the features this crate can use (f16,
+    /// subgroups, timestamps, cooperative matrices) and the adapter's own limits.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        pollster::block_on(Self::from_adapter_async(adapter))
+    }
+
+    /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
+    /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
+    /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`. The device's uncaptured-error
+    /// handler stays the caller's: errors in work the caller submits outside an error
+    /// scope go there, not to this context's next call (as they do for contexts this
+    /// crate makes).
+    ///
+    /// **This installs a device-lost callback** (`Device::set_device_lost_callback`),
+    /// unless a context already uses this device (then they share it). wgpu keeps one
+    /// callback per device and offers no way to read it back, so one the caller set
+    /// before is replaced. To keep a handler of your own:
+    /// - register it with [`Context::on_device_lost`]: every context on the device runs
+    ///   it once, when the device is lost (at once if it already was);
+    /// - or, if you set a callback of your own after making the context, call
+    ///   [`Context::device_lost_callback`]'s function from it; otherwise no context on
+    ///   the device learns of the loss.
+    ///
+    /// A device destroyed or lost before this call makes a context that is lost from
+    /// the start (natively; on the web only once the browser reports the loss).
+    pub fn from_wgpu(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        pollster::block_on(Self::from_wgpu_async(info, device, queue))
+    }
+}
+
+impl Context {
+    /// [`Context::new`], awaited.
+    pub async fn new_async() -> Result<Self> {
+        Self::with_selector_async(AdapterSelector::default()).await
+    }
+
+    /// [`Context::with_selector`], awaited.
+    pub async fn with_selector_async(selector: AdapterSelector) -> Result<Self> {
+        let selector = selector.with_env();
+        let backends = selector.backends()?;
+        let instance = new_instance(backends);
+        let adapter = match &selector.name {
+            Some(name) => {
+                let wanted = name.to_lowercase();
+                let adapters = instance.enumerate_adapters(backends).await;
+                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
+                    .ok_or_else(|| no_adapter(&selector, &names))?
+            }
+            None => {
+                let options = wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::from_env().unwrap_or_default(),
+                    ..Default::default()
+                };
+                match instance.request_adapter(&options).await {
+                    Ok(adapter) => adapter,
+                    Err(_) => {
+                        let names: Vec<String> = instance
+                            .enumerate_adapters(backends)
+                            .await
+                            .iter()
+                            .map(|a| a.get_info().name)
+                            .collect();
+                        return Err(no_adapter(&selector, &names));
+                    }
+                }
+            }
+        };
+        Self::from_adapter_async(&adapter).await
+    }
+
+    /// [`Context::from_adapter`], awaited.
+    pub async fn from_adapter_async(adapter: &wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let features = adapter.features() & wanted;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgpu-attention"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            experimental_features: experimental_features(features),
+            ..Default::default()
+        };
+        let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut ctx = Self::from_device_async(info, device.clone(), queue, true).await;
+        // Every operation runs inside error scopes. An error that escapes them (work the
+        // caller recorded with an `encode_*` function and submitted outside a scope)
+        // is kept for the `Result` of the next call on the thread that raised it, rather
+        // than aborting the process as wgpu's default handler does. The handler holds
+        // the watch weakly (the device owns the handler).
+        let watch = Arc::downgrade(&ctx.watch);
+        device.on_uncaptured_error(Arc::new(move |e| {
+            eprintln!("wgpu-attention: uncaptured wgpu error: {e}");
+            if let Some(watch) = watch.upgrade() {
+                watch.keep_escaped(e.to_string());
+            }
+        }));
+        ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
+        ctx.env_tiling()?;
+        Ok(ctx)
+    }
+
+    /// Records the cooperative-matrix configurations of the adapter this context's
+    /// device came from (`adapter.cooperative_matrix_properties()`), for a context made
+    /// by [`Context::from_wgpu`]; ignored unless the device has
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` enabled.
+    pub fn use_cooperative_matrix_properties(&mut self, properties: &[wgpu::CooperativeMatrixProperties]) {
+        if self
+            .device
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            self.caps.cooperative_matrix = properties.iter().map(CoopConfig::of).collect();
+        }
+    }
+
+    /// Lets an adapter without tensor cores run the cooperative-matrix kernels with each
+    /// coop operation emulated per subgroup in plain WGSL (`kernels::coop_emulation`):
+    /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
+    /// `SUBGROUP` with a fixed subgroup size; a device with real tensor cores keeps them.
+    pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
+        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated {
+            return Ok(()); // real tensor cores the kernels can use
+        }
+        let mut caps = self.caps.clone();
+        caps.cooperative_matrix = vec![CoopConfig {
+            m: 16,
+            n: 16,
+            k: 16,
+            ab: "f16",
+            c: "f32",
+        }];
+        if caps.coop_subgroup_size().is_none() {
+            return Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "SHADER_F16 and SUBGROUP with a fixed subgroup size",
+                needed_for: "emulating cooperative matrices".into(),
+            });
+        }
+        caps.coop_emulated = true;
+        self.caps = caps;
+        Ok(())
+    }
+
+    /// [`Context::from_wgpu`], awaited (a CPU adapter's context runs the loop probe,
+    /// [`Context::loop_cap`], which reads a result back).
+    pub async fn from_wgpu_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        Self::from_device_async(info, device, queue, false).await
+    }
+
+    /// [`Context::from_wgpu_async`]; `fresh` for a device this crate has just made
+    /// (no other context can share it, so none is looked for).
+    async fn from_device_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue, fresh: bool) -> Self {
+        let watch = DeviceWatch::for_device(&device, fresh);
+        let mut caps = Capabilities::detect(&device, &info);
+        // (A lost device runs nothing: every call on the context will say so.)
+        if is_cpu_adapter(&info) && !watch.lost.load(Ordering::SeqCst) {
+            caps.loop_cap = crate::kernels::loop_probe::probe_async(&device, &queue).await;
+        }
+        Context {
+            device,
+            queue,
+            info,
+            caps,
+            pipelines: Mutex::new(HashMap::new()),
+            staging: StagingPool::default(),
+            allocated: AtomicU64::new(0),
+            watch,
+            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            env_tiling: tiling_from_env(),
+        }
+    }
+
+    /// The tiling [`TILING_VAR`] named when this context was made (`Auto` when unset),
+    /// or the error it gave.
+    pub fn env_tiling(&self) -> Result<FusedTiling> {
+        self.env_tiling
+            .clone()
+            .map_err(|reason| Error::invalid(TILING_VAR, reason))
+    }
+
+    /// This context's identity within the process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The wgpu device, to make buffers for [`crate::Tensor::from_buffer`] or record
+    /// work of your own beside this crate's.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The device's queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// The adapter's name, backend, device type and driver.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// What the device can do, as detected when the context was made.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// True for CPU adapters such as lavapipe and llvmpipe.
+    pub fn is_cpu_adapter(&self) -> bool {
+        is_cpu_adapter(&self.info)
+    }
+
+    /// Loop iterations one invocation may run on this device (Mesa's llvmpipe up to
+    /// 22.x ends them after 65535), or `None` if unbounded; see `kernels::loop_budget`.
+    pub fn loop_cap(&self) -> Option<u64> {
+        self.caps.loop_cap
+    }
+
+    /// Makes this context behave as if the driver ended an invocation's loops after
+    /// `iterations` (never raising a cap the driver has): the fused kernels then split
+    /// long key ranges across dispatches and resume, as on Mesa 22's llvmpipe, and the
+    /// paths that cannot split refuse such work. For tests that must run the resume
+    /// path on every adapter.
+    pub fn limit_loop_iterations(&mut self, iterations: u64) {
+        self.caps.loop_cap = Some(self.caps.loop_cap.map_or(iterations, |c| c.min(iterations)));
+    }
+
+    pub(crate) fn require_f16(&self, needed_for: &str) -> Result<()> {
+        if self.caps.f16 {
+            Ok(())
+        } else {
+            Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "SHADER_F16",
+                needed_for: needed_for.into(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn awaited_scopes_catch_what_bare_steps_raise() {
+        // On the web, steps inside an async entry point run without scopes of their own
+        // (`Context::scoped` on wasm32); the entry point's awaited scopes must catch
+        // what they raise, and leave nothing behind for the next call.
+        let ctx = match Context::new() {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                assert!(
+                    std::env::var("WGPU_ATTENTION_REQUIRE_ADAPTER").as_deref() != Ok("1"),
+                    "WGPU_ATTENTION_REQUIRE_ADAPTER=1 but no adapter: {e}"
+                );
+                eprintln!("SKIPPING: no adapter ({e})");
+                return;
+            }
+        };
+        let result = pollster::block_on(ctx.scoped_async("a buffer both mappable and storage", || {
+            Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }))
+        }));
+        assert!(
+            matches!(&result, Err(Error::Gpu { during, .. }) if during.contains("mappable")),
+            "{result:?}"
+        );
+        assert!(ctx.check_usable("the next call").is_ok());
+    }
+}
