@@ -28,13 +28,17 @@ pub struct AttentionOutput {
 /// The GPU path actually taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResolvedKernel {
+    /// The fused one-pass kernel, with the tiling it runs.
     Fused(FlashConfig),
+    /// Scores, softmax and weights x V as three kernels through a score buffer.
     Materialized,
     /// Split-K decode: few query rows, the key range split across workgroups.
     Decode,
 }
 
 impl ResolvedKernel {
+    /// The path's name for reports: `"fused/<tiling>"` (e.g. `"fused/blocked"`),
+    /// `"materialized"` or `"decode"`.
     pub fn name(&self) -> String {
         match self {
             ResolvedKernel::Fused(c) => format!("fused/{}", c.name()),
@@ -182,7 +186,7 @@ pub fn encode_sdpa_paged(
 
 /// The kernel path `options` resolve to on this context for a problem of `shape` with
 /// inputs of `dtype` (for reports and tests). `Auto` takes split-K decode for few
-/// query rows against many keys ([`prefers_decode`]), else the fused kernel.
+/// query rows against many keys (see [`KernelChoice::Auto`]), else the fused kernel.
 pub fn resolve_kernel(
     ctx: &Context,
     dtype: DType,

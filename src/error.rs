@@ -6,48 +6,76 @@
 pub enum Error {
     /// No adapter matched the requested name/backend.
     #[error("no GPU adapter matches {wanted}; adapters found: {available}")]
-    NoAdapter { wanted: String, available: String },
+    NoAdapter {
+        /// The filter that matched nothing: a name substring, a backend, or both.
+        wanted: String,
+        /// The names of every adapter found, comma-separated, or a hint if there were none.
+        available: String,
+    },
 
     /// The adapter refused to create a device.
     #[error("could not create a device on adapter '{adapter}': {reason}")]
-    RequestDevice { adapter: String, reason: String },
+    RequestDevice {
+        /// The adapter's name.
+        adapter: String,
+        /// wgpu's error message.
+        reason: String,
+    },
 
     /// A tensor's shape does not fit the problem.
     #[error("shape mismatch for {what}: expected {expected}, got {got}")]
     Shape {
+        /// The tensor or argument whose shape is wrong.
         what: String,
+        /// The shape the problem requires.
         expected: String,
+        /// The shape that was passed.
         got: String,
     },
 
     /// A value outside what the crate supports (head dim too big, zero lengths, ...).
     #[error("unsupported {what}: got {got}, supported {supported}")]
     Unsupported {
+        /// The quantity or option that is out of range.
         what: String,
+        /// The value that was passed.
         got: String,
+        /// The values the crate supports.
         supported: String,
     },
 
     /// An argument that makes no sense (e.g. a non-finite scale).
     #[error("invalid {what}: {reason}")]
-    Invalid { what: String, reason: String },
+    Invalid {
+        /// The argument's name.
+        what: String,
+        /// Why it was refused.
+        reason: String,
+    },
 
     /// The adapter lacks a feature the request needs.
     #[error("adapter '{adapter}' lacks {feature}, which {needed_for} needs")]
     MissingFeature {
+        /// The adapter's name.
         adapter: String,
+        /// The missing wgpu feature (or combination of features).
         feature: &'static str,
+        /// What the feature would have been used for.
         needed_for: String,
     },
 
     /// The request is larger than a device limit allows.
     #[error("{what} needs {requested} {unit} but the device limit {limit} is {max} {unit}")]
     LimitExceeded {
+        /// What needed more than the limit allows.
         what: String,
+        /// The limit: a [`wgpu::Limits`] field's name, or a description of another cap.
         limit: &'static str,
         /// What `requested` and `max` count: bytes, workgroups, loop iterations.
         unit: &'static str,
+        /// The amount needed, in `unit`s.
         requested: u64,
+        /// The device limit, in `unit`s.
         max: u64,
     },
 
@@ -56,18 +84,26 @@ pub enum Error {
     /// Nothing was changed; growing the cache (or freeing pages) makes room.
     #[error("{what} needs {requested} {unit} but {capacity} is {max} {unit}")]
     CapacityExceeded {
+        /// What needed more than the capacity holds.
         what: String,
         /// The capacity, named as the sentence's subject: "the cache's capacity".
         capacity: &'static str,
         /// What `requested` and `max` count: rows, pages.
         unit: &'static str,
+        /// The amount needed, in `unit`s.
         requested: u64,
+        /// The capacity, in `unit`s.
         max: u64,
     },
 
     /// wgpu reported a validation or out-of-memory error while recording or submitting.
     #[error("GPU error during {during}: {message}")]
-    Gpu { during: String, message: String },
+    Gpu {
+        /// The operation (or label) that was running when wgpu reported the error.
+        during: String,
+        /// wgpu's error message.
+        message: String,
+    },
 
     /// Reading a buffer back, or waiting for the device, failed.
     #[error("GPU readback failed: {0}")]

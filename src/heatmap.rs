@@ -17,7 +17,9 @@ use crate::error::{Error, Result};
 
 /// An RGB8 image being drawn.
 pub struct Canvas {
+    /// Width in pixels.
     pub width: u32,
+    /// Height in pixels.
     pub height: u32,
     /// Row-major RGB bytes.
     pub pixels: Vec<u8>,
@@ -127,10 +129,13 @@ pub fn colour(t: f32) -> [u8; 3] {
 
 /// One attention-weight matrix to draw.
 pub struct Panel<'a> {
+    /// Drawn above the panel; one longer than 80 characters is cut to 80, ending in `...`.
     pub title: String,
     /// `[len_q, len_k]`, row-major.
     pub weights: &'a [f32],
+    /// Query positions: the panel's rows.
     pub len_q: usize,
+    /// Key positions: the panel's columns.
     pub len_k: usize,
 }
 

@@ -26,7 +26,7 @@
 //! forms above run it with `pollster` and exist on native targets only. The library
 //! compiles for `wasm32-unknown-unknown`, where only the async forms wait.
 //!
-//! Semantics (shared by the GPU paths and the CPU [`reference`]) are in the README:
+//! Semantics (shared by the GPU paths and the CPU [`mod@reference`]) are in the README:
 //! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
 
 #![warn(missing_docs)]

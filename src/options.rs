@@ -29,7 +29,10 @@ impl CausalAlignment {
 /// ([`AttentionOptions::query_position_offset`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Window {
+    /// Keys visible before `p(i)`, in positions; `None` = unbounded.
     pub left: Option<usize>,
+    /// Keys visible after `p(i)`, in positions; `None` = unbounded (`Some(0)` with
+    /// `left` gives a causal sliding window).
     pub right: Option<usize>,
 }
 
@@ -117,6 +120,7 @@ impl Mask {
         self.shape
     }
 
+    /// The values, in C order over [`Mask::shape`].
     pub fn values(&self) -> &MaskValues {
         &self.values
     }
@@ -221,6 +225,7 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The name as PyTorch spells it: `"highest"`, `"high"` or `"medium"`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::Highest => "highest",

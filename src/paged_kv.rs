@@ -65,10 +65,12 @@ impl PageTable {
         PageTable::new(sequences.len(), width, entries)
     }
 
+    /// Rows of the table: the batch size `B`, one sequence per row.
     pub fn batch(&self) -> usize {
         self.batch
     }
 
+    /// Entries per row: the most pages any sequence in the batch uses.
     pub fn pages_per_sequence(&self) -> usize {
         self.pages_per_sequence
     }

@@ -17,12 +17,21 @@ pub const MAX_ALIBI_BIAS: f64 = 1e30;
 /// Sizes of one attention problem, in BHSD terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
+    /// Batch size `B`, shared by q, k and v.
     pub batch: usize,
+    /// Query heads `Hq`: q's and the output's H axis.
     pub heads_q: usize,
+    /// Key/value heads `Hkv`: k's and v's H axis; `Hq` is a multiple of it (GQA/MQA when
+    /// smaller).
     pub heads_kv: usize,
+    /// Query length `Lq`: q's and the output's S axis.
     pub len_q: usize,
+    /// Key length `Lk`: k's and v's S axis (the padded length where per-batch key
+    /// lengths are given).
     pub len_k: usize,
+    /// Head dimension `D` of q and k.
     pub head_dim: usize,
+    /// Head dimension `Dv` of v and the output.
     pub head_dim_v: usize,
 }
 

@@ -36,6 +36,7 @@ pub struct Bias {
 }
 
 impl Bias {
+    /// `alibi + mask`: the whole bias added to the score.
     pub fn total(self) -> f64 {
         self.alibi + self.mask
     }

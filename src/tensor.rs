@@ -9,6 +9,7 @@ use half::f16;
 /// Element type in GPU memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE single precision, 4 bytes.
     F32,
     /// IEEE half precision: f32 data converted to it rounds, and values beyond ±65504
     /// become ±inf (the conversion does not check; the CLI refuses such files).
@@ -16,6 +17,7 @@ pub enum DType {
 }
 
 impl DType {
+    /// Bytes per element: 4 or 2.
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
@@ -23,6 +25,7 @@ impl DType {
         }
     }
 
+    /// The lower-case name used in messages and labels: `"f32"` or `"f16"`.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -280,14 +283,19 @@ impl Tensor {
         self.shape
     }
 
+    /// The memory layout of its buffer.
     pub fn layout(&self) -> Layout {
         self.layout
     }
 
+    /// The element type in its buffer.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The storage buffer holding the data from offset 0; it may be longer than
+    /// [`Tensor::byte_len`] (padding to 4 bytes, or a larger buffer given to
+    /// [`Tensor::from_buffer`]).
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
@@ -302,6 +310,7 @@ impl Tensor {
         self.shape.iter().product()
     }
 
+    /// Whether it has no elements (some axis is 0).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -54,7 +54,7 @@ impl AdapterSelector {
 
     /// Every adapter this selector's fields admit: on its backends, with its name
     /// (call [`AdapterSelector::with_env`] first to honour the environment as
-    /// [`Context::with_selector`] does). Where a name or a backend is given and no
+    /// [`crate::Context::with_selector`] does). Where a name or a backend is given and no
     /// adapter matches, [`Error::NoAdapter`] names the filter and every adapter on any
     /// backend; with neither, the list may be empty.
     #[cfg(not(target_arch = "wasm32"))]

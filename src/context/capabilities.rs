@@ -37,7 +37,7 @@ pub struct Capabilities {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX` is enabled on it and the adapter listed them.
     pub cooperative_matrix: Vec<CoopConfig>,
     /// The cooperative-matrix kernels run with their coop operations emulated in plain
-    /// WGSL ([`Context::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
+    /// WGSL ([`crate::Context::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
     pub coop_emulated: bool,
     /// Loop iterations one invocation may run before the driver ends its loops (Mesa's
     /// llvmpipe up to 22.x: 65535), as [`crate::kernels::loop_probe`] observed on a CPU

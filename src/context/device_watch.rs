@@ -286,7 +286,7 @@ impl Context {
         lost_callback(&self.watch)
     }
 
-    /// Whether the device has been lost (see [`Context::scoped`]'s callers). Every
+    /// Whether the device has been lost (after which every call fails, saying so). Every
     /// context on the device sees it (wgpu reports a loss when the device is polled).
     pub fn is_lost(&self) -> bool {
         self.watch.lost.load(Ordering::SeqCst)

@@ -275,7 +275,7 @@ impl Context {
         }
     }
 
-    /// The tiling [`TILING_VAR`] named when this context was made (`Auto` when unset),
+    /// The tiling `WGPU_ATTENTION_TILING` named when this context was made (`Auto` when unset),
     /// or the error it gave.
     pub fn env_tiling(&self) -> Result<FusedTiling> {
         self.env_tiling

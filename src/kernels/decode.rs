@@ -337,7 +337,7 @@ fn target_workgroups(ctx: &Context) -> usize {
 
 /// The split count for a problem whose rows see keys `0 .. keys` at most (`Lk`, or the
 /// longest key length: a KV cache's unused capacity gets no splits): enough workgroups
-/// to fill the adapter, splits of at least [`MIN_SPLIT_KEYS`] keys, and each split
+/// to fill the adapter, splits of at least `MIN_SPLIT_KEYS` keys, and each split
 /// within the driver's loop cap.
 pub fn choose_split(ctx: &Context, design: DecodeDesign, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
     let keys = keys.clamp(1, s.len_k.max(1));

@@ -27,6 +27,7 @@ pub struct MhaConfig {
 /// The LayerNorm of a post-norm block.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PostNorm {
+    /// Added to the variance before its square root, as `nn.LayerNorm`'s `eps`.
     pub eps: f32,
 }
 
@@ -51,6 +52,7 @@ impl MhaConfig {
         }
     }
 
+    /// Head dimension `E / H` (of queries, keys and values alike).
     pub fn head_dim(&self) -> usize {
         self.embed_dim / self.num_heads.max(1)
     }

@@ -27,6 +27,7 @@ use crate::tensor::{DType, Layout, Tensor};
 /// Which attention weights a forward pass returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HeadWeights {
+    /// No weights (the default): [`MhaOutput::weights`] is `None`.
     #[default]
     None,
     /// `[B, 1, Lq, Lk]`: the mean over heads (PyTorch's `average_attn_weights=True`).
@@ -65,8 +66,11 @@ pub enum Inputs<'a> {
     /// Query `[B, 1, Lq, E]`, key `[B, 1, Lk, kdim]`, value `[B, 1, Lk, vdim]`. When
     /// key and value are the same tensor their projections run as one GEMM.
     Cross {
+        /// `[B, 1, Lq, E]`.
         query: &'a Tensor,
+        /// `[B, 1, Lk, kdim]`.
         key: &'a Tensor,
+        /// `[B, 1, Lk, vdim]`.
         value: &'a Tensor,
     },
 }
@@ -172,10 +176,12 @@ impl MultiHeadAttention {
         })
     }
 
+    /// The layer's sizes.
     pub fn config(&self) -> &MhaConfig {
         &self.config
     }
 
+    /// The element type of its weights, which its inputs must share and its output has.
     pub fn dtype(&self) -> DType {
         self.dtype
     }

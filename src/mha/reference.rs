@@ -12,7 +12,10 @@ use crate::tensor::{relayout, Layout};
 /// The layer's output `[B, Lq, E]` and per-head attention weights `[B, H, Lq, Lk]`.
 #[derive(Clone, Debug)]
 pub struct MhaReference {
+    /// The layer's output `[B, Lq, E]`, after the post-norm if there is one.
     pub out: Vec<f64>,
+    /// The attention weights `[B, H, Lq, Lk]` (`[B, 1, Lq, Lk]` with the options'
+    /// `average_weights`), as [`crate::reference::ReferenceOutput::weights`].
     pub weights: Vec<f64>,
     /// Largest |value| among the attention output and the output projection (rounding
     /// errors scale with it), times the post-norm's largest gain `|gamma| / std`.

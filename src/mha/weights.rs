@@ -11,14 +11,18 @@ pub struct Projection {
     pub weight: Vec<f32>,
     /// `[out_features]`, if the projection has a bias.
     pub bias: Option<Vec<f32>>,
+    /// Rows of `weight`: the width of `y`.
     pub out_features: usize,
+    /// Columns of `weight`: the width of `x`.
     pub in_features: usize,
 }
 
 /// LayerNorm scale and shift, `[E]` each.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NormWeights {
+    /// The scale `gamma` (PyTorch's `norm.weight`), `[E]`.
     pub weight: Vec<f32>,
+    /// The shift `beta` (PyTorch's `norm.bias`), `[E]`.
     pub bias: Vec<f32>,
 }
 
@@ -33,6 +37,7 @@ pub struct MhaWeights {
     pub v: Projection,
     /// `[E, E]`.
     pub o: Projection,
+    /// The post-norm's LayerNorm, applied only when the config has a `post_norm`.
     pub norm: Option<NormWeights>,
 }
 
