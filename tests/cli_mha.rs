@@ -191,3 +191,53 @@ fn demo_runs_seed_003_through_the_layer_and_draws_its_heads() {
         .count();
     assert_eq!(pngs, 2 * (8 + 1));
 }
+
+#[test]
+fn mha_refuses_a_norm_it_would_leave_out_unless_told() {
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("mha-norm-flag");
+    let s = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    let weights = s(&fixture("postnorm.safetensors"));
+    let query = s(&fixture("postnorm_query.npy"));
+    let out = dir.join("out.npy");
+    let base = [
+        "mha",
+        "--weights",
+        &weights,
+        "--num-heads",
+        "4",
+        "--prefix",
+        "encoder.layers.0.",
+        "--query",
+        &query,
+        "--out",
+    ];
+    let output = bin().args(base).arg(&out).output().expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("encoder.layers.0.norm.weight")
+            && stderr.contains("--post-norm")
+            && stderr.contains("--ignore-norm"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+    run_ok(&[&base[..], &[out.to_str().expect("utf-8"), "--ignore-norm"]].concat());
+    assert!(out.exists());
+    // --post-norm on a file without norm weights says where it looked.
+    let plain = s(&fixture("self.safetensors"));
+    let output = bin()
+        .args(["mha", "--weights", &plain, "--num-heads", "4", "--query"])
+        .arg(fixture("self_query.npy"))
+        .arg("--out")
+        .arg(dir.join("o2.npy"))
+        .arg("--post-norm")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("norm1.weight") && stderr.contains("no norm weights"),
+        "{stderr}"
+    );
+}

@@ -237,3 +237,71 @@ fn integer_tensors_are_refused_with_their_dtype() {
 fn errors_are_the_crate_error_type() {
     assert!(matches!(load_safetensors(b"", 1, None, ""), Err(Error::Invalid { .. })));
 }
+
+/// A whole `nn.TransformerEncoderLayer` state dict as PyTorch names it: the attention
+/// under `self_attn.`, its norm `norm1`, and the feed-forward and second norm (which
+/// the loader leaves alone).
+fn transformer_encoder_layer(prefix: &str, rng: &mut Rng) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut tensors = pytorch_packed(&format!("{prefix}self_attn."), rng);
+    for (name, shape) in [
+        ("norm1.weight", vec![16]),
+        ("norm1.bias", vec![16]),
+        ("linear1.weight", vec![32, 16]),
+        ("linear1.bias", vec![32]),
+        ("linear2.weight", vec![16, 32]),
+        ("linear2.bias", vec![16]),
+        ("norm2.weight", vec![16]),
+        ("norm2.bias", vec![16]),
+    ] {
+        tensors.push(entry(&format!("{prefix}{name}"), &shape, random(rng, &shape)));
+    }
+    tensors
+}
+
+#[test]
+fn a_transformer_encoder_layers_state_dict_loads_as_pytorch_saves_it() {
+    let seed = 44;
+    let mut rng = Rng::new(seed);
+    let tensors = transformer_encoder_layer("encoder.layers.0.", &mut rng);
+    let loaded = load_safetensors(&file(&tensors), 4, None, "encoder.layers.0.").expect("loads");
+    assert_eq!(loaded.naming, WeightNaming::PyTorchPacked);
+    assert_eq!(loaded.norm_tensor.as_deref(), Some("encoder.layers.0.norm1.weight"));
+    let find = |name: &str| &tensors.iter().find(|t| t.0 == name).expect(name).2;
+    let norm = loaded.weights.norm.as_ref().expect("norm1 read");
+    assert_eq!(&norm.weight, find("encoder.layers.0.norm1.weight"), "seed {seed}");
+    assert_eq!(&norm.bias, find("encoder.layers.0.norm1.bias"), "seed {seed}");
+    // The projections are those the attention module alone gives.
+    let alone: Vec<_> = tensors
+        .iter()
+        .filter(|t| t.0.contains("self_attn."))
+        .map(|(n, s, v)| (n.replace("encoder.layers.0.self_attn.", ""), s.clone(), v.clone()))
+        .collect();
+    let plain = load_safetensors(&file(&alone), 4, None, "").expect("loads");
+    assert_eq!(plain.weights.q, loaded.weights.q);
+    assert_eq!(plain.weights.o, loaded.weights.o);
+    assert_eq!(plain.norm_tensor, None);
+
+    // Hugging Face's name for the norm after attention, under a layer prefix.
+    let mut hf: Vec<_> = alone
+        .iter()
+        .map(|(n, s, v)| (format!("layers.3.self_attn.{n}"), s.clone(), v.clone()))
+        .collect();
+    hf.push(entry(
+        "layers.3.post_attention_layernorm.weight",
+        &[16],
+        random(&mut rng, &[16]),
+    ));
+    hf.push(entry(
+        "layers.3.post_attention_layernorm.bias",
+        &[16],
+        random(&mut rng, &[16]),
+    ));
+    let loaded = load_safetensors(&file(&hf), 4, None, "layers.3.").expect("loads");
+    assert_eq!(
+        loaded.norm_tensor.as_deref(),
+        Some("layers.3.post_attention_layernorm.weight")
+    );
+    // A norm weight without its bias is named, not half-read.
+    hf.pop();
+    expect_error(&file(&hf), 4, None, "layers.3.", &["post_attention_layernorm.bias"]);
+}

@@ -4,8 +4,8 @@ use super::run::{check_finite_output, parse_precision, parse_tiling, DTypeArg, K
 use super::{input, npy, output};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
-use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::key_mask_from_tokens;
+use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::{
     Context, DType, FusedTiling, HeadWeights, Inputs, MhaOptions, MhaWeights, MultiHeadAttention, Precision, Tensor,
 };
@@ -42,9 +42,13 @@ pub struct MhaArgs {
     /// The padding token id for --tokens.
     #[arg(long, requires = "tokens", allow_hyphen_values = true)]
     pad_id: Option<i64>,
-    /// Apply LayerNorm(attention output + query) with the file's norm.weight and norm.bias.
-    #[arg(long)]
+    /// Apply LayerNorm(attention output + query) with the file's norm (norm.*, norm1.*
+    /// or post_attention_layernorm.*), as PyTorch's layer does.
+    #[arg(long, conflicts_with = "ignore_norm")]
     post_norm: bool,
+    /// Run without the norm the file holds (a file with one is refused otherwise).
+    #[arg(long)]
+    ignore_norm: bool,
     /// LayerNorm epsilon.
     #[arg(long, default_value_t = 1e-5, requires = "post_norm")]
     norm_eps: f32,
@@ -117,6 +121,24 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
     let bytes = input::read_safetensors(&args.weights)?;
     let mut loaded = load_safetensors(&bytes, args.num_heads, args.num_kv_heads, &args.prefix)
         .map_err(|e| CliError::bad(format!("{}: {e}", args.weights.display())))?;
+    match (&loaded.norm_tensor, args.post_norm, args.ignore_norm) {
+        (Some(name), false, false) => {
+            return Err(CliError::bad(format!(
+                "{}: the file holds a post-attention LayerNorm ({name}), which this run would leave out: \
+                 pass --post-norm to apply it (as the layer it came from does) or --ignore-norm to run without",
+                args.weights.display()
+            )))
+        }
+        (None, true, _) => {
+            return Err(CliError::bad(format!(
+                "{}: --post-norm, but the file holds no norm weights (looked for norm.weight, norm1.weight, \
+                 post_attention_layernorm.weight after the prefix '{}')",
+                args.weights.display(),
+                args.prefix
+            )))
+        }
+        _ => {}
+    }
     if args.post_norm {
         loaded.config.post_norm = Some(PostNorm { eps: args.norm_eps });
     }

@@ -23,19 +23,39 @@ pub enum WeightNaming {
 }
 
 /// What a weights file holds: the layer's sizes (no post-norm: the caller decides
-/// whether to apply the `norm.*` tensors, when there are any) and its weights.
+/// whether to apply the norm tensors, when there are any) and its weights.
 #[derive(Clone, Debug)]
 pub struct LoadedMha {
+    /// Sizes read from the tensors' shapes; `bias` set if any projection has one,
+    /// `post_norm` always `None`.
     pub config: MhaConfig,
+    /// The projections, and the LayerNorm if the file has one (see [`load_safetensors`]).
     pub weights: MhaWeights,
+    /// The naming scheme the file's tensors follow.
     pub naming: WeightNaming,
+    /// The full name of the LayerNorm's weight tensor, where the file has one
+    /// (`norm.weight`, `norm1.weight`, `post_attention_layernorm.weight`, after the
+    /// prefix): a caller that leaves the norm out can say which tensors it ignores.
+    pub norm_tensor: Option<String>,
 }
 
+/// Where a layer file keeps the LayerNorm that follows attention, relative to the
+/// layer's prefix: this crate's own name, PyTorch's `nn.TransformerEncoderLayer` /
+/// `TransformerDecoderLayer` (`norm1`, applied to `x + self_attn(x)` when
+/// `norm_first=False`), and Hugging Face's.
+const NORM_NAMES: [&str; 3] = ["norm", "norm1", "post_attention_layernorm"];
+
 /// Reads multi-head attention weights from the bytes of a `.safetensors` file. Tensor
-/// names start with `prefix` (e.g. `"encoder.layers.0.self_attn."`); `num_heads`
-/// cannot be read from the file, nor can `num_kv_heads` under PyTorch naming (it must
-/// equal `num_heads` there); with Hugging Face naming it is inferred when `None`.
-/// f32, f16, bf16 and f64 tensors are accepted and converted to f32.
+/// names start with `prefix` (e.g. `"encoder.layers.0."`); the attention's own tensors
+/// may sit under `prefix` itself or under `prefix + "self_attn."`, as PyTorch's
+/// `nn.TransformerEncoderLayer` and Hugging Face layers store them, so a whole layer's
+/// `state_dict` loads as saved. A LayerNorm (`weight` and `bias`) is read from
+/// `norm.*` (beside the attention's tensors, or after `prefix`), `norm1.*` or
+/// `post_attention_layernorm.*` after `prefix`; [`LoadedMha::norm_tensor`] names the
+/// one found. `num_heads` cannot be read from the file, nor can `num_kv_heads` under
+/// PyTorch naming (it must equal `num_heads` there); with Hugging Face naming it is
+/// inferred when `None`. f32, f16, bf16 and f64 tensors are accepted and converted to
+/// f32.
 pub fn load_safetensors(
     bytes: &[u8],
     num_heads: usize,
@@ -53,7 +73,17 @@ pub fn load_safetensors(
             format!("the header lists '{name}' twice; which one is meant is ambiguous"),
         ));
     }
-    let file = File { tensors, prefix };
+    // The attention's tensors: after the prefix, or in the layer's `self_attn.` module.
+    let nested = format!("{prefix}self_attn.");
+    let attention_prefix = if has_attention(&tensors, prefix) || !has_attention(&tensors, &nested) {
+        prefix
+    } else {
+        nested.as_str()
+    };
+    let file = File {
+        tensors: &tensors,
+        prefix: attention_prefix,
+    };
     let naming = if file.has("in_proj_weight") {
         WeightNaming::PyTorchPacked
     } else if file.has("q_proj_weight") {
@@ -93,19 +123,29 @@ pub fn load_safetensors(
     config.bias = [&weights.q, &weights.k, &weights.v, &weights.o]
         .iter()
         .any(|p| p.bias.is_some());
-    let norm = match file.optional("norm.weight", &[config.embed_dim])? {
-        Some(weight) => Some(NormWeights {
-            weight,
-            bias: file.required("norm.bias", &[config.embed_dim])?,
-        }),
-        None => None,
+    // The norm: beside the attention's tensors (this crate's own files), else in the
+    // layer (PyTorch's and Hugging Face's layer modules).
+    let layer = File {
+        tensors: &tensors,
+        prefix,
     };
+    let mut norm = None;
+    let candidates = std::iter::once((&file, "norm")).chain(NORM_NAMES.iter().map(|&n| (&layer, n)));
+    for (place, name) in candidates {
+        if let Some(weight) = place.optional(&format!("{name}.weight"), &[config.embed_dim])? {
+            let bias = place.required(&format!("{name}.bias"), &[config.embed_dim])?;
+            norm = Some((NormWeights { weight, bias }, place.full(&format!("{name}.weight"))));
+            break;
+        }
+    }
+    let (norm, norm_tensor) = norm.map_or((None, None), |(n, name)| (Some(n), Some(name)));
     let weights = MhaWeights { norm, ..weights };
     weights.check(&config)?;
     Ok(LoadedMha {
         config,
         weights,
         naming,
+        norm_tensor,
     })
 }
 
@@ -206,9 +246,16 @@ fn projection(weight: Vec<f32>, bias: Option<Vec<f32>>, out_features: usize, in_
     }
 }
 
-/// A parsed file and the prefix of the layer's tensor names.
+/// Whether `prefix` is followed by the tensors of any naming scheme.
+fn has_attention(tensors: &SafeTensors, prefix: &str) -> bool {
+    ["in_proj_weight", "q_proj_weight", "q_proj.weight"]
+        .iter()
+        .any(|name| tensors.tensor(&format!("{prefix}{name}")).is_ok())
+}
+
+/// A parsed file and the prefix of the tensor names looked up in it.
 struct File<'a> {
-    tensors: SafeTensors<'a>,
+    tensors: &'a SafeTensors<'a>,
     prefix: &'a str,
 }
 
