@@ -19,15 +19,36 @@
 //! # Ok(()) }
 //! ```
 //!
+//! What is here:
+//!
+//! - [`sdpa`] (and [`encode_sdpa`], [`sdpa_paged`]): attention with every mask (causal
+//!   both alignments, key lengths, bool and additive masks, sliding windows, ALiBi, soft
+//!   capping), GQA/MQA, f32 and f16, BHSD and BSHD layouts, optional weights and
+//!   log-sum-exp; options in [`AttentionOptions`].
+//! - [`KvCache`] and [`PagedKvCache`]: keys and values kept on the device for generating
+//!   tokens, read by split-K decode.
+//! - [`MultiHeadAttention`]: PyTorch's `nn.MultiheadAttention` (with GQA and a post-norm),
+//!   its weights from safetensors files ([`load_safetensors`]).
+//! - [`mod@reference`]: the CPU reference every GPU path is tested against, in f64.
+//! - `heatmap` (feature `viz`): attention-weight heatmaps as PNG.
+//!
+//! Features: `cli` (default: the `wgpu-attention` command line's dependencies) and
+//! `viz` (default through `cli`). With `default-features = false` the library compiles
+//! for `wasm32-unknown-unknown` too.
+//!
 //! Every function that waits on the GPU has an async form, the one implementation
 //! ([`Context::new_async`], [`Tensor::from_f32_async`], [`Tensor::from_f16_async`],
-//! [`sdpa_async`], [`sdpa_read_async`], [`Tensor::to_f32_vec_async`], [`MultiHeadAttention::forward_async`],
-//! [`check::run_case_async`], [`Context::finished_async`]); the blocking
-//! forms above run it with `pollster` and exist on native targets only. The library
-//! compiles for `wasm32-unknown-unknown`, where only the async forms wait.
+//! [`sdpa_async`], [`sdpa_read_async`], [`Tensor::to_f32_vec_async`],
+//! [`MultiHeadAttention::forward_async`], [`Context::finished_async`]); the blocking forms
+//! run it with `pollster` and exist on native targets only (on the web only the async
+//! forms wait).
 //!
-//! Semantics (shared by the GPU paths and the CPU [`mod@reference`]) are in the README:
-//! GQA/MQA, causal alignment, key lengths, bool/additive masks, fully masked rows.
+//! The semantics (masks, alignment, fully masked rows), the conventions that differ
+//! from PyTorch, examples and the command line are in the repository's `README.md`
+//! (also this crate's page on a registry) and its `docs/` (`design.md`, `kernels.md`,
+//! `cli.md`, `benchmarks.md`), which `cargo package` ships. In a
+//! debug build, set `[profile.dev.package.naga] opt-level = 3`: unoptimised, naga
+//! compiles the kernels' WGSL about 10x slower.
 
 #![warn(missing_docs)]
 
@@ -98,3 +119,8 @@ const _: fn() = || {
 
 /// Re-exported so callers use the same wgpu major version as this crate.
 pub use wgpu;
+
+// The README's Rust snippets compile as doctests, so they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
