@@ -54,7 +54,7 @@ pub enum Error {
     },
 
     /// The adapter lacks a feature the request needs.
-    #[error("adapter '{adapter}' lacks {feature}, which {needed_for} needs")]
+    #[error("adapter '{adapter}' lacks {feature}, needed for {needed_for}")]
     MissingFeature {
         /// The adapter's name.
         adapter: String,
