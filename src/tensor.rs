@@ -300,6 +300,15 @@ impl Tensor {
         &self.buffer
     }
 
+    /// The `[B, S, width]` shape of a batch-first sequence ([`Tensor::sequence`]: the
+    /// inputs and outputs of [`crate::MultiHeadAttention`], PyTorch's `batch_first`
+    /// layout), which is stored as `[B, 1, S, width]`; `None` for a tensor of several
+    /// heads.
+    pub fn sequence_shape(&self) -> Option<[usize; 3]> {
+        let [b, h, s, w] = self.shape;
+        (h == 1).then_some([b, s, w])
+    }
+
     /// Element strides of the logical axes.
     pub fn strides(&self) -> [usize; 4] {
         self.layout.strides(self.shape)

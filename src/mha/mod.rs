@@ -52,7 +52,8 @@ pub struct MhaOptions {
 /// What a forward pass produces.
 #[derive(Debug)]
 pub struct MhaOutput {
-    /// `[B, 1, Lq, E]` (batch-first `[B, Lq, E]`), in the layer's dtype.
+    /// Batch-first `[B, Lq, E]`, as PyTorch's `batch_first` layer returns it
+    /// ([`Tensor::sequence_shape`]; stored as `[B, 1, Lq, E]`), in the layer's dtype.
     pub out: Tensor,
     /// f32 attention weights, as [`HeadWeights`] asked.
     pub weights: Option<Tensor>,
