@@ -518,156 +518,251 @@ impl Plan {
         kv_texels: Option<&KvTexels>,
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
-        let s = &self.shape;
-        let out = Tensor::empty(ctx, s.out_shape(), self.out_layout, self.dtype)?;
-        let lse = Tensor::empty(ctx, [s.batch, s.heads_q, s.len_q, 1], Layout::Bhsd, DType::F32)?;
-        let weights = if options.need_weights {
-            Some(Tensor::empty(ctx, weights_shape(s, options), Layout::Bhsd, DType::F32)?)
-        } else {
-            None
+        let outputs = self.allocate_outputs(ctx, options)?;
+        let shared = self.allocate_shared(ctx, options)?;
+        let base = self.params(q, k, v, &outputs.out, options);
+        let buffers = Buffers {
+            q,
+            k,
+            v,
+            outputs: &outputs,
+            shared: &shared,
+            kv_texels,
         };
-        let mask = upload_words(ctx, "mask", &mask_words(options))?;
-        let side_words = upload_words(
-            ctx,
-            "key lengths, ALiBi slopes and block table",
-            &side_words(s, options, self.pages.as_ref()),
-        )?;
-        let chunk_bytes = if self.needs_scores {
-            (4 * self.heads_per_chunk * s.len_q * s.len_k) as u64
-        } else {
-            4
-        };
-        let scores = ctx.create_buffer("attention scores chunk", chunk_bytes, tensor_usage())?;
-        let base_params = self.params(q, k, v, &out, options);
-        // The buffers every pass binds; each pass brings its own params and scores (a
-        // macro, not a closure: the two borrow buffers of different scopes).
-        macro_rules! bind {
-            ($params:expr, $scores:expr) => {
-                AttentionBindings {
-                    params: $params,
-                    q: q.buffer(),
-                    k: k.buffer(),
-                    v: v.buffer(),
-                    output: out.buffer(),
-                    mask: &mask,
-                    side_words: &side_words,
-                    scores: $scores,
-                    lse: lse.buffer(),
-                    kv_texels,
-                }
-            };
-        }
         if let Some(split) = self.decode_split {
-            // One split pass and one combine over every (batch, head); partials in a
-            // buffer of their own, so the weights pass below keeps its score chunks.
-            let partials = ctx.create_buffer("decode partials", split.partial_bytes(s), tensor_usage())?;
-            let params = AttentionParams {
-                splits: split.splits as u32,
-                key_stop: split.keys as u32,
-                ..base_params
-            };
-            let params_buffer = ctx.create_buffer_init(
-                "decode params",
-                bytemuck::bytes_of(&params),
-                wgpu::BufferUsages::UNIFORM,
-            )?;
-            let bindings = bind!(&params_buffer, &partials);
-            decode::encode(ctx, encoder, self.dtype, &bindings, s, split)?;
+            self.encode_decode(ctx, encoder, &buffers, base, split)?;
         }
-
-        let total = s.batch_heads();
-        let chunk_params = |bh_start: usize, bh_count: usize| -> Result<(AttentionParams, wgpu::Buffer)> {
-            let params = AttentionParams {
-                bh_start: bh_start as u32,
-                bh_count: bh_count as u32,
-                ..base_params
-            };
-            let buffer = ctx.create_buffer_init(
-                "attention params",
-                bytemuck::bytes_of(&params),
-                wgpu::BufferUsages::UNIFORM,
-            )?;
-            Ok((params, buffer))
-        };
-        // The fused attention over every head, in as few dispatches as the grid allows
-        // (it needs no score chunk).
         if let ResolvedKernel::Fused(config) = self.kernel {
-            // One texel mirror of K and V for all the dispatches below, where the kernel
-            // reads one and no KV cache lends its own.
-            let copies = match kv_texels {
-                Some(_) => None,
-                None => flash::texel_mirror(ctx, encoder, self.dtype, config, &base_params, (k.buffer(), v.buffer()))?,
-            };
-            let mirror = kv_texels.or(copies.as_ref());
-            for (bh_start, bh_count) in chunks(total, self.attention_heads_per_chunk) {
-                let (params, params_buffer) = chunk_params(bh_start, bh_count)?;
-                let bindings = AttentionBindings {
-                    kv_texels: mirror,
-                    ..bind!(&params_buffer, &scores)
-                };
-                // Each key range resumes from the previous one's output and lse.
-                for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
-                    let range = AttentionParams {
-                        key_begin: key_begin as u32,
-                        key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
-                        ..params
-                    };
-                    let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
-                    let range_buffer = if whole {
-                        None
-                    } else {
-                        Some(ctx.create_buffer_init(
-                            "attention params (key range)",
-                            bytemuck::bytes_of(&range),
-                            wgpu::BufferUsages::UNIFORM,
-                        )?)
-                    };
-                    let range_bindings = AttentionBindings {
-                        params: range_buffer.as_ref().unwrap_or(&params_buffer),
-                        ..bindings
-                    };
-                    flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
-                }
-            }
+            self.encode_fused(ctx, encoder, &buffers, base, config)?;
         }
-        // Score chunks: the materialized attention, and the weights of every path.
         if self.needs_scores {
-            for (bh_start, bh_count) in chunks(total, self.heads_per_chunk) {
-                let (params, params_buffer) = chunk_params(bh_start, bh_count)?;
-                let bindings = bind!(&params_buffer, &scores);
-                qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                // Weights from the fused and decode paths are made as the materialized
-                // path makes them: normalised against the maximum of the same f32 scores,
-                // exact at any logit scale (docs/design.md, "Attention weights"); the
-                // row's lse is then rewritten from those scores, consistent with them.
-                softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                if self.kernel == ResolvedKernel::Materialized {
-                    weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
-                }
-                match &weights {
-                    Some(w) if options.average_weights => encode_accumulate_heads(
-                        ctx,
-                        encoder,
-                        &scores,
-                        w.buffer(),
-                        [s.heads_q, s.len_q * s.len_k],
-                        (bh_start, bh_count),
-                    )?,
-                    Some(w) => {
-                        let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
-                        let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
-                        encoder.copy_buffer_to_buffer(&scores, 0, w.buffer(), offset, bytes);
-                    }
-                    None => {}
-                }
-            }
+            self.encode_score_chunks(ctx, encoder, &buffers, base, options)?;
         }
+        let Outputs { out, lse, weights } = outputs;
         Ok(AttentionOutput {
             out,
             weights,
             lse: options.need_lse.then_some(lse),
         })
     }
+
+    /// The output, its log-sum-exp (always: the fused kernels resume from it) and the
+    /// weights where asked for.
+    fn allocate_outputs(&self, ctx: &Context, options: &AttentionOptions) -> Result<Outputs> {
+        let s = &self.shape;
+        Ok(Outputs {
+            out: Tensor::empty(ctx, s.out_shape(), self.out_layout, self.dtype)?,
+            lse: Tensor::empty(ctx, [s.batch, s.heads_q, s.len_q, 1], Layout::Bhsd, DType::F32)?,
+            weights: if options.need_weights {
+                Some(Tensor::empty(ctx, weights_shape(s, options), Layout::Bhsd, DType::F32)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// What every pass binds besides q, k, v and the outputs: the mask, the side words
+    /// (key lengths, ALiBi slopes, block table) and one score chunk.
+    fn allocate_shared(&self, ctx: &Context, options: &AttentionOptions) -> Result<Shared> {
+        let s = &self.shape;
+        let chunk_bytes = if self.needs_scores {
+            (4 * self.heads_per_chunk * s.len_q * s.len_k) as u64
+        } else {
+            4
+        };
+        Ok(Shared {
+            mask: upload_words(ctx, "mask", &mask_words(options))?,
+            side_words: upload_words(
+                ctx,
+                "key lengths, ALiBi slopes and block table",
+                &side_words(s, options, self.pages.as_ref()),
+            )?,
+            scores: ctx.create_buffer("attention scores chunk", chunk_bytes, tensor_usage())?,
+        })
+    }
+
+    /// Split-K decode: one split pass and one combine over every (batch, head), its
+    /// partials in a buffer of their own (the weights pass keeps the score chunk).
+    fn encode_decode(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        buffers: &Buffers,
+        base: AttentionParams,
+        split: decode::DecodeSplit,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let partials = ctx.create_buffer("decode partials", split.partial_bytes(s), tensor_usage())?;
+        let params = AttentionParams {
+            splits: split.splits as u32,
+            key_stop: split.keys as u32,
+            ..base
+        };
+        let params_buffer = uniform(ctx, "decode params", &params)?;
+        decode::encode(
+            ctx,
+            encoder,
+            self.dtype,
+            &buffers.bind(&params_buffer, &partials),
+            s,
+            split,
+        )
+    }
+
+    /// The fused attention over every head, in as few dispatches as the grid allows,
+    /// each walking the keys in ranges (one range unless a loop cap splits them), each
+    /// range resuming from the output and lse the previous one stored.
+    fn encode_fused(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        buffers: &Buffers,
+        base: AttentionParams,
+        config: FlashConfig,
+    ) -> Result<()> {
+        let s = &self.shape;
+        // One texel mirror of K and V for every dispatch below, where the kernel reads
+        // one and no KV cache lends its own.
+        let copies = match buffers.kv_texels {
+            Some(_) => None,
+            None => flash::texel_mirror(
+                ctx,
+                encoder,
+                self.dtype,
+                config,
+                &base,
+                (buffers.k.buffer(), buffers.v.buffer()),
+            )?,
+        };
+        let mirror = buffers.kv_texels.or(copies.as_ref());
+        for (bh_start, bh_count) in chunks(s.batch_heads(), self.attention_heads_per_chunk) {
+            let params = chunk(base, bh_start, bh_count);
+            let params_buffer = uniform(ctx, "attention params", &params)?;
+            let bindings = AttentionBindings {
+                kv_texels: mirror,
+                ..buffers.bind(&params_buffer, &buffers.shared.scores)
+            };
+            for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
+                let range = AttentionParams {
+                    key_begin: key_begin as u32,
+                    key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
+                    ..params
+                };
+                let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
+                let range_buffer = if whole {
+                    None
+                } else {
+                    Some(uniform(ctx, "attention params (key range)", &range)?)
+                };
+                let range_bindings = AttentionBindings {
+                    params: range_buffer.as_ref().unwrap_or(&params_buffer),
+                    ..bindings
+                };
+                flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Score chunks of a few heads: the materialized attention, and the weights of
+    /// every path. Weights from the fused and decode paths are made as the materialized
+    /// path makes them, normalised against the maximum of the same f32 scores, exact at
+    /// any logit scale (docs/design.md, "Attention weights"); the row's lse is then
+    /// rewritten from those scores, consistent with them.
+    fn encode_score_chunks(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        buffers: &Buffers,
+        base: AttentionParams,
+        options: &AttentionOptions,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let scores = &buffers.shared.scores;
+        for (bh_start, bh_count) in chunks(s.batch_heads(), self.heads_per_chunk) {
+            let params = chunk(base, bh_start, bh_count);
+            let params_buffer = uniform(ctx, "attention params", &params)?;
+            let bindings = buffers.bind(&params_buffer, scores);
+            qk_scores::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+            softmax_rows::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+            if self.kernel == ResolvedKernel::Materialized {
+                weights_v::encode(ctx, encoder, self.dtype, &bindings, &params)?;
+            }
+            match &buffers.outputs.weights {
+                Some(w) if options.average_weights => encode_accumulate_heads(
+                    ctx,
+                    encoder,
+                    scores,
+                    w.buffer(),
+                    [s.heads_q, s.len_q * s.len_k],
+                    (bh_start, bh_count),
+                )?,
+                Some(w) => {
+                    let bytes = (4 * bh_count * s.len_q * s.len_k) as u64;
+                    let offset = (4 * bh_start * s.len_q * s.len_k) as u64;
+                    encoder.copy_buffer_to_buffer(scores, 0, w.buffer(), offset, bytes);
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a call returns, allocated before any pass.
+struct Outputs {
+    out: Tensor,
+    lse: Tensor,
+    weights: Option<Tensor>,
+}
+
+/// Buffers every pass binds besides the tensors.
+struct Shared {
+    mask: wgpu::Buffer,
+    side_words: wgpu::Buffer,
+    scores: wgpu::Buffer,
+}
+
+/// Everything one call's passes bind, bar each pass's params and scratch.
+struct Buffers<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    v: &'a Tensor,
+    outputs: &'a Outputs,
+    shared: &'a Shared,
+    kv_texels: Option<&'a KvTexels>,
+}
+
+impl<'a> Buffers<'a> {
+    /// The bindings of a pass with these params and this score (or partials) buffer.
+    fn bind(&self, params: &'a wgpu::Buffer, scores: &'a wgpu::Buffer) -> AttentionBindings<'a> {
+        AttentionBindings {
+            params,
+            q: self.q.buffer(),
+            k: self.k.buffer(),
+            v: self.v.buffer(),
+            output: self.outputs.out.buffer(),
+            mask: &self.shared.mask,
+            side_words: &self.shared.side_words,
+            scores,
+            lse: self.outputs.lse.buffer(),
+            kv_texels: self.kv_texels,
+        }
+    }
+}
+
+/// `base` restricted to the (batch, head) pairs `bh_start .. bh_start + bh_count`.
+fn chunk(base: AttentionParams, bh_start: usize, bh_count: usize) -> AttentionParams {
+    AttentionParams {
+        bh_start: bh_start as u32,
+        bh_count: bh_count as u32,
+        ..base
+    }
+}
+
+/// A uniform buffer holding `params`.
+fn uniform(ctx: &Context, label: &str, params: &AttentionParams) -> Result<wgpu::Buffer> {
+    ctx.create_buffer_init(label, bytemuck::bytes_of(params), wgpu::BufferUsages::UNIFORM)
 }
 
 /// Score-chunk budget for averaged weights: chunks of B heads, or as many heads as fit
