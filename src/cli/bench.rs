@@ -20,7 +20,7 @@ pub const SCHEMA: &str = "wgpu-attention-bench/1";
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Problem set: quick (about a minute on lavapipe), standard (L up to 2048) or long
+    /// Problem set: quick (about 15-20 s on lavapipe), standard (L up to 2048) or long
     /// (adds L = 8192 and 32768 for the fused path). Ignored when --shape is given.
     #[arg(long, default_value = "quick")]
     suite: String,
