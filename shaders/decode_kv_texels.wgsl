@@ -14,11 +14,13 @@
 override KV_TEXEL_SHIFT: u32 = 12u;
 override KV_TEXEL_ROWS: u32 = 1024u;
 
-// The 16 bytes of K or V holding element e.
+// The 16 bytes of K or V holding element e. The texel coordinates are i32 (they are
+// below 2^31): naga 30 writes invalid SPIR-V for u32 ones under its `Restrict`
+// bounds-check policy (docs/design.md, "naga 30 and spirv-val").
 fn kv_words(is_k: bool, e: u32) -> vec4<u32> {
     let w = e / (4u * ELEMS_PER_WORD);
     let row = w >> KV_TEXEL_SHIFT;
-    let at = vec2<u32>(w & ((1u << KV_TEXEL_SHIFT) - 1u), row % KV_TEXEL_ROWS);
+    let at = vec2<i32>(vec2<u32>(w & ((1u << KV_TEXEL_SHIFT) - 1u), row % KV_TEXEL_ROWS));
     let layer = row / KV_TEXEL_ROWS;
     if is_k {
         return textureLoad(k_texels, at, layer, 0);

