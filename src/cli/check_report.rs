@@ -315,9 +315,11 @@ mod tests {
             assert_eq!(&first[21..27], result, "{first}");
         }
         let failed = r.cases[1].table_line();
-        // Nothing of the case or the reason is lost by wrapping.
-        let joined: String = failed.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(joined.contains("window 4,4+softcap 1.22"), "{failed}");
+        // Nothing of the case or the reason is lost by wrapping (which breaks lines at
+        // spaces and after '+').
+        let squeezed: String = failed.split_whitespace().collect();
+        assert!(squeezed.contains("window4,4+softcap1.22"), "{failed}");
+        assert!(squeezed.contains(&"x".repeat(80)), "{failed}");
         assert!(failed.lines().count() >= 3, "{failed}");
         assert!(table_header().chars().count() <= TABLE_WIDTH);
     }
