@@ -4,8 +4,8 @@
 
 use crate::request::{Data, Request};
 use half::f16;
-use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::key_mask_from_tokens;
+use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::{
     sdpa_read_async, AttentionOptions, Context, DType, Error, HeadWeights, Inputs, Layout, MhaOptions,
     MultiHeadAttention, Result, Tensor,
