@@ -178,78 +178,162 @@ fn f32_inputs_take_tensor_cores_only_below_the_highest_precision() {
     );
 }
 
+/// One coop GEMM case: Y = X · Wᵀ (+ bias) split into `widths`, X with row stride
+/// `x_stride`, W and bias from row `w_row0` on.
+struct GemmCase {
+    m: usize,
+    k: usize,
+    x_stride: usize,
+    widths: &'static [usize],
+    w_row0: usize,
+    bias: bool,
+}
+
+fn assert_coop_gemm(ctx: &Context, case: &GemmCase, dtype: DType, seed: u64) {
+    let GemmCase {
+        m,
+        k,
+        x_stride,
+        widths,
+        w_row0,
+        bias,
+    } = *case;
+    let n: usize = widths.iter().sum();
+    let rows = w_row0 + n;
+    let mut rng = Rng::new(seed);
+    let x: Vec<f32> = rng.vec((m - 1) * x_stride + k, -1.0, 1.0);
+    let w: Vec<f32> = rng.vec(rows * k, -1.0, 1.0);
+    let b: Vec<f32> = rng.vec(rows, -1.0, 1.0);
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect() };
+    let (x16, w16, b_used) = (
+        round(&x),
+        round(&w),
+        if dtype == DType::F16 { round(&b) } else { b.clone() },
+    );
+    let upload = |v: &[f32]| Tensor::sequence(ctx, [1, 1, v.len()], dtype, v).expect("upload");
+    let (xt, wt, bt) = (upload(&x), upload(&w), upload(&b));
+    let outs: Vec<Tensor> = widths
+        .iter()
+        .map(|&wd| Tensor::empty(ctx, [1, 1, m, wd], Layout::Bhsd, dtype).expect("output"))
+        .collect();
+    let outputs: Vec<(&wgpu_attention::wgpu::Buffer, usize)> =
+        outs.iter().zip(widths).map(|(t, &wd)| (t.buffer(), wd)).collect();
+    let linear = Linear {
+        x: xt.buffer(),
+        x_stride,
+        w: wt.buffer(),
+        w_packed: None,
+        bias: bias.then(|| bt.buffer()),
+        w_row0,
+        outputs: &outputs,
+        m,
+        k,
+    };
+    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+    encode_linear(ctx, &mut encoder, dtype, LinearTiling::Coop, &linear).expect("records");
+    ctx.queue().submit([encoder.finish()]);
+    let mut col0 = 0;
+    for (t, &wd) in outs.iter().zip(widths) {
+        let got = t.to_f32_vec(ctx).expect("readback");
+        for r in 0..m {
+            for c in 0..wd {
+                let j = w_row0 + col0 + c;
+                // The products see f16 operands (exact in f32); the f32 sum of k terms
+                // and the bias is off by at most (k + 1)·ε·Σ|terms|; f16 storage rounds
+                // the result once more.
+                let terms: Vec<f64> = (0..k)
+                    .map(|t| f64::from(x16[r * x_stride + t]) * f64::from(w16[j * k + t]))
+                    .collect();
+                let bias_term = if bias { f64::from(b_used[j]) } else { 0.0 };
+                let want = terms.iter().sum::<f64>() + bias_term;
+                let magnitude = terms.iter().map(|t| t.abs()).sum::<f64>() + bias_term.abs();
+                let stored_rounding = if dtype == DType::F16 {
+                    want.abs() * 2f64.powi(-11)
+                } else {
+                    0.0
+                };
+                let bound = (k + 1) as f64 * f64::from(f32::EPSILON) * magnitude + stored_rounding;
+                let err = (f64::from(got[r * wd + c]) - want).abs();
+                assert!(
+                    err <= bound,
+                    "seed {seed} {dtype:?} m={m} k={k} stride={x_stride} widths={widths:?} w_row0={w_row0} \
+                     ({r}, {}): got {} want {want} (bound {bound})",
+                    col0 + c,
+                    got[r * wd + c]
+                );
+            }
+        }
+        col0 += wd;
+    }
+}
+
 #[test]
 fn coop_gemm_matches_a_reference_with_bias_and_split() {
     let Some(ctx) = emulating() else { return };
-    // m, k, n not multiples of the 64 x 64 block or the 32-wide K step.
-    let (m, k, widths) = (70usize, 45usize, [20usize, 50, 9]);
-    let n: usize = widths.iter().sum();
-    let mut rng = Rng::new(81);
-    let x: Vec<f32> = rng.vec(m * k, -1.0, 1.0);
-    let w: Vec<f32> = rng.vec(n * k, -1.0, 1.0);
-    let bias: Vec<f32> = rng.vec(n, -1.0, 1.0);
-    for dtype in [DType::F16, DType::F32] {
-        let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect() };
-        let (x16, w16, b_used) = (
-            round(&x),
-            round(&w),
-            if dtype == DType::F16 {
-                round(&bias)
-            } else {
-                bias.clone()
+    // Blocks are 64 x 64 under the emulation (`matmul::coop_tiles`; 128 x 128 on tensor
+    // cores, the same code with more tiles per subgroup), slabs 32 deep; operands are
+    // staged in 16-byte words (8 f16 or 4 f32) where K and X's row stride are multiples
+    // of a word, else element by element. Each workgroup-slab takes llvmpipe seconds
+    // emulated: shapes stay small.
+    let cases = [
+        // m, k, n not multiples of the block or the slab; K not a multiple of a word:
+        // element staging throughout; three outputs, bias.
+        (
+            GemmCase {
+                m: 70,
+                k: 45,
+                x_stride: 45,
+                widths: &[20, 30, 9],
+                w_row0: 0,
+                bias: true,
             },
-        );
-        let upload = |v: &[f32]| Tensor::sequence(&ctx, [1, 1, v.len()], dtype, v).expect("upload");
-        let (xt, wt, bt) = (upload(&x), upload(&w), upload(&bias));
-        let outs: Vec<Tensor> = widths
-            .iter()
-            .map(|&wd| Tensor::empty(&ctx, [1, 1, m, wd], Layout::Bhsd, dtype).expect("output"))
-            .collect();
-        let outputs: Vec<(&wgpu_attention::wgpu::Buffer, usize)> =
-            outs.iter().zip(widths).map(|(t, wd)| (t.buffer(), wd)).collect();
-        let linear = Linear {
-            x: xt.buffer(),
-            x_stride: k,
-            w: wt.buffer(),
-            w_packed: None,
-            bias: Some(bt.buffer()),
-            w_row0: 0,
-            outputs: &outputs,
-            m,
-            k,
-        };
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        encode_linear(&ctx, &mut encoder, dtype, LinearTiling::Coop, &linear).expect("records");
-        ctx.queue().submit([encoder.finish()]);
-        let mut col0 = 0;
-        for (t, wd) in outs.iter().zip(widths) {
-            let got = t.to_f32_vec(&ctx).expect("readback");
-            for r in 0..m {
-                for c in 0..wd {
-                    let j = col0 + c;
-                    // The products see f16 operands (exact in f32); the f32 sum of k
-                    // terms and the bias is off by at most (k + 1)·ε·Σ|terms|; f16
-                    // storage rounds the result once more.
-                    let terms: Vec<f64> = (0..k)
-                        .map(|t| f64::from(x16[r * k + t]) * f64::from(w16[j * k + t]))
-                        .collect();
-                    let want = terms.iter().sum::<f64>() + f64::from(b_used[j]);
-                    let magnitude = terms.iter().map(|t| t.abs()).sum::<f64>() + f64::from(b_used[j]).abs();
-                    let stored_rounding = if dtype == DType::F16 {
-                        want.abs() * 2f64.powi(-11)
-                    } else {
-                        0.0
-                    };
-                    let bound = (k + 1) as f64 * f64::from(f32::EPSILON) * magnitude + stored_rounding;
-                    let err = (f64::from(got[r * wd + c]) - want).abs();
-                    assert!(
-                        err <= bound,
-                        "{dtype:?} ({r}, {j}): got {} want {want} (bound {bound})",
-                        got[r * wd + c]
-                    );
-                }
-            }
-            col0 += wd;
+            &[DType::F16][..],
+        ),
+        // Words: block (0, 0) is interior for its first slab (no checks) and an edge in
+        // K for the second; the others are edges in M, N or both. A split at a column
+        // inside a 16 x 16 tile; W and bias from row 3.
+        (
+            GemmCase {
+                m: 80,
+                k: 40,
+                x_stride: 40,
+                widths: &[37, 40],
+                w_row0: 3,
+                bias: true,
+            },
+            &[DType::F16, DType::F32][..],
+        ),
+        // One whole interior block, K a multiple of the slab, X's rows padded (stride
+        // a multiple of a word); no bias, one output.
+        (
+            GemmCase {
+                m: 64,
+                k: 64,
+                x_stride: 72,
+                widths: &[64],
+                w_row0: 0,
+                bias: false,
+            },
+            &[DType::F16, DType::F32][..],
+        ),
+        // K a whole number of f32 words but X's stride not: element staging in f32.
+        (
+            GemmCase {
+                m: 33,
+                k: 36,
+                x_stride: 37,
+                widths: &[17],
+                w_row0: 1,
+                bias: true,
+            },
+            &[DType::F32][..],
+        ),
+    ];
+    let mut seed = 81;
+    for (case, dtypes) in &cases {
+        for &dtype in *dtypes {
+            seed += 1;
+            assert_coop_gemm(&ctx, case, dtype, seed);
         }
     }
 }

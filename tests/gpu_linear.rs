@@ -1,5 +1,6 @@
 //! The linear-layer GEMM (`shaders/matmul.wgsl`) against an f64 reference: awkward sizes
-//! (not multiples of any tile), bias, split outputs, row strides, both tilings, f32/f16;
+//! (not multiples of any tile), bias, split outputs, row strides, every tiling the
+//! adapter has (tensor cores in f16 where it has them), f32/f16;
 //! for the texture tiling also both ways of packing (copy and kernel), pre-packed
 //! weights, and matrices taller than one texture layer.
 
@@ -122,6 +123,11 @@ fn tilings(ctx: &Context) -> Vec<LinearTiling> {
     if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
         out.push(LinearTiling::Texture);
     }
+    // Tensor cores (f16 only: with f32 storage they round the operands to f16, which
+    // the f32 bounds here do not allow; tests/gpu_coop_emulated.rs checks that path).
+    if ctx.linear_tiling_for(DType::F16, wgpu_attention::Precision::Highest) == LinearTiling::Coop {
+        out.push(LinearTiling::Coop);
+    }
     out
 }
 
@@ -144,7 +150,8 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
     let mut seed = 100;
     for tiling in tilings(ctx) {
         for dtype in [DType::F32, DType::F16] {
-            if dtype == DType::F16 && !ctx.capabilities().f16 {
+            if (dtype == DType::F16 && !ctx.capabilities().f16) || (dtype == DType::F32 && tiling == LinearTiling::Coop)
+            {
                 continue;
             }
             for &(m, k, x_stride, widths, w_row0, bias) in &shapes {

@@ -379,6 +379,32 @@ fn dispatchable() -> Vec<Dispatchable> {
             });
         }
     }
+    // The coop GEMM at 2 x 2 tiles a subgroup: what a context emulating cooperative
+    // matrices dispatches (kernels::matmul::coop_tiles), emulated on each lane count.
+    let two_tiles = wgpu_attention::kernels::Kernel {
+        source: Box::leak(wgpu_attention::kernels::matmul::coop_source(2).into_boxed_str()),
+        ..wgpu_attention::kernels::matmul::COOP
+    };
+    for dtype in [DType::F32, DType::F16] {
+        let source = shader_source(&two_tiles, dtype);
+        let name = format!("{}:{} TILES 2 ({dtype:?})", two_tiles.file, two_tiles.entry);
+        for sg in [4, 8, 16] {
+            let emulated = coop_emulation::rewrite(&source, sg)
+                .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
+            all.push(Dispatchable {
+                name: format!("{name}, emulated on {sg} lanes"),
+                source: emulated,
+                entry: two_tiles.entry,
+                pinned: vec![("SG", f64::from(sg))],
+            });
+        }
+        all.push(Dispatchable {
+            name,
+            source,
+            entry: two_tiles.entry,
+            pinned: Vec::new(),
+        });
+    }
     for variant in flash_texel::VARIANTS {
         let kernel = variant.kernel();
         all.push(Dispatchable {

@@ -215,7 +215,8 @@ fn rewrite_call(s: &str) -> Result<(String, String, usize)> {
     Ok((format!("{name}({index}, {stride})"), helper, used))
 }
 
-/// Gives the entry point the lane index and stores it in `em_lane` first thing.
+/// Gives the entry point the lane index (or uses its own `subgroup_invocation_id`
+/// parameter, where it declares one) and stores it in `em_lane` first thing.
 fn add_lane_builtin(body: &str) -> Result<String> {
     let marker = "@builtin(subgroup_id) sg: u32,";
     let at = body
@@ -225,6 +226,16 @@ fn add_lane_builtin(body: &str) -> Result<String> {
         .find(") {\n")
         .map(|i| at + i + 4)
         .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "no entry-point body"))?;
+    let lane_marker = "@builtin(subgroup_invocation_id)";
+    if let Some(own) = body[at..open].find(lane_marker).map(|i| at + i + lane_marker.len()) {
+        let name = body[own..]
+            .split(':')
+            .next()
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "unnamed lane parameter"))?;
+        return Ok(format!("{}    em_lane = {name};\n{}", &body[..open], &body[open..]));
+    }
     Ok(format!(
         "{}{marker}\n    @builtin(subgroup_invocation_id) em_lane_in: u32,{}    em_lane = em_lane_in;\n{}",
         &body[..at],
@@ -259,5 +270,13 @@ mod tests {
         assert!(out.contains("em_load_t_qs_ab(i, 16u)") && out.contains("em_store_t_ss(acc, i, 16u)"));
         assert!(out.contains("em_lane = em_lane_in;"));
         assert!(rewrite(source, 7).is_err());
+        // An entry point with its own lane parameter keeps it as the only one.
+        let own = source.replace(
+            "@builtin(subgroup_id) sg: u32,\n",
+            "@builtin(subgroup_id) sg: u32,\n    @builtin(subgroup_invocation_id) lane: u32,\n",
+        );
+        let out = rewrite(&own, 8).expect("rewrites");
+        assert_eq!(out.matches("subgroup_invocation_id").count(), 1, "{out}");
+        assert!(out.contains("em_lane = lane;"), "{out}");
     }
 }

@@ -175,9 +175,10 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
         // One trip per texel of K, then per row group (2) four store loops of 4 trips,
         // each loop's exit check counted.
         LinearTiling::Texture => k.div_ceil(4) + 1 + 2 * 4 * 5,
-        // Per step of 32: the staging loop (64 x 32 pairs over 4 subgroups of at least
-        // 8) and two 16-wide steps; then the 64 x 64 store.
-        LinearTiling::Coop => k.div_ceil(32) * (64 + 2 + 1) + 128,
+        // Per slab of 32: the staging loop at its longest (128 x 32 pairs element by
+        // element over 4 subgroups of at least 8: 128 trips) and two 16-wide steps; then
+        // 16 output tiles of 256 / 8 elements per lane. Each loop counts its exit check.
+        LinearTiling::Coop => 1 + k.div_ceil(32) * (1 + (128 + 1) + (2 + 1)) + 16 * (32 + 1),
     }
 }
 

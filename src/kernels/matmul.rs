@@ -34,8 +34,9 @@ pub const BLOCKED: Kernel = Kernel {
 };
 
 /// Tensor cores through cooperative matrices (16 x 16 f16 tiles, f32 accumulation):
-/// 64 x 64 blocks, one 32 x 32 quadrant per subgroup, 4 subgroups of the adapter's
-/// fixed size (`SG`). For f16 inputs, or f32 at `Precision::Medium`.
+/// 128 x 128 blocks, one 64 x 64 quadrant (4 x 4 tiles) per subgroup, 4 subgroups of
+/// the adapter's fixed size (`SG`); X and W staged 32 deep with 16-byte loads into
+/// padded rows. For f16 inputs, or f32 at `Precision::Medium`.
 pub const COOP: Kernel = Kernel {
     file: "matmul_coop.wgsl",
     source: include_str!("../../shaders/matmul_coop.wgsl"),
@@ -85,12 +86,15 @@ impl LinearTiling {
     }
 
     /// Rows and columns of Y one workgroup covers in a layer of `m` rows.
-    fn block(self, m: usize) -> (usize, usize) {
+    fn block(self, ctx: &Context, m: usize) -> (usize, usize) {
         match self {
             LinearTiling::Tiled => (64, 64),
             LinearTiling::Blocked => (128, 128),
             LinearTiling::Texture => (texture_row_groups(m) as usize * ROWS_PER_GROUP, 32),
-            LinearTiling::Coop => (64, 64),
+            LinearTiling::Coop => {
+                let block = coop_block(coop_tiles(ctx));
+                (block, block)
+            }
         }
     }
 }
@@ -107,9 +111,84 @@ pub fn texture_row_groups(m: usize) -> u32 {
     }
 }
 
-/// Workgroup memory `matmul_coop.wgsl` declares: X and W staging (64 rows of 32 + 8
-/// halves each) and the 64 x (64 + 4) f32 output tile.
-pub const COOP_WORKGROUP_BYTES: u32 = 2 * 2 * 64 * 40 + 4 * 64 * 68;
+/// Accumulator tiles per subgroup each way (`TILES` in `matmul_coop.wgsl`): 4 (the
+/// measured design, 128 x 128 blocks) on tensor cores; 2 under the coop emulation, whose
+/// 16 emulated accumulators and 8 fragments per subgroup take llvmpipe minutes to compile.
+pub fn coop_tiles(ctx: &Context) -> u32 {
+    if ctx.capabilities().coop_emulated {
+        2
+    } else {
+        4
+    }
+}
+
+/// Rows and columns of Y a workgroup of the coop GEMM owns (its `BLOCK`).
+pub fn coop_block(tiles: u32) -> usize {
+    32 * tiles as usize
+}
+
+/// Workgroup memory the coop GEMM declares: X and W staging (`BLOCK` rows of 32 + 8
+/// halves each: 20 KiB at 4 tiles) and two 16 x 16 f32 output slots per subgroup (8 KiB).
+pub fn coop_workgroup_bytes(tiles: u32) -> u32 {
+    2 * 2 * coop_block(tiles) as u32 * 40 + 4 * 2 * 256 * 4
+}
+
+/// `matmul_coop.wgsl` for `tiles` accumulator tiles per subgroup each way (at most 4,
+/// the file's own): `TILES` set, and every line dropped that names an accumulator
+/// (`accIJ`) or fragment (`aI`, `bJ`, their indices `iaI`, `ibJ`) past `tiles - 1`.
+pub fn coop_source(tiles: u32) -> String {
+    let source = COOP.source;
+    let own = "const TILES: u32 = 4u;";
+    assert!(
+        source.contains(own) && (1..=4).contains(&tiles),
+        "matmul_coop.wgsl: TILES"
+    );
+    let beyond = |token: &str| -> bool {
+        let digits = |d: &str| d.len() <= 2 && d.chars().all(|c| c.is_ascii_digit());
+        let index = match token {
+            t if t.len() == 5 && t.starts_with("acc") && digits(&t[3..]) => &t[3..],
+            t if t.len() == 3 && (t.starts_with("ia") || t.starts_with("ib")) && digits(&t[2..]) => &t[2..],
+            t if t.len() == 2 && (t.starts_with('a') || t.starts_with('b')) && digits(&t[1..]) => &t[1..],
+            _ => return false,
+        };
+        index.chars().any(|c| c.to_digit(10).is_some_and(|i| i >= tiles))
+    };
+    source
+        .lines()
+        .filter(|line| {
+            let code = line.split("//").next().unwrap_or("");
+            !code
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .any(beyond)
+        })
+        .map(|line| {
+            if line.starts_with(own) {
+                line.replace(own, &format!("const TILES: u32 = {tiles}u;"))
+            } else {
+                line.to_string()
+            }
+        })
+        .map(|line| line + "\n")
+        .collect()
+}
+
+/// The coop GEMM kernel for `tiles` (see [`coop_source`]); the file's own at 4.
+fn coop_kernel(tiles: u32) -> Kernel {
+    use std::sync::OnceLock;
+    static SMALLER: [OnceLock<&'static str>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    const NAMES: [&str; 3] = ["tiles1", "tiles2", "tiles3"];
+    match tiles {
+        1..=3 => {
+            let i = tiles as usize - 1;
+            Kernel {
+                source: SMALLER[i].get_or_init(|| Box::leak(coop_source(tiles).into_boxed_str())),
+                variant: NAMES[i],
+                ..COOP
+            }
+        }
+        _ => COOP,
+    }
+}
 
 /// Mirror of WGSL `LinearParams`.
 #[repr(C)]
@@ -179,16 +258,26 @@ impl Context {
     }
 }
 
-/// The subgroup size the coop GEMM runs with, if this device can run it.
+/// The subgroup size the coop GEMM runs with, if this device can run it. Its loops
+/// divide a slab's f16 words (32 per 16 x 16 tile) evenly among the 4 subgroups, so
+/// the size must divide 32 x `TILES` (128 on tensor cores).
 fn coop_subgroup_size(ctx: &Context) -> Option<u32> {
     let caps = ctx.capabilities();
-    caps.coop_subgroup_size()
-        .filter(|&sg| 4 * sg <= caps.max_invocations && COOP_WORKGROUP_BYTES <= caps.max_workgroup_storage)
+    caps.coop_subgroup_size().filter(|&sg| {
+        (32 * coop_tiles(ctx)).is_multiple_of(sg)
+            && 4 * sg <= caps.max_invocations
+            && coop_workgroup_bytes(coop_tiles(ctx)) <= caps.max_workgroup_storage
+    })
 }
 
 /// The texture kernel shares X across 8 lanes of one subgroup.
 fn has_8_lane_subgroups(ctx: &Context) -> bool {
     ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8)
+}
+
+/// Whether a buffer holds at least one 16-byte word (can be bound as `array<vec4<u32>>`).
+fn buffer_words(buffer: &wgpu::Buffer) -> bool {
+    buffer.size() >= 16
 }
 
 fn elements(buffer: &wgpu::Buffer, dtype: DType) -> usize {
@@ -291,7 +380,7 @@ pub fn encode_linear(
         },
         loop_budget::linear_iterations(tiling, linear.k),
     )?;
-    let (block_m, block_n) = tiling.block(m);
+    let (block_m, block_n) = tiling.block(ctx, m);
     let groups = [groups_for(n, block_n), groups_for(m, block_m), 1];
     let max = ctx.capabilities().max_workgroups_per_dim;
     if groups[0] > max || groups[1] > max {
@@ -308,7 +397,11 @@ pub fn encode_linear(
         (LinearTiling::Texture, _) => vec![("ROW_GROUPS", texture_row_groups(m))],
         _ => Vec::new(),
     };
-    let pipeline = pipeline(ctx, &tiling.kernel(), dtype, &constants)?;
+    let kernel = match tiling {
+        LinearTiling::Coop => coop_kernel(coop_tiles(ctx)),
+        other => other.kernel(),
+    };
+    let pipeline = pipeline(ctx, &kernel, dtype, &constants)?;
     let widths: Vec<usize> = linear.outputs.iter().map(|&(_, width)| width).collect();
     let seg1 = widths[0];
     let seg2 = seg1 + widths.get(1).copied().unwrap_or(0);
@@ -395,7 +488,43 @@ pub fn encode_linear(
         binding,
         resource: buffer.as_entire_binding(),
     }));
+    if tiling == LinearTiling::Coop {
+        // X and W again as 16-byte words. A buffer shorter than one word cannot be bound
+        // so; the kernel reads words only where K and X's row stride are multiples of a
+        // word's elements, which makes both buffers hold at least one. (Placeholder 0 is
+        // only ever bound read-only: outputs always have a buffer of their own there.)
+        let word = |buffer| if buffer_words(buffer) { buffer } else { &placeholders[0] };
+        entries.extend(
+            [(7, word(linear.x)), (8, word(linear.w))].map(|(binding, buffer)| wgpu::BindGroupEntry {
+                binding,
+                resource: buffer.as_entire_binding(),
+            }),
+        );
+    }
     ctx.scoped("recording a linear layer", || {
         dispatch_entries(ctx, encoder, &pipeline, &entries, groups)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_coop_generator_keeps_the_tiles_asked_for() {
+        assert_eq!(coop_source(4), COOP.source);
+        let two = coop_source(2);
+        assert!(two.contains("const TILES: u32 = 2u;"), "{two}");
+        let code: String = two.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+        for gone in ["acc02", "acc20", "acc33", "let a2 ", "let ib3 ", "acc13"] {
+            assert!(!code.contains(gone), "{gone} in\n{two}");
+        }
+        // 4 accumulators declared, 4 fragment loads, 4 multiply-adds, 4 stores.
+        assert_eq!(two.matches("= coop_mat16x16<f32, C>();").count(), 4);
+        assert_eq!(two.matches("= coopLoad").count(), 4);
+        assert_eq!(two.matches("coopMultiplyAdd(").count(), 4);
+        assert_eq!(two.matches("coopStoreT(").count(), 4);
+        assert_eq!(coop_block(2), 64);
+        assert_eq!(coop_workgroup_bytes(4), 28 * 1024);
+    }
 }
