@@ -349,7 +349,7 @@ fn panel_layout(p: &Panel, labels: &Labels, pool: (usize, usize)) -> PanelLayout
     let bottom = PAD + key_label_rows * CHAR_H + PAD + CHAR_H; // key labels + axis name
     let width = (left + grid_w)
         .max(left + "key position".len() as u32 * CHAR_W)
-        .max(p.title.len() as u32 * CHAR_W);
+        .max(p.title.chars().count() as u32 * CHAR_W);
     PanelLayout {
         width: width + PAD,
         height: top + grid_h + bottom,

@@ -179,10 +179,13 @@ impl Tensor {
                 "every axis at least 1",
             ));
         }
-        if buffer.size() < bytes {
+        // Copies (readback) move whole 4-byte words: an odd count of f16 needs the
+        // buffer's next 2 bytes too.
+        let needed = bytes.next_multiple_of(4);
+        if buffer.size() < needed {
             return Err(Error::shape(
                 format!("buffer for a {} tensor of shape {shape:?}", dtype.name()),
-                format!("at least {bytes} bytes"),
+                format!("at least {needed} bytes"),
                 format!("{} bytes", buffer.size()),
             ));
         }
@@ -324,7 +327,8 @@ impl Tensor {
         self.len() == 0
     }
 
-    /// Bytes of data (the buffer may be padded to a multiple of 4).
+    /// Bytes of data (the buffer may be larger: this crate pads its own to a multiple
+    /// of 16 bytes, at least 16).
     pub fn byte_len(&self) -> u64 {
         (self.len() * self.dtype.size()) as u64
     }

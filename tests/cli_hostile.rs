@@ -120,6 +120,14 @@ fn two_outputs_naming_one_file_are_refused_before_anything_is_written() {
         assert_refused(&output, &["out.npy", other, "the same file"]);
         assert_eq!(std::fs::read_to_string(dir.join("out.npy")).expect("out"), "old");
     }
+    // A dangling link to an output that does not exist yet is that output too.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink("new.npy", dir.join("dangling.npy")).expect("symlink");
+        let output = run(&dir, &["--out", "new.npy", "--weights-out", "dangling.npy"]);
+        assert_refused(&output, &["new.npy", "dangling.npy", "the same file"]);
+        assert!(!dir.join("new.npy").exists(), "nothing may be written");
+    }
 }
 
 #[cfg(unix)]

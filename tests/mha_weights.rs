@@ -281,7 +281,9 @@ fn a_transformer_encoder_layers_state_dict_loads_as_pytorch_saves_it() {
     assert_eq!(plain.weights.o, loaded.weights.o);
     assert_eq!(plain.norm_tensor, None);
 
-    // Hugging Face's name for the norm after attention, under a layer prefix.
+    // A Hugging Face decoder layer: attention under `self_attn.`, and a
+    // `post_attention_layernorm` that is the MLP's pre-norm (bias-less RMSNorm in Llama),
+    // not a post-norm of attention: it loads without one.
     let mut hf: Vec<_> = alone
         .iter()
         .map(|(n, s, v)| (format!("layers.3.self_attn.{n}"), s.clone(), v.clone()))
@@ -291,17 +293,12 @@ fn a_transformer_encoder_layers_state_dict_loads_as_pytorch_saves_it() {
         &[16],
         random(&mut rng, &[16]),
     ));
-    hf.push(entry(
-        "layers.3.post_attention_layernorm.bias",
-        &[16],
-        random(&mut rng, &[16]),
-    ));
     let loaded = load_safetensors(&file(&hf), 4, None, "layers.3.").expect("loads");
-    assert_eq!(
-        loaded.norm_tensor.as_deref(),
-        Some("layers.3.post_attention_layernorm.weight")
-    );
-    // A norm weight without its bias is named, not half-read.
-    hf.pop();
-    expect_error(&file(&hf), 4, None, "layers.3.", &["post_attention_layernorm.bias"]);
+    assert_eq!(loaded.norm_tensor, None);
+    assert!(loaded.weights.norm.is_none());
+    assert_eq!(loaded.weights.q, plain.weights.q);
+    // A norm1 weight without its bias is named, not half-read.
+    let mut half = transformer_encoder_layer("l.", &mut rng);
+    half.retain(|t| t.0 != "l.norm1.bias");
+    expect_error(&file(&half), 4, None, "l.", &["norm1.bias"]);
 }

@@ -287,9 +287,9 @@ pub fn host_budget() -> u64 {
 pub fn check_host_bytes(what: impl Into<String>, bytes: u128) -> Result<()> {
     let budget = host_budget();
     if bytes > u128::from(budget) {
-        return Err(Error::LimitExceeded {
+        return Err(Error::CapacityExceeded {
             what: what.into(),
-            limit: "the host memory budget (half the memory available)",
+            capacity: "the host memory budget (half the memory available)",
             unit: "bytes",
             requested: u64::try_from(bytes).unwrap_or(u64::MAX),
             max: budget,

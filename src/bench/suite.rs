@@ -175,7 +175,9 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
                 Ok(inputs) => inputs,
-                Err(e @ Error::LimitExceeded { .. }) => return Ok((name, Err(format!("refused: {e}")))),
+                Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {
+                    return Ok((name, Err(format!("refused: {e}"))))
+                }
                 Err(e) => return Err(e),
             };
             // Decode reads K and V from a KV cache, as when generating (with the cache's

@@ -136,8 +136,9 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<u8>, CliError> {
         data_len = data_len.max(end);
     }
     if let Some(len) = input.regular_len {
-        let declared = 8 + header_len + data_len;
-        if declared != len {
+        // In u128: a hostile data_offsets end near 2^64 must not wrap.
+        let declared = 8 + u128::from(header_len) + u128::from(data_len);
+        if declared != u128::from(len) {
             return Err(bad(format!(
                 "its header declares {declared} bytes in all, but the file holds {len}"
             )));

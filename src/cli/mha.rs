@@ -4,6 +4,7 @@ use super::run::{check_finite_output, parse_precision, parse_tiling, DTypeArg, K
 use super::{input, npy, output};
 use super::{AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
+use wgpu_attention::kernels::matmul::LinearTiling;
 use wgpu_attention::key_mask_from_tokens;
 use wgpu_attention::mha::{load_safetensors, PostNorm};
 use wgpu_attention::{
@@ -42,8 +43,8 @@ pub struct MhaArgs {
     /// The padding token id for --tokens.
     #[arg(long, requires = "tokens", allow_hyphen_values = true)]
     pad_id: Option<i64>,
-    /// Apply LayerNorm(attention output + query) with the file's norm (norm.*, norm1.*
-    /// or post_attention_layernorm.*), as PyTorch's layer does.
+    /// Apply LayerNorm(attention output + query) with the file's norm (norm.* or
+    /// norm1.*, as PyTorch's TransformerEncoderLayer applies norm1).
     #[arg(long, conflicts_with = "ignore_norm")]
     post_norm: bool,
     /// Run without the norm the file holds (a file with one is refused otherwise).
@@ -96,10 +97,11 @@ fn load_sequence(
     width: usize,
     what: &str,
     dtype: DType,
+    f16_why: Option<&str>,
 ) -> Result<(Tensor, bool), CliError> {
     let a = npy::read_float(path)?;
-    if dtype == DType::F16 {
-        npy::check_f16_range(path, &a.data, "--dtype f16")?;
+    if let Some(why) = f16_why {
+        npy::check_f16_range(path, &a.data, why)?;
     }
     let finite = a.data.iter().all(|x| x.is_finite());
     match a.shape.as_slice() {
@@ -131,8 +133,8 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
         }
         (None, true, _) => {
             return Err(CliError::bad(format!(
-                "{}: --post-norm, but the file holds no norm weights (looked for norm.weight, norm1.weight, \
-                 post_attention_layernorm.weight after the prefix '{}')",
+                "{}: --post-norm, but the file holds no norm weights (looked for norm.weight and norm1.weight \
+                 after the prefix '{}')",
                 args.weights.display(),
                 args.prefix
             )))
@@ -145,17 +147,30 @@ pub fn run(adapter: &AdapterArgs, args: &MhaArgs) -> Result<(), CliError> {
     let config = loaded.config.clone();
     let dtype = args.dtype.into();
     let ctx = adapter.context()?;
-    if dtype == DType::F16 {
+    // f16 storage, or f16 products (tensor cores at --precision medium) in the GEMMs or
+    // the attention: values past f16's range would turn into infinities silently.
+    let tensor_cores = ctx.linear_tiling_for(DType::F32, args.precision) == LinearTiling::Coop
+        || ctx
+            .fused_config_for(args.tiling, DType::F32, args.precision)
+            .is_ok_and(|c| c.spec().f16_products);
+    let f16_why = if dtype == DType::F16 {
+        Some("--dtype f16")
+    } else if tensor_cores {
+        Some("--precision medium on this adapter's tensor cores")
+    } else {
+        None
+    };
+    if let Some(why) = f16_why {
         for (name, w) in weight_arrays(&loaded.weights) {
-            npy::check_f16_range(&args.weights, w, &format!("--dtype f16 (tensor {name})"))?;
+            npy::check_f16_range(&args.weights, w, &format!("{why} (tensor {name})"))?;
         }
     }
     let layer = MultiHeadAttention::new(&ctx, config.clone(), &loaded.weights, dtype)?;
-    let (query, mut inputs_finite) = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype)?;
+    let (query, mut inputs_finite) = load_sequence(&ctx, &args.query, config.embed_dim, "query", dtype, f16_why)?;
     let kv = match (&args.key, &args.value) {
         (Some(k), Some(v)) => {
-            let (key, key_finite) = load_sequence(&ctx, k, config.kdim, "key", dtype)?;
-            let (value, value_finite) = load_sequence(&ctx, v, config.vdim, "value", dtype)?;
+            let (key, key_finite) = load_sequence(&ctx, k, config.kdim, "key", dtype, f16_why)?;
+            let (value, value_finite) = load_sequence(&ctx, v, config.vdim, "value", dtype, f16_why)?;
             inputs_finite &= key_finite && value_finite;
             Some((key, value))
         }

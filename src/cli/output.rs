@@ -72,7 +72,14 @@ fn identity(path: &Path) -> Option<Identity> {
         use std::os::unix::fs::MetadataExt;
         return Some(Identity::Inode(m.dev(), m.ino()));
     }
-    let dir = std::fs::canonicalize(parent_of(path)).ok()?;
+    // A dangling link is the file it will create: its target, resolved against the
+    // link's own directory (one level; a chain of dangling links is compared by its
+    // first target).
+    let path = match std::fs::read_link(path) {
+        Ok(target) => parent_of(path).join(target),
+        Err(_) => path.to_path_buf(),
+    };
+    let dir = std::fs::canonicalize(parent_of(&path)).ok()?;
     Some(Identity::Path(dir.join(path.file_name()?)))
 }
 
@@ -121,7 +128,9 @@ fn check_writable(path: &Path) -> Result<(), CliError> {
 
 /// A written temporary file waiting to be renamed over its output.
 struct Staged {
-    file: tempfile::NamedTempFile,
+    /// The temporary's path, its file closed (a call may stage up to 1024 images,
+    /// as many as a process usually may keep open).
+    file: tempfile::TempPath,
     into: PathBuf,
 }
 
@@ -149,7 +158,7 @@ fn stage(into: &Path, bytes: &[u8]) -> std::io::Result<Staged> {
     }
     file.as_file().sync_all()?;
     Ok(Staged {
-        file,
+        file: file.into_temp_path(),
         into: into.to_path_buf(),
     })
 }

@@ -83,6 +83,9 @@ fn select(spec: Option<&str>, flag: &str, what: &str, count: usize, default: usi
                 if a > b {
                     return Err(bad(format!("range {a}-{b} runs backwards")));
                 }
+                if out.len() + (b - a + 1) > MAX_IMAGES {
+                    return Err(bad(format!("more than {MAX_IMAGES} {what}")));
+                }
                 out.extend(a..=b);
             }
             None => out.push(index(part)?),

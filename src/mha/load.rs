@@ -34,25 +34,25 @@ pub struct LoadedMha {
     /// The naming scheme the file's tensors follow.
     pub naming: WeightNaming,
     /// The full name of the LayerNorm's weight tensor, where the file has one
-    /// (`norm.weight`, `norm1.weight`, `post_attention_layernorm.weight`, after the
-    /// prefix): a caller that leaves the norm out can say which tensors it ignores.
+    /// (`norm.weight` or `norm1.weight`, after the prefix): a caller that leaves the norm out can say which tensors it ignores.
     pub norm_tensor: Option<String>,
 }
 
 /// Where a layer file keeps the LayerNorm that follows attention, relative to the
-/// layer's prefix: this crate's own name, PyTorch's `nn.TransformerEncoderLayer` /
+/// layer's prefix: this crate's own name, and PyTorch's `nn.TransformerEncoderLayer` /
 /// `TransformerDecoderLayer` (`norm1`, applied to `x + self_attn(x)` when
-/// `norm_first=False`), and Hugging Face's.
-const NORM_NAMES: [&str; 3] = ["norm", "norm1", "post_attention_layernorm"];
+/// `norm_first=False`). Hugging Face's decoder layers' `post_attention_layernorm` is
+/// not one: it is a (usually bias-less RMS) norm before the MLP of a pre-norm layer, so
+/// applying it as this layer's post-norm would compute something else.
+const NORM_NAMES: [&str; 2] = ["norm", "norm1"];
 
 /// Reads multi-head attention weights from the bytes of a `.safetensors` file. Tensor
 /// names start with `prefix` (e.g. `"encoder.layers.0."`); the attention's own tensors
 /// may sit under `prefix` itself or under `prefix + "self_attn."`, as PyTorch's
 /// `nn.TransformerEncoderLayer` and Hugging Face layers store them, so a whole layer's
 /// `state_dict` loads as saved. A LayerNorm (`weight` and `bias`) is read from
-/// `norm.*` (beside the attention's tensors, or after `prefix`), `norm1.*` or
-/// `post_attention_layernorm.*` after `prefix`; [`LoadedMha::norm_tensor`] names the
-/// one found. `num_heads` cannot be read from the file, nor can `num_kv_heads` under
+/// `norm.*` (beside the attention's tensors, or after `prefix`) or `norm1.*` after
+/// `prefix`; [`LoadedMha::norm_tensor`] names the one found. `num_heads` cannot be read from the file, nor can `num_kv_heads` under
 /// PyTorch naming (it must equal `num_heads` there); with Hugging Face naming it is
 /// inferred when `None`. f32, f16, bf16 and f64 tensors are accepted and converted to
 /// f32.
