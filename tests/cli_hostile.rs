@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::cli::{bin, read_f32, scratch, write_npy};
+use common::cli::{bin, files_in, read_f32, scratch, write_npy};
 use common::torch_fixture as fixture;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -57,16 +57,6 @@ fn assert_ok(output: &Output) {
     );
 }
 
-/// The names in `dir`, sorted.
-fn listing(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[cfg(unix)]
 #[test]
 fn a_planted_link_beside_the_output_is_never_followed() {
@@ -97,7 +87,7 @@ fn a_planted_link_beside_the_output_is_never_followed() {
         "v.npy",
         "victim",
     ];
-    assert_eq!(listing(&dir), expected);
+    assert_eq!(files_in(&dir), expected);
 }
 
 #[test]
@@ -152,7 +142,7 @@ fn a_replaced_output_keeps_its_mode_and_a_linked_output_keeps_its_link() {
     let meta = std::fs::symlink_metadata(dir.join("via-link.npy")).expect("link");
     assert!(meta.file_type().is_symlink(), "the link was replaced by a file");
     assert_eq!(read_f32(&dir.join("real/target.npy")).0, [1, 2, 5, 8]);
-    assert_eq!(listing(&dir.join("real")), ["target.npy"]);
+    assert_eq!(files_in(&dir.join("real")), ["target.npy"]);
 }
 
 #[cfg(unix)]
@@ -248,7 +238,7 @@ fn viz_bounds_long_labels_and_many_heads() {
         stderr.contains("heads 0-15 of 200") && stderr.contains("--heads"),
         "{stderr}"
     );
-    let files = listing(&dir.join("images"));
+    let files = files_in(&dir.join("images"));
     assert_eq!(files.len(), 17, "16 heads and their grid: {files:?}");
     for name in ["attention_b0_h0.png", "attention_b0_heads.png"] {
         let (w, h) = png_size(&dir.join("images").join(name));
@@ -268,7 +258,7 @@ fn viz_bounds_long_labels_and_many_heads() {
     };
     assert_ok(&select("3,150-151,199", "chosen"));
     assert_eq!(
-        listing(&dir.join("chosen")),
+        files_in(&dir.join("chosen")),
         [
             "attention_b0_h150.png",
             "attention_b0_h151.png",

@@ -10,7 +10,7 @@
 //! tests/fuzz_safetensors.rs.
 
 mod common;
-use common::cli::{bin, read_f32, scratch, write_npy, write_raw_npy};
+use common::cli::{bin, files_in, read_f32, scratch, write_npy, write_raw_npy};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use wgpu_attention::mha::load_safetensors;
@@ -26,16 +26,6 @@ fn workdir(name: &str) -> PathBuf {
 /// The keys and values of [`workdir`], row by row.
 const K: [[f32; 2]; 3] = [[0.5, -0.5], [0.25, 1.0], [2.0, -1.0]];
 const V: [[f32; 2]; 3] = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]];
-
-/// The names of the files in `dir`, sorted.
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 /// Runs `run` with `q` (and optionally `flag file` as well) and checks the outcome is
 /// clean: exit 0 with an output that is a float32 `.npy`, or exit 2 with one `error:`

@@ -353,30 +353,13 @@ struct Dispatchable {
 /// also as rewritten by their emulation (lavapipe's 8 lanes; 4 and 16 where llvmpipe's
 /// vectors are narrower or wider), whose `SG` is then that lane count.
 fn dispatchable() -> Vec<Dispatchable> {
-    use wgpu_attention::kernels::{coop_emulation, flash_texel, ALL_KERNELS};
+    use wgpu_attention::kernels::{flash_texel, ALL_KERNELS};
     let mut all = Vec::new();
     for kernel in ALL_KERNELS {
         for dtype in [DType::F32, DType::F16] {
             let source = shader_source(&kernel, dtype);
             let name = format!("{}:{}{} ({dtype:?})", kernel.file, kernel.entry, kernel.variant);
-            if source.contains("enable wgpu_cooperative_matrix;") {
-                for sg in [4, 8, 16] {
-                    let emulated = coop_emulation::rewrite(&source, sg)
-                        .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
-                    all.push(Dispatchable {
-                        name: format!("{name}, emulated on {sg} lanes"),
-                        source: emulated,
-                        entry: kernel.entry,
-                        pinned: vec![("SG", f64::from(sg))],
-                    });
-                }
-            }
-            all.push(Dispatchable {
-                name,
-                source,
-                entry: kernel.entry,
-                pinned: Vec::new(),
-            });
+            push_with_emulations(&mut all, name, source, kernel.entry);
         }
     }
     // The coop GEMM at 2 x 2 tiles a subgroup: what a context emulating cooperative
@@ -388,22 +371,7 @@ fn dispatchable() -> Vec<Dispatchable> {
     for dtype in [DType::F32, DType::F16] {
         let source = shader_source(&two_tiles, dtype);
         let name = format!("{}:{} TILES 2 ({dtype:?})", two_tiles.file, two_tiles.entry);
-        for sg in [4, 8, 16] {
-            let emulated = coop_emulation::rewrite(&source, sg)
-                .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
-            all.push(Dispatchable {
-                name: format!("{name}, emulated on {sg} lanes"),
-                source: emulated,
-                entry: two_tiles.entry,
-                pinned: vec![("SG", f64::from(sg))],
-            });
-        }
-        all.push(Dispatchable {
-            name,
-            source,
-            entry: two_tiles.entry,
-            pinned: Vec::new(),
-        });
+        push_with_emulations(&mut all, name, source, two_tiles.entry);
     }
     for variant in flash_texel::VARIANTS {
         let kernel = variant.kernel();
@@ -418,6 +386,30 @@ fn dispatchable() -> Vec<Dispatchable> {
         });
     }
     all
+}
+
+/// Adds a shader and, where it uses cooperative matrices, its forms as their emulation
+/// rewrites it (lavapipe's 8 lanes; 4 and 16 where llvmpipe's vectors are narrower or
+/// wider), whose `SG` is then that lane count.
+fn push_with_emulations(all: &mut Vec<Dispatchable>, name: String, source: String, entry: &'static str) {
+    if source.contains("enable wgpu_cooperative_matrix;") {
+        for sg in [4, 8, 16] {
+            let emulated = wgpu_attention::kernels::coop_emulation::rewrite(&source, sg)
+                .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
+            all.push(Dispatchable {
+                name: format!("{name}, emulated on {sg} lanes"),
+                source: emulated,
+                entry,
+                pinned: vec![("SG", f64::from(sg))],
+            });
+        }
+    }
+    all.push(Dispatchable {
+        name,
+        source,
+        entry,
+        pinned: Vec::new(),
+    });
 }
 
 /// The values the host may give each override constant (besides its default): every

@@ -6,33 +6,10 @@ use super::CliError;
 use std::io::Read;
 use std::path::Path;
 
-/// Refuses `bytes` of host memory for `what` beyond the budget
-/// ([`wgpu_attention::bench::host_budget`]).
+/// Refuses `bytes` of host memory for `what` beyond the library's host budget
+/// ([`wgpu_attention::bench::check_host_bytes`], the one check `bench` uses too).
 pub fn check_host_bytes(what: &str, bytes: u128) -> Result<(), CliError> {
-    let budget = wgpu_attention::bench::host_budget();
-    if bytes > u128::from(budget) {
-        return Err(CliError::bad(format!(
-            "{what} needs {} of host memory, more than the budget of {} (half the memory available)",
-            human_bytes(bytes),
-            human_bytes(u128::from(budget))
-        )));
-    }
-    Ok(())
-}
-
-fn human_bytes(bytes: u128) -> String {
-    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} bytes")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    Ok(wgpu_attention::bench::check_host_bytes(what, bytes)?)
 }
 
 /// An input file opened once: its path for messages, and its length where it is a

@@ -58,3 +58,13 @@ pub fn write_raw_npy(path: &Path, descr: &str, shape: &str, data: &[u8]) {
     bytes.extend_from_slice(data);
     std::fs::write(path, bytes).expect("write npy");
 }
+
+/// The names of the files in `dir`, sorted (what a command left behind).
+pub fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
