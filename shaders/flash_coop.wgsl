@@ -4,61 +4,155 @@ enable wgpu_cooperative_matrix;
 // Fused attention on tensor cores (cooperative matrices), in the FlashAttention-2
 // shape: products in f16 with f32 accumulation, softmax in f32. With f16 storage this
 // is the f16 kernel; with f32 storage it is Precision::Medium (Q, K, V and the
-// probabilities rounded to f16 as they are staged).
+// probabilities rounded to f16 as they are staged). Built on the design measured fast
+// on an H100 (docs/design.md, "Tensor cores"; our matmul_coop.wgsl): operands staged 16 bytes
+// at a time into rows padded by 8 halves. It has not run on a GPU yet.
 //
-// Tiling: NSG = BR / 16 subgroups of SG invocations (SG must be the adapter's fixed
-// subgroup size, so that subgroup_id runs 0..NSG-1; the host checks this and the
-// 16x16x16 f16->f32 configuration). The workgroup owns BR query rows of one (batch,
-// head); subgroup g owns the band of rows 16g .. 16g + 15. Per tile of BC keys:
-//   1. all invocations stage the K tile as f16 in `kvs` (zeros past the last key and
-//      the head dim);
-//   2. subgroup g computes its 16 x BC band of S = Q·Kᵀ as BC/16 f32 tiles, A from
-//      the Q band in `qs` (row-major), B = Kᵀ read column-major from K's rows, and
-//      stores it to `ss`;
-//   3. invocation r < BR owns row r: scales and masks its scores (apply_masks), keeps
-//      the row maximum and sum, and writes P = exp(s - max) as f16 to `ps`; the other
-//      invocations meanwhile stage the V tile over the K tile;
-//   4. subgroup g adds its band of P·V into its Dv/16 f32 output tiles (registers).
-// Output tiles are opaque, so a row's rescale cannot be applied in registers: the
-// maximum a row's probabilities are taken against moves only when a tile's maximum
-// exceeds it by more than TAU (so P <= e^TAU, which f16 holds with its full relative
-// precision), and only then do the output tiles go through `ss` to be rescaled, for
-// the whole workgroup at once (a workgroup-uniform flag). After the first tile of
-// random data that is rare. At the end the tiles go through `ss` once more to be
-// normalised and stored.
+// Generator parameters (a one-line prelude per variant, kernels::flash::coop): DMAX
+// (head dims up to it), BR (query rows per workgroup, one 16-row band per subgroup),
+// BC (keys per tile), SG (the adapter's fixed subgroup size, so that subgroup_id runs
+// 0 .. BR/16 - 1), and LPR / RPL, the lanes per band row and band rows per lane of the
+// softmax (SG/16 and 1 on 32-lane subgroups; 1 and 16/SG on narrower ones).
 //
-// Every coop load and store reads or writes a whole 16 x 16 tile inside a workgroup
-// array, at 16-byte aligned offsets (rows padded by 8 halves or 4 floats). The key
-// loop ends at the last key the block's last row can see (causal, key lengths) and
-// starts at p.key_begin, resuming from an earlier dispatch's output rows and
+// Per workgroup: BR query rows of one (batch, head). Subgroup g owns rows 16g .. 16g+15
+// (its band) and keeps, in registers, its Q band as DMAX/16 A fragments (loaded once)
+// and its output as DMAX/16 f32 accumulator tiles. The key loop is software-pipelined
+// by half a tile; round t, over tile t of BC keys:
+//   A. O += P·V of tile t - 1 (P from the band's rows of `ps`, each P fragment loaded
+//      once for all DMAX/16 output tiles), then the band's 16 x BC scores S = Q·Kᵀ of
+//      tile t (B = Kᵀ read column-major from the staged K rows) to its rows of `ss`;
+//   -- workgroup barrier --
+//   B. softmax by every lane of the subgroup: LPR lanes per row, each on BC/LPR of its
+//      columns (subgroup shuffles combine their maxima and sums); masks are skipped for
+//      tiles every row of the band sees whole; P = exp(s - m) goes to `ps` as f16.
+//      Meanwhile the next K tile and this V tile are written into `kv`;
+//   -- the rescale flag's workgroupUniformLoad (two barriers, back to back) --
+//   C. rare: a row's reference maximum m moves only when the tile's maximum passes it
+//      by more than TAU (so P <= e^TAU, which f16 holds with full relative precision);
+//      then the output tiles go through `ss` to be rescaled before tile t's P·V. The
+//      decision is the workgroup's: naga allows cooperative operations only in
+//      workgroup-uniform control flow. After the first tile of random data it is rare.
+// Every hand-over between a band's lanes (scores to the softmax, P to P·V) thus
+// crosses a workgroup barrier the round has anyway: three per tile, none finer (naga
+// writes subgroupBarrier() without the storage-class bit Vulkan requires).
+//
+// Staging: K and V tiles live in `kv` (K, then V; rows padded to DMAX + 8 halves so the
+// 8-row phases of a fragment load hit distinct banks). With WORDS (head dims and K/V
+// strides whole 16-byte words, set by the host) every invocation fetches its share of
+// the next K tile's and this V tile's words into registers at the start of round t,
+// and writes them (as f16) in step B, so the loads overlap step A. Without WORDS the
+// tiles are staged element by element with checks in step B. Rows past a key range's
+// end are staged as zeros. Before the loop, `kv` holds the first K tile and a zero V
+// tile, `ps` zeros: round 0's P·V adds nothing.
+//
+// The key loop ends at the last key the block's last row can see (causal, key lengths)
+// and starts at p.key_begin, resuming from an earlier dispatch's output rows and
 // log-sum-exps (attention_common.wgsl's resumed_max), as the other fused kernels.
 //
 // naga 30.0.1 trap: an index written inside coopLoad/coopStore's pointer argument makes
 // its SPIR-V writer panic; every such index is named with `let` first.
 
-override SG: u32 = 32u; // invocations per subgroup (the host sets the adapter's)
+// K and V again, as 16-byte words (read only with WORDS).
+@group(0) @binding(9) var<storage, read> k4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v4: array<vec4<u32>>;
+
+override WORDS: bool = false; // K/V rows are whole words at word offsets (host)
 
 const NSG: u32 = BR / 16u; // subgroups, one 16-row band each
+const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const KC: u32 = BC / 16u; // 16-key chunks of a tile
 const LDQ: u32 = DMAX + 8u; // halves per staged Q, K or V row
+const V_AT: u32 = BC * LDQ; // where the V tile starts in `kv`
 const LDS: u32 = BC + 4u; // floats per row of `ss`
 const LDP: u32 = BC + 8u; // halves per row of `ps`
+const QPL: u32 = BC / (4u * LPR); // column quads per lane and row in the softmax
+const ROW_STEP: u32 = SG / LPR; // band rows between one lane's rows
 const TAU: f32 = 8.0; // how far a row's maximum may run ahead of its reference
+const VE: u32 = 4u * ELEMS_PER_WORD; // elements per 16-byte word
+const WPR: u32 = DMAX / VE; // words per staged row
+const TILE_WORDS: u32 = BC * WPR; // words of one K (or V) tile
+const NPRE: u32 = (TILE_WORDS + NT - 1u) / NT; // of them per invocation
 
-var<workgroup> qs: array<f16, BR * LDQ>;
-var<workgroup> kvs: array<f16, BC * LDQ>;
+var<workgroup> kv: array<f16, 2u * BC * LDQ>;
 var<workgroup> ss: array<f32, BR * LDS>;
 var<workgroup> ps: array<f16, BR * LDP>;
-var<workgroup> row_max: array<f32, BR>;
-var<workgroup> row_sum: array<f32, BR>;
-var<workgroup> row_alpha: array<f32, BR>;
 var<workgroup> moved: atomic<u32>; // some row's reference maximum moved this tile
 
-// Stages rows tile0 .. tile0 + BC of K (or V) as f16, zeros past `stop` keys and
-// `len` head dims.
-fn stage_kv(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
-    for (var x = tid; x < BC * DMAX; x += NSG * SG) {
+var<private> pre_k: array<vec4<u32>, NPRE>;
+var<private> pre_v: array<vec4<u32>, NPRE>;
+
+// Fetches this invocation's words of the K (or V) tile at tile0 into registers: row j
+// of the tile, words up to `len` elements, zeros past `stop` keys.
+fn fetch_words(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
+    let interior = tile0 + BC <= stop;
+    for (var t = 0u; t < NPRE; t++) {
+        let x = tid + t * NT;
+        let j = x / WPR;
+        let d = (x % WPR) * VE;
+        var word = vec4<u32>(0u);
+        if x < TILE_WORDS && (interior || tile0 + j < stop) && d < len {
+            let at = (base + kv_offset(src_is_k, b, tile0 + j) + d) / VE;
+            if src_is_k {
+                word = k4[at];
+            } else {
+                word = v4[at];
+            }
+        }
+        if src_is_k {
+            pre_k[t] = word;
+        } else {
+            pre_v[t] = word;
+        }
+    }
+}
+
+// Writes a word's elements as f16 at kv[at ..]: halves of its u32s (f16 storage) or
+// its u32s as f32 bits (split with unpack2x16float, as naga 30 mis-types
+// bitcast<vec2<f16>>(u32)).
+fn put_word(at: u32, v: vec4<u32>) {
+    if ELEMS_PER_WORD == 2u {
+        let h0 = vec2<f16>(unpack2x16float(v.x));
+        let h1 = vec2<f16>(unpack2x16float(v.y));
+        let h2 = vec2<f16>(unpack2x16float(v.z));
+        let h3 = vec2<f16>(unpack2x16float(v.w));
+        kv[at] = h0.x;
+        kv[at + 1u] = h0.y;
+        kv[at + 2u] = h1.x;
+        kv[at + 3u] = h1.y;
+        kv[at + 4u] = h2.x;
+        kv[at + 5u] = h2.y;
+        kv[at + 6u] = h3.x;
+        kv[at + 7u] = h3.y;
+    } else {
+        kv[at] = f16(bitcast<f32>(v.x));
+        kv[at + 1u] = f16(bitcast<f32>(v.y));
+        kv[at + 2u] = f16(bitcast<f32>(v.z));
+        kv[at + 3u] = f16(bitcast<f32>(v.w));
+    }
+}
+
+// Writes the fetched K (or V) words into their tile of `kv`.
+fn put_words(src_is_k: bool, tid: u32) {
+    let region = select(V_AT, 0u, src_is_k);
+    for (var t = 0u; t < NPRE; t++) {
+        let x = tid + t * NT;
+        if x < TILE_WORDS {
+            let at = region + (x / WPR) * LDQ + (x % WPR) * VE;
+            if src_is_k {
+                put_word(at, pre_k[t]);
+            } else {
+                put_word(at, pre_v[t]);
+            }
+        }
+    }
+}
+
+// Stages the K (or V) tile at tile0 element by element (head dims or strides that are
+// not whole words): zeros past `stop` keys and `len` head dims.
+fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
+    let region = select(V_AT, 0u, src_is_k);
+    for (var x = tid; x < BC * DMAX; x += NT) {
         let j = x / DMAX;
         let d = x % DMAX;
         var value = f16(0.0);
@@ -70,26 +164,39 @@ fn stage_kv(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, 
                 value = f16(v[at]);
             }
         }
-        kvs[j * LDQ + d] = value;
+        kv[region + j * LDQ + d] = value;
     }
 }
 
-@compute @workgroup_size(NSG * SG, 1, 1)
+// O += P·V for a band: P from its rows of `ps`, V from the V tile, each P fragment
+// loaded once for all DMAX/16 output tiles.
+fn pv_step(o: ptr<function, array<coop_mat16x16<f32, C>, D16>>, band: u32) {
+    for (var kc = 0u; kc < KC; kc++) {
+        let ia = band * LDP + kc * 16u;
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
+        for (var c = 0u; c < D16; c++) {
+            let ib = V_AT + kc * 16u * LDQ + c * 16u;
+            let b = coopLoadT<coop_mat16x16<f16, B>>(&kv[ib], LDQ);
+            (*o)[c] = coopMultiplyAdd(a, b, (*o)[c]);
+        }
+    }
+}
+
+@compute @workgroup_size(NT, 1, 1)
 fn flash_coop(
     @builtin(local_invocation_index) tid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let nt = NSG * SG;
     let hd = head_of(p.bh_start + wid.y);
     let row0 = wid.x * BR;
     let last_q = p.len_q - 1u;
-    let d16 = (p.head_dim + 15u) / 16u;
-    let dv16 = (p.head_dim_v + 15u) / 16u;
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
     let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;
-    let band = sg * 16u; // first row of this subgroup's band
+    let band = sg * 16u; // first row of this subgroup's band, within the block
+    let quad0 = lane % LPR; // this lane's first column quad in the softmax
     // Keys past the key length are never visible to any row: their V rows are staged
     // as zeros, so that 0 x (whatever the buffer holds there) cannot reach the output.
     var kv_stop = p.len_k;
@@ -97,46 +204,66 @@ fn flash_coop(
         kv_stop = min(kv_stop, side_words[hd.b]);
     }
 
-    // Q band, unscaled (f16 inputs stay exact); rows past the end are zeros.
+    // Q, unscaled (f16 inputs stay exact), 2 BC rows at a time through `kv` (every
+    // variant has BR <= 2 BC): each subgroup takes its band's fragments.
     let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;
-    for (var x = tid; x < BR * DMAX; x += nt) {
+    for (var x = tid; x < BR * DMAX; x += NT) {
         let r = x / DMAX;
         let d = x % DMAX;
         var value = f16(0.0);
         if row0 + r < p.len_q && d < p.head_dim {
             value = f16(q[q_head + (row0 + r) * p.q_stride_s + d]);
         }
-        qs[r * LDQ + d] = value;
-    }
-    for (var r = tid; r < BR; r += nt) {
-        let m = resumed_max(hd, min(row0 + r, last_q));
-        row_max[r] = m;
-        row_sum[r] = resumed_sum(m);
+        kv[r * LDQ + d] = value;
     }
     if tid == 0u {
         atomicStore(&moved, 0u);
     }
+    workgroupBarrier();
+    var qf: array<coop_mat16x16<f16, A>, D16>;
+    for (var dc = 0u; dc < D16; dc++) {
+        let ia = band * LDQ + dc * 16u;
+        qf[dc] = coopLoadT<coop_mat16x16<f16, A>>(&kv[ia], LDQ);
+    }
 
-    // Output tiles: zeros, or the rows an earlier key range left (through `ss`, as f32).
+    // This lane's rows of the band: running maximum, sum and last rescale factor.
+    var row_max: array<f32, RPL>;
+    var row_sum: array<f32, RPL>;
+    var row_alpha: array<f32, RPL>;
+    for (var rr = 0u; rr < RPL; rr++) {
+        let r = lane / LPR + rr * ROW_STEP;
+        row_max[rr] = resumed_max(hd, min(row0 + band + r, last_q));
+        row_sum[rr] = resumed_sum(row_max[rr]);
+        row_alpha[rr] = 1.0;
+    }
+
+    // Output tiles: zeros, or the rows an earlier key range left (through the band's
+    // rows of `ss`, BC columns at a time).
     var o: array<coop_mat16x16<f32, C>, D16>;
     for (var c = 0u; c < D16; c++) {
         o[c] = coop_mat16x16<f32, C>();
     }
     if p.key_begin != 0u {
         for (var c0 = 0u; c0 < D16; c0 += KC) {
-            for (var x = tid; x < BR * BC; x += nt) {
-                let r = x / BC;
-                let col = c0 * 16u + x % BC;
-                let row = row0 + r;
-                var value = 0.0;
-                if row < p.len_q && col < p.head_dim_v && !is_neg_inf(resumed_max(hd, row)) {
-                    value = f32(output[o_head + row * p.o_stride_s + col]);
+            for (var rr = 0u; rr < RPL; rr++) {
+                let r = lane / LPR + rr * ROW_STEP;
+                let row = row0 + band + r;
+                let seen = row < p.len_q && !is_neg_inf(row_max[rr]);
+                for (var u = 0u; u < QPL; u++) {
+                    let j = 4u * (quad0 + LPR * u);
+                    for (var e = 0u; e < 4u; e++) {
+                        let col = c0 * 16u + j + e;
+                        var value = 0.0;
+                        if seen && col < p.head_dim_v {
+                            value = f32(output[o_head + row * p.o_stride_s + col]);
+                        }
+                        ss[(band + r) * LDS + j + e] = value;
+                    }
                 }
-                ss[r * LDS + x % BC] = value;
             }
             workgroupBarrier();
             for (var u = 0u; u < KC; u++) {
-                if c0 + u >= dv16 {
+                if c0 + u >= D16 {
                     break;
                 }
                 let is = band * LDS + u * 16u;
@@ -145,57 +272,93 @@ fn flash_coop(
             workgroupBarrier();
         }
     }
-    workgroupBarrier();
 
     // Uniform across the workgroup: from its first row's first key to the last key its
-    // last row sees.
+    // last row sees. The band's own range decides which tiles skip the masks.
     let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
-    for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
-        // 1. K tile.
-        stage_kv(true, hd.b, k_base, tile0, p.head_dim, p.len_k, tid);
-        workgroupBarrier();
+    let band_first = min(row0 + band, last_q);
+    let band_last = min(row0 + band + 15u, last_q);
+    let band_start = key_start(hd.b, band_last);
+    let band_end = min(key_end(hd.b, band_first), p.key_stop);
+    let plain = only_key_ranges();
 
-        // 2. This band's scores, unscaled.
+    // Every band has its Q fragments: `kv` takes the first K tile and a zero V tile,
+    // `ps` zeros (the first round's P·V below adds nothing).
+    workgroupBarrier();
+    for (var x = tid; x < BC * LDQ; x += NT) {
+        kv[V_AT + x] = f16(0.0);
+    }
+    for (var x = lane; x < 16u * LDP; x += SG) {
+        ps[band * LDP + x] = f16(0.0);
+    }
+    if WORDS {
+        fetch_words(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
+        put_words(true, tid);
+    } else {
+        stage_elements(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
+    }
+    workgroupBarrier();
+
+    // Software-pipelined by half a tile: round t computes the scores of tile t and
+    // P·V of tile t - 1, so that every exchange between a band's lanes (scores to the
+    // softmax, P to P·V) crosses a workgroup barrier the round has anyway. naga writes
+    // subgroupBarrier() with no storage-class bit, which Vulkan rejects (docs/design.md,
+    // "naga 30 and spirv-val"), so nothing finer is available.
+    for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
+        let next = tile0 + BC;
+        let has_next = next < block_end;
+        if WORDS {
+            if has_next {
+                fetch_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
+            }
+            fetch_words(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
+        }
+
+        // P·V of the previous tile (P in `ps`, V in the V tile), then this tile's
+        // scores, unscaled, to the band's rows of `ss`.
+        pv_step(&o, band);
         for (var kc = 0u; kc < KC; kc++) {
             var s = coop_mat16x16<f32, C>();
             for (var dc = 0u; dc < D16; dc++) {
-                if dc >= d16 {
-                    break;
-                }
-                let ia = band * LDQ + dc * 16u;
                 let ib = kc * 16u * LDQ + dc * 16u;
-                let a = coopLoadT<coop_mat16x16<f16, A>>(&qs[ia], LDQ);
-                let b = coopLoad<coop_mat16x16<f16, B>>(&kvs[ib], LDQ);
-                s = coopMultiplyAdd(a, b, s);
+                let b = coopLoad<coop_mat16x16<f16, B>>(&kv[ib], LDQ);
+                s = coopMultiplyAdd(qf[dc], b, s);
             }
             let is = band * LDS + kc * 16u;
             coopStoreT(s, &ss[is], LDS);
         }
+        // The scores are in; every band is done with the K tile and the V tile.
         workgroupBarrier();
 
-        // 3. Row owners: scale, mask, online-softmax step, P as f16. Everyone: V tile.
-        for (var r = tid; r < BR; r += nt) {
-            let i = min(row0 + r, last_q);
+        // Softmax step of this lane's rows, over its column quads.
+        let interior = plain && tile0 >= band_start && next <= band_end;
+        for (var rr = 0u; rr < RPL; rr++) {
+            let r = lane / LPR + rr * ROW_STEP;
+            let i = min(row0 + band + r, last_q);
             let start = vec4<u32>(key_start(hd.b, i));
             let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
+            var sv: array<vec4<f32>, QPL>;
             var tile_max = neg_inf();
-            for (var j = 0u; j < BC; j += 4u) {
-                let at = r * LDS + j;
-                let raw = vec4<f32>(ss[at], ss[at + 1u], ss[at + 2u], ss[at + 3u]) * p.scale;
-                let keys = keys4(tile0 + j);
-                let in_range = in_key_range(keys, start, end);
-                let s4 = apply_masks(raw, hd.b, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
-                ss[at] = s4.x;
-                ss[at + 1u] = s4.y;
-                ss[at + 2u] = s4.z;
-                ss[at + 3u] = s4.w;
+            for (var u = 0u; u < QPL; u++) {
+                let j = 4u * (quad0 + LPR * u);
+                let at = (band + r) * LDS + j;
+                var s4 = vec4<f32>(ss[at], ss[at + 1u], ss[at + 2u], ss[at + 3u]) * p.scale;
+                if !interior {
+                    let keys = keys4(tile0 + j);
+                    let in_range = in_key_range(keys, start, end);
+                    s4 = apply_masks(s4, hd.b, vec4<u32>(hd.h), vec4<u32>(i), keys, in_range, mask_words_of_keys(hd.b, hd.h, i, tile0 + j));
+                }
+                sv[u] = s4;
                 tile_max = max(tile_max, max(max(s4.x, s4.y), max(s4.z, s4.w)));
             }
-            var m = row_max[r];
+            for (var x = 1u; x < LPR; x *= 2u) {
+                tile_max = max(tile_max, subgroupShuffleXor(tile_max, x));
+            }
+            var m = row_max[rr];
             var alpha = 1.0;
             if is_neg_inf(m) {
-                // Nothing seen yet: the row's output tiles and sum are zero.
+                // Nothing seen yet: the row's output and sum are zero.
                 m = tile_max;
                 alpha = 0.0;
             } else if tile_max > m + TAU {
@@ -204,11 +367,11 @@ fn flash_coop(
                 atomicMax(&moved, 1u);
             }
             var sum = 0.0;
-            for (var j = 0u; j < BC; j += 4u) {
-                let at = r * LDS + j;
-                let p4 = softmax_probs(vec4<f32>(ss[at], ss[at + 1u], ss[at + 2u], ss[at + 3u]), vec4<f32>(m));
+            for (var u = 0u; u < QPL; u++) {
+                let j = 4u * (quad0 + LPR * u);
+                let p4 = softmax_probs(sv[u], vec4<f32>(m));
                 let e = vec4<f16>(p4);
-                let pa = r * LDP + j;
+                let pa = (band + r) * LDP + j;
                 ps[pa] = e.x;
                 ps[pa + 1u] = e.y;
                 ps[pa + 2u] = e.z;
@@ -217,32 +380,59 @@ fn flash_coop(
                 // weighs the f16 ones, an error within the f16 rule).
                 sum += dot(p4, vec4<f32>(1.0));
             }
-            row_sum[r] = row_sum[r] * alpha + sum;
-            row_max[r] = m;
-            row_alpha[r] = alpha;
+            for (var x = 1u; x < LPR; x *= 2u) {
+                sum += subgroupShuffleXor(sum, x);
+            }
+            row_sum[rr] = row_sum[rr] * alpha + sum;
+            row_max[rr] = m;
+            row_alpha[rr] = alpha;
         }
-        stage_kv(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
-        let rescale = workgroupUniformLoad(&moved);
 
-        // Rare: some row's reference maximum moved; rescale every row's output tiles
-        // by its alpha (1 for the rows that did not move), through `ss`.
-        if rescale != 0u {
+        // The next K tile and this V tile go in.
+        if WORDS {
+            if has_next {
+                put_words(true, tid);
+            }
+            put_words(false, tid);
+        } else {
+            if has_next {
+                stage_elements(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
+            }
+            stage_elements(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
+        }
+
+        // Rare: some row's reference maximum moved; every row's output tiles are
+        // rescaled by its alpha (1 for the rows that did not move) before this tile's
+        // P·V is added. The flag is cleared after every invocation read it and before
+        // any can set it again (past the next round's barrier). A function variable
+        // would not do as the condition: naga takes every one as non-uniform.
+        let rescale = workgroupUniformLoad(&moved) != 0u;
+        if tid == 0u {
+            atomicStore(&moved, 0u);
+        }
+        if rescale {
             for (var c0 = 0u; c0 < D16; c0 += KC) {
                 for (var u = 0u; u < KC; u++) {
-                    if c0 + u >= dv16 {
+                    if c0 + u >= D16 {
                         break;
                     }
                     let is = band * LDS + u * 16u;
                     coopStoreT(o[c0 + u], &ss[is], LDS);
                 }
                 workgroupBarrier();
-                for (var x = tid; x < BR * BC; x += nt) {
-                    let r = x / BC;
-                    ss[r * LDS + x % BC] *= row_alpha[r];
+                for (var rr = 0u; rr < RPL; rr++) {
+                    let at = (band + lane / LPR + rr * ROW_STEP) * LDS;
+                    for (var u = 0u; u < QPL; u++) {
+                        let j = at + 4u * (quad0 + LPR * u);
+                        ss[j] *= row_alpha[rr];
+                        ss[j + 1u] *= row_alpha[rr];
+                        ss[j + 2u] *= row_alpha[rr];
+                        ss[j + 3u] *= row_alpha[rr];
+                    }
                 }
                 workgroupBarrier();
                 for (var u = 0u; u < KC; u++) {
-                    if c0 + u >= dv16 {
+                    if c0 + u >= D16 {
                         break;
                     }
                     let is = band * LDS + u * 16u;
@@ -253,49 +443,46 @@ fn flash_coop(
                 workgroupBarrier();
             }
         }
-
-        // 4. This band's P·V.
-        for (var c = 0u; c < D16; c++) {
-            if c >= dv16 {
-                break;
-            }
-            for (var kc = 0u; kc < KC; kc++) {
-                let ia = band * LDP + kc * 16u;
-                let ib = kc * 16u * LDQ + c * 16u;
-                let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
-                let b = coopLoadT<coop_mat16x16<f16, B>>(&kvs[ib], LDQ);
-                o[c] = coopMultiplyAdd(a, b, o[c]);
-            }
-        }
-        workgroupBarrier();
-        if tid == 0u {
-            atomicStore(&moved, 0u);
-        }
     }
+    // The last tile's P·V.
+    pv_step(&o, band);
 
-    // Normalise and store through `ss`; rows that saw no key get zeros and lse = -inf.
+    // Normalise and store through the band's `ss` rows; rows that saw no key get zeros
+    // and lse = -inf.
     for (var c0 = 0u; c0 < D16; c0 += KC) {
+        if c0 * 16u >= p.head_dim_v {
+            break;
+        }
         for (var u = 0u; u < KC; u++) {
-            if c0 + u >= dv16 {
+            if c0 + u >= D16 {
                 break;
             }
             let is = band * LDS + u * 16u;
             coopStoreT(o[c0 + u], &ss[is], LDS);
         }
         workgroupBarrier();
-        for (var x = tid; x < BR * BC; x += nt) {
-            let r = x / BC;
-            let col = c0 * 16u + x % BC;
-            let row = row0 + r;
-            if row < p.len_q && col < p.head_dim_v {
-                output[o_head + row * p.o_stride_s + col] = elem(ss[r * LDS + x % BC] * row_inv_sum(row_sum[r]));
+        for (var rr = 0u; rr < RPL; rr++) {
+            let r = lane / LPR + rr * ROW_STEP;
+            let row = row0 + band + r;
+            let inv = row_inv_sum(row_sum[rr]);
+            for (var u = 0u; u < QPL; u++) {
+                let j = 4u * (quad0 + LPR * u);
+                for (var e = 0u; e < 4u; e++) {
+                    let col = c0 * 16u + j + e;
+                    if row < p.len_q && col < p.head_dim_v {
+                        output[o_head + row * p.o_stride_s + col] = elem(ss[(band + r) * LDS + j + e] * inv);
+                    }
+                }
             }
         }
         workgroupBarrier();
     }
-    for (var r = tid; r < BR; r += nt) {
-        if row0 + r < p.len_q {
-            lse[(hd.b * p.heads_q + hd.h) * p.len_q + row0 + r] = row_lse(row_max[r], row_sum[r]);
+    if quad0 == 0u {
+        for (var rr = 0u; rr < RPL; rr++) {
+            let row = row0 + band + lane / LPR + rr * ROW_STEP;
+            if row < p.len_q {
+                lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = row_lse(row_max[rr], row_sum[rr]);
+            }
         }
     }
 }

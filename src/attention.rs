@@ -747,6 +747,7 @@ impl<'a> Buffers<'a> {
             scores,
             lse: self.outputs.lse.buffer(),
             kv_texels: self.kv_texels,
+            words_stand_in: None,
         }
     }
 }

@@ -80,6 +80,7 @@ pub mod reference;
 pub mod sentence_example;
 mod staging;
 mod tensor;
+pub mod tune;
 mod wait;
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -319,13 +319,24 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
     // The host picks a variant by BlockVariant::workgroup_bytes; it must be what the
     // WGSL declares, or a variant could exceed the adapter's limit.
     use wgpu_attention::kernels::flash::{BLOCKED_VARIANTS, COOP_VARIANTS};
-    for variant in BLOCKED_VARIANTS.into_iter().chain(COOP_VARIANTS) {
+    for variant in BLOCKED_VARIANTS {
         let declared = declared_workgroup_bytes(&variant.kernel);
         assert_eq!(
             declared, variant.workgroup_bytes,
             "{} {}",
             variant.kernel.file, variant.kernel.variant
         );
+    }
+    for variant in COOP_VARIANTS {
+        for sg in [8, 32] {
+            let kernel = variant.kernel(sg);
+            assert_eq!(
+                declared_workgroup_bytes(&kernel),
+                variant.workgroup_bytes(),
+                "{}",
+                kernel.variant
+            );
+        }
     }
 }
 
@@ -372,6 +383,36 @@ fn dispatchable() -> Vec<Dispatchable> {
         let source = shader_source(&two_tiles, dtype);
         let name = format!("{}:{} TILES 2 ({dtype:?})", two_tiles.file, two_tiles.entry);
         push_with_emulations(&mut all, name, source, two_tiles.entry);
+    }
+    // The tensor-core attention variants: as a GPU with 32-lane subgroups compiles them,
+    // and, at the constants lavapipe's 32 KiB allows, as their emulation rewrites them
+    // for 4, 8 and 16 lanes (the same code: SG is a generator parameter).
+    for variant in wgpu_attention::kernels::flash::COOP_VARIANTS {
+        for dtype in [DType::F32, DType::F16] {
+            let kernel = variant.kernel(32);
+            let name = format!("{}:{}{} ({dtype:?})", kernel.file, kernel.entry, kernel.variant);
+            all.push(Dispatchable {
+                name,
+                source: shader_source(&kernel, dtype),
+                entry: kernel.entry,
+                pinned: Vec::new(),
+            });
+            let small = variant.shrunk_to(32 * 1024).expect("fits 32 KiB");
+            for sg in [4, 8, 16] {
+                let kernel = small.kernel(sg);
+                let emulated = wgpu_attention::kernels::coop_emulation::rewrite(&shader_source(&kernel, dtype), sg)
+                    .unwrap_or_else(|e| panic!("{}: emulation for {sg} lanes: {e}", kernel.variant));
+                all.push(Dispatchable {
+                    name: format!(
+                        "{}:{}{} ({dtype:?}), emulated",
+                        kernel.file, kernel.entry, kernel.variant
+                    ),
+                    source: emulated,
+                    entry: kernel.entry,
+                    pinned: Vec::new(),
+                });
+            }
+        }
     }
     for variant in flash_texel::VARIANTS {
         let kernel = variant.kernel();
@@ -426,7 +467,7 @@ fn override_values(name: &str) -> &'static [f64] {
         "KV_TEXEL_SHIFT" | "TEXEL_SHIFT" => &[12.0, 10.0],
         "KV_TEXEL_ROWS" | "TEXEL_ROWS" => &[1024.0, 256.0],
         // Switches.
-        "FULL_RULES" | "PAGED" | "KV_WIDE" | "ONE_KEY_LOOP" => &[0.0, 1.0],
+        "FULL_RULES" | "PAGED" | "KV_WIDE" | "ONE_KEY_LOOP" | "WORDS" => &[0.0, 1.0],
         // matmul::texture_row_groups.
         "ROW_GROUPS" => &[1.0, 2.0],
         other => panic!("override {other}: list the values the host gives it in override_values"),

@@ -16,6 +16,8 @@ pub struct Capabilities {
     pub f16: bool,
     /// Subgroup operations are enabled; `(min, max)` subgroup size.
     pub subgroups: Option<(u32, u32)>,
+    /// `SUBGROUP_BARRIER` is enabled: `subgroupBarrier()` in compute shaders.
+    pub subgroup_barrier: bool,
     /// Timestamp queries are enabled.
     pub timestamps: bool,
     /// Bytes of workgroup memory one workgroup may use.
@@ -46,6 +48,9 @@ pub struct Capabilities {
     /// The Mesa release (major, minor) of a Mesa driver, from the adapter's driver
     /// info (`Mesa 22.3.6 (LLVM 15.0.6)`): some tilings run best differently per release.
     pub mesa_version: Option<(u32, u32)>,
+    /// Tensor-core variants a tuning table measured fastest on this adapter, one per
+    /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
+    pub coop_tuned: Vec<crate::kernels::flash::CoopVariant>,
 }
 
 #[cfg(test)]
@@ -60,6 +65,7 @@ impl Capabilities {
         Capabilities {
             f16: true,
             subgroups,
+            subgroup_barrier: subgroups.is_some(),
             timestamps: true,
             max_workgroup_storage,
             max_storage_binding: 1 << 30,
@@ -72,6 +78,7 @@ impl Capabilities {
             coop_emulated: false,
             loop_cap: None,
             mesa_version,
+            coop_tuned: Vec::new(),
         }
     }
 }
@@ -129,8 +136,9 @@ impl CoopConfig {
 impl Capabilities {
     /// The subgroup size the tensor-core kernels run with (their `SG` override), if the
     /// device can run them: the 16x16x16 f16->f32 cooperative-matrix configuration, f16,
-    /// and one fixed subgroup size (the kernels give each subgroup a band of rows by
-    /// `subgroup_id`, so the host must know how many invocations make one).
+    /// one fixed subgroup size (the kernels give each subgroup a band of rows by
+    /// `subgroup_id`, so the host must know how many invocations make one), and
+    /// `subgroupBarrier` (a band's lanes share its rows of workgroup memory).
     pub fn coop_subgroup_size(&self) -> Option<u32> {
         let tile = CoopConfig {
             m: 16,
@@ -140,11 +148,27 @@ impl Capabilities {
             c: "f32",
         };
         match self.subgroups {
-            Some((min, max)) if min == max && min > 0 && self.f16 && self.cooperative_matrix.contains(&tile) => {
+            Some((min, max))
+                if min == max
+                    && min > 0
+                    && self.f16
+                    && self.subgroup_barrier
+                    && self.cooperative_matrix.contains(&tile) =>
+            {
                 Some(min)
             }
             _ => None,
         }
+    }
+
+    /// The tuned tensor-core variant for head dims up to `need`: the smallest tuned
+    /// class that holds them.
+    pub fn tuned_coop(&self, need: u32) -> Option<crate::kernels::flash::CoopVariant> {
+        self.coop_tuned
+            .iter()
+            .filter(|v| v.dmax >= need)
+            .min_by_key(|v| v.dmax)
+            .copied()
     }
 
     pub(super) fn detect(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
@@ -159,6 +183,7 @@ impl Capabilities {
             subgroups: features
                 .contains(wgpu::Features::SUBGROUP)
                 .then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            subgroup_barrier: features.contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_storage_binding: limits.max_storage_buffer_binding_size.min(MAX_INDEXED_BINDING),
@@ -171,6 +196,7 @@ impl Capabilities {
             coop_emulated: false,
             loop_cap: None,
             mesa_version: mesa_version(&info.driver_info),
+            coop_tuned: Vec::new(),
         }
     }
 }

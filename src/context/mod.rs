@@ -171,6 +171,7 @@ impl Context {
         let info = adapter.get_info();
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
@@ -201,7 +202,17 @@ impl Context {
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
+        ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
+    }
+
+    /// Pins the tensor-core variant per head-dim class (one per class; the smallest
+    /// class that holds a problem's head dims is used), as a tuning table does for the
+    /// adapter it names (`crate::tune`): for contexts made with [`Context::from_wgpu`],
+    /// which read no table, and for `wgpu-attention tune`. A variant that does not fit
+    /// the adapter is passed over for the picker's rule.
+    pub fn use_coop_variants(&mut self, variants: Vec<crate::kernels::flash::CoopVariant>) {
+        self.caps.coop_tuned = variants;
     }
 
     /// Records the cooperative-matrix configurations of the adapter this context's
@@ -237,7 +248,7 @@ impl Context {
         if caps.coop_subgroup_size().is_none() {
             return Err(Error::MissingFeature {
                 adapter: self.info.name.clone(),
-                feature: "SHADER_F16 and SUBGROUP with a fixed subgroup size",
+                feature: "SHADER_F16, SUBGROUP with a fixed subgroup size and SUBGROUP_BARRIER",
                 needed_for: "emulating cooperative matrices".into(),
             });
         }

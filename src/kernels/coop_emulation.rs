@@ -5,22 +5,26 @@
 //! reference. It says nothing about the tensor cores themselves (their tile layouts
 //! and rounding), which only a GPU run checks; and it is slow.
 //!
-//! The emulation, for subgroups of `SG` lanes: an A or B operand (`coop_mat16x16<f16,
-//! A|B>`) is replicated in every lane as 256 f32 (the f16 values, exactly); an
-//! accumulator (`coop_mat16x16<f32, C>`) is spread over the lanes, lane `l` holding
-//! elements `l, l + SG, ...` of the row-major tile; a multiply-add has each lane
-//! compute its own accumulator elements from the replicated operands. Loads and stores
-//! become functions generated per workgroup array the kernel passes to them
-//! (`coopLoadT<coop_mat16x16<f16, A>>(&qs[i], LDQ)` → `em_load_t_qs_ab(i, LDQ)`).
+//! The emulation, for subgroups of `SG` lanes where `SG` divides 16 (lavapipe's 8):
+//! every 16 x 16 tile, operand or accumulator, is spread over the lanes, lane `l`
+//! holding elements `l, l + SG, ...` of the row-major tile (256 / SG of them); A and B
+//! operands hold the f16 values, exactly, as f32. In a multiply-add each lane computes
+//! its own accumulator elements: for the slot `t` of element (i, j), i is the same in
+//! every lane and j = (SG·t mod 16) + l, so B's element (k, j) sits in the lane itself
+//! and A's (i, k) in lane k mod SG at a slot every lane agrees on, fetched with one
+//! subgroup shuffle. Loads and stores become functions generated per workgroup array
+//! the kernel passes to them (`coopLoadT<coop_mat16x16<f16, A>>(&qs[i], LDQ)` →
+//! `em_load_t_qs_ab(i, LDQ)`). Operands kept in registers (the attention kernel's Q
+//! fragments) so cost 256 / SG floats per lane, as accumulators do.
 
 use crate::error::{Error, Result};
 
 /// The emulating WGSL for a coop kernel's full source, for subgroups of `sg` lanes.
 pub fn rewrite(source: &str, sg: u32) -> Result<String> {
-    if sg == 0 || 256 % sg != 0 {
+    if sg == 0 || 16 % sg != 0 {
         return Err(Error::invalid(
             "cooperative-matrix emulation",
-            format!("subgroups of {sg} lanes do not divide a 16 x 16 tile"),
+            format!("subgroups of {sg} lanes do not divide a 16-wide tile row"),
         ));
     }
     // Comments name the coop functions too; WGSL has no strings, so `//` starts one.
@@ -69,7 +73,7 @@ pub fn rewrite(source: &str, sg: u32) -> Result<String> {
 
 const COMMON: &str = "
 struct EmAb {
-    e: array<f32, 256>,
+    e: array<f32, EM_SLOTS>,
 }
 
 struct EmC {
@@ -81,12 +85,13 @@ var<private> em_lane: u32;
 fn em_mma(a: EmAb, b: EmAb, c: EmC) -> EmC {
     var d = c;
     for (var t = 0u; t < EM_SLOTS; t++) {
-        let idx = em_lane + t * EM_SG;
-        let i = idx / 16u;
-        let j = idx % 16u;
+        let i = (t * EM_SG) / 16u;
+        let col0 = (t * EM_SG) % 16u;
         var acc = d.e[t];
         for (var kk = 0u; kk < 16u; kk++) {
-            acc += a.e[i * 16u + kk] * b.e[kk * 16u + j];
+            let ai = i * 16u + kk;
+            let a_ik = subgroupShuffle(a.e[ai / EM_SG], ai % EM_SG);
+            acc += a_ik * b.e[(kk * 16u + col0) / EM_SG];
         }
         d.e[t] = acc;
     }
@@ -202,10 +207,11 @@ fn rewrite_call(s: &str) -> Result<(String, String, usize)> {
         format!(
             "fn {name}(at: u32, stride: u32) -> EmAb {{
     var m: EmAb;
-    for (var r = 0u; r < 16u; r++) {{
-        for (var c = 0u; c < 16u; c++) {{
-            m.e[r * 16u + c] = f32(f16({array}[{offset}]));
-        }}
+    for (var t = 0u; t < EM_SLOTS; t++) {{
+        let idx = em_lane + t * EM_SG;
+        let r = idx / 16u;
+        let c = idx % 16u;
+        m.e[t] = f32(f16({array}[{offset}]));
     }}
     return m;
 }}

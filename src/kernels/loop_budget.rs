@@ -103,12 +103,12 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
 
 /// `flash_coop.wgsl` as it runs under llvmpipe's cap: only there, with its coop
 /// operations emulated (`kernels::coop_emulation`, subgroups of 8), so the model counts
-/// the emulation's loops too (an A/B load 16 x 17 trips, an accumulator load or store
-/// 32, a multiply-add 32 x 17); GPUs have no cap. The narrowest variant of the class
-/// (the most tiles per key), every loop counted. Per tile: the K and V staging, the
-/// score chunks over the head dim, the row owner's two passes over the tile, the
-/// rescale through `ss` and the P·V chunks. Around it: the Q staging, the output
-/// tiles' clear, resume and store.
+/// the emulation's loops too (a fragment load or store 32 trips, a multiply-add
+/// 32 x 17); GPUs have no cap. The narrowest variant of the class (the most tiles per
+/// key), every loop counted, staging by elements (more trips than by words). Per tile:
+/// the K and V staging, the score chunks, the softmax over each lane's two rows, the
+/// rescale through `ss` and the P·V chunks. Around it: the Q staging and fragments,
+/// the output tiles' clear, resume and store.
 pub fn coop_iterations(s: &AttentionShape) -> u64 {
     let need = s.head_dim.max(s.head_dim_v) as u32;
     let Some(v) = super::flash::COOP_VARIANTS
@@ -121,18 +121,28 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
     let nt = br / 16 * 8;
     let (d16, kc) = (dmax / 16, bc / 16);
-    let (load_ab, load_c, mma) = (16 * 17, 32, 32 * 17);
+    let (load, mma) = (32, 32 * 17);
+    let (rows, quads) = (2, bc / 4); // rows per lane, column quads per row
     let rounds = d16.div_ceil(kc);
-    let through_ss = rounds * (kc * (1 + load_c) + (br * bc).div_ceil(nt));
+    let through_ss = rounds * (2 * kc * (1 + load) + rows * (1 + quads * 5));
     let tiles = (s.len_k as u64).div_ceil(bc);
+    let pv = kc * (1 + load + d16 * (1 + load + mma));
     let per_tile = 2 * (bc * dmax).div_ceil(nt)
-        + kc * (1 + d16 * (1 + 2 * load_ab + mma) + load_c)
-        + 1
-        + bc / 2
+        + kc * (1 + d16 * (1 + load + mma) + load)
+        + rows * (2 + 2 * quads)
         + through_ss
-        + d16 * (1 + kc * (1 + 2 * load_ab + mma))
+        + pv
         + 1;
-    let around = (br * dmax).div_ceil(nt) + 2 + d16 + 2 * through_ss;
+    // Q staging and fragments, row state, clears, the first K tile, the last tile's
+    // P·V (the loop is pipelined: P·V trails the scores by one tile), resume and store.
+    let around = (br * dmax).div_ceil(nt)
+        + d16 * (1 + load)
+        + rows
+        + d16
+        + 2 * (bc * (dmax + 8)).div_ceil(nt)
+        + 16 * (bc + 8)
+        + pv
+        + 2 * through_ss;
     tiles * per_tile + around
 }
 

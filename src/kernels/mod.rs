@@ -54,17 +54,19 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 /// Prelude of the fused kernels: the above plus the online-softmax row state.
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
-/// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`]
-/// and the generated texel kernels ([`flash_texel::VARIANTS`]).
+/// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
+/// the generated texel kernels ([`flash_texel::VARIANTS`]) and the tensor-core
+/// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
         .into_iter()
         .chain(flash_texel::VARIANTS.iter().map(|v| v.kernel()))
+        .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
         .collect()
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 38] = [
+pub const ALL_KERNELS: [Kernel; 32] = [
     loop_probe::KERNEL,
     kv_append::KERNEL,
     kv_append::TEXELS,
@@ -97,12 +99,6 @@ pub const ALL_KERNELS: [Kernel; 38] = [
     flash::BLOCKED_VARIANTS[1].kernel,
     flash::BLOCKED_VARIANTS[2].kernel,
     flash::BLOCKED_VARIANTS[3].kernel,
-    flash::COOP_VARIANTS[0].kernel,
-    flash::COOP_VARIANTS[1].kernel,
-    flash::COOP_VARIANTS[2].kernel,
-    flash::COOP_VARIANTS[3].kernel,
-    flash::COOP_VARIANTS[4].kernel,
-    flash::COOP_VARIANTS[5].kernel,
 ];
 
 /// The full WGSL of a kernel for an element type. `enable` directives in the kernel's
@@ -253,6 +249,9 @@ pub(crate) struct AttentionBindings<'a> {
     pub lse: &'a wgpu::Buffer,
     /// A KV cache's texel mirror of `k` and `v`, where the kernel reads them from it.
     pub kv_texels: Option<&'a kv_texels::KvTexels>,
+    /// Bound at the K4 and V4 slots instead of K and V where those are shorter than
+    /// one 16-byte word (the kernel then reads no words).
+    pub words_stand_in: Option<&'a wgpu::Buffer>,
 }
 
 /// Binding numbers, as declared in `attention_common.wgsl` (9-12 in
@@ -309,8 +308,10 @@ impl<'a> AttentionBindings<'a> {
                 let buffer = match slot {
                     Slot::Params => self.params,
                     Slot::Q => self.q,
-                    Slot::K | Slot::K4 => self.k,
-                    Slot::V | Slot::V4 => self.v,
+                    Slot::K => self.k,
+                    Slot::V => self.v,
+                    Slot::K4 => self.words_stand_in.unwrap_or(self.k),
+                    Slot::V4 => self.words_stand_in.unwrap_or(self.v),
                     Slot::Output => self.output,
                     Slot::Mask => self.mask,
                     Slot::SideWords => self.side_words,

@@ -3,8 +3,7 @@
 
 use super::super::flash_texel;
 use super::super::kv_texels::{KvTexels, TexelGrid};
-use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams};
-use super::variants::SLOTS;
+use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Slot};
 use super::FlashConfig;
 use crate::context::Context;
 use crate::error::Result;
@@ -25,13 +24,53 @@ pub(crate) fn encode(
         }
     }
     let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
-    let pipeline = pipeline(ctx, &launch.kernel, dtype, &launch.constants)?;
+    let mut constants = launch.constants.clone();
+    // A buffer shorter than one 16-byte word cannot be bound as words: a placeholder
+    // stands in, and the kernel then reads K and V element by element.
+    let placeholder;
+    let mut bindings_here = AttentionBindings { ..*bindings };
+    if launch.kernel.slots.contains(&Slot::K4) {
+        let whole = |b: &wgpu::Buffer| b.size() >= 16;
+        if !whole(bindings.k) || !whole(bindings.v) {
+            placeholder = ctx.create_buffer("coop word placeholder", 16, crate::tensor::tensor_usage())?;
+            bindings_here.words_stand_in = Some(&placeholder);
+        }
+        let words = bindings_here.words_stand_in.is_none() && coop_words(dtype, params);
+        constants.push(("WORDS", u32::from(words)));
+    }
+    let pipeline = pipeline(ctx, &launch.kernel, dtype, &constants)?;
     let groups = [
         groups_for(params.len_q as usize, launch.rows as usize),
         params.bh_count,
         1,
     ];
-    dispatch_entries(ctx, encoder, &pipeline, &bindings.select(SLOTS)?, groups)
+    dispatch_entries(
+        ctx,
+        encoder,
+        &pipeline,
+        &bindings_here.select(launch.kernel.slots)?,
+        groups,
+    )
+}
+
+/// Whether the coop kernel stages K and V in 16-byte words for a problem: head dims and
+/// every K and V stride whole words (a paged cache's page strides too).
+fn coop_words(dtype: DType, params: &AttentionParams) -> bool {
+    let per_word = 16 / dtype.size() as u32;
+    super::coop::words_fit(
+        per_word,
+        (params.head_dim, params.head_dim_v),
+        &[
+            params.k_stride_b,
+            params.k_stride_h,
+            params.k_stride_s,
+            params.k_page_stride,
+            params.v_stride_b,
+            params.v_stride_h,
+            params.v_stride_s,
+            params.v_page_stride,
+        ],
+    )
 }
 
 /// The subgroup tiling's texel kernel for a problem, where it serves it.

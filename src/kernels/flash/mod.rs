@@ -6,13 +6,16 @@
 //! `info`, `bench`, `check`, the CLI's `--tiling`, `WGPU_ATTENTION_TILING` and the
 //! tests all read this table (docs/design.md, "Kernel paths and tilings").
 //!
-//! Three rooms: `variants` (the WGSL kernels and their memory needs), `tilings` (the
-//! registry and picking) and `encode` (recording a dispatch).
+//! Four rooms: `variants` (the WGSL kernels and their memory needs), `coop` (the
+//! tensor-core variants, as data), `tilings` (the registry and picking) and `encode`
+//! (recording a dispatch).
 
+mod coop;
 mod encode;
 mod tilings;
 mod variants;
 
+pub use coop::*;
 pub(crate) use encode::{encode, texel_mirror};
 pub use tilings::*;
 pub use variants::*;
@@ -166,26 +169,77 @@ mod tests {
     #[test]
     fn block_tilings_need_exactly_what_their_widest_class_takes() {
         assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&BLOCKED_VARIANTS));
-        assert_eq!(COOP_MIN_BYTES, min_bytes(&COOP_VARIANTS));
         // Every head dim up to 256 finds a variant at that budget; the wide D <= 64 one
         // only with 48 KiB.
         for d in [1, 8, 63, 64, 65, 128, 129, 256] {
             let v = blocked_for(d, d, BLOCKED_MIN_BYTES).map(|v| v.dmax);
             assert!(v.is_some_and(|dmax| dmax >= d), "D = {d}: {v:?}");
-            let v = coop_for(d, d, COOP_MIN_BYTES).map(|v| v.dmax);
-            assert!(v.is_some_and(|dmax| dmax >= d), "coop, D = {d}: {v:?}");
         }
         assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.br), Some(64));
         assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.br), Some(32));
         assert!(blocked_for(257, 1, u32::MAX).is_none());
-        assert_eq!(coop_for(64, 64, 48 * 1024).map(|v| v.bc), Some(64));
-        assert_eq!(coop_for(64, 64, COOP_MIN_BYTES).map(|v| v.bc), Some(32));
-        assert_eq!(coop_for(128, 128, 48 * 1024).map(|v| v.br), Some(64));
-        assert_eq!(coop_for(256, 256, 48 * 1024).map(|v| v.br), Some(32));
-        assert!(coop_for(1, 257, u32::MAX).is_none());
-        // One 16-row band per subgroup, at most 4 subgroups; tiles of whole 16-key chunks.
-        for v in COOP_VARIANTS {
-            assert!(v.br % 16 == 0 && v.br / 16 <= 4 && v.bc % 16 == 0, "{v:?}");
+    }
+
+    #[test]
+    fn coop_variants_fit_their_budgets_and_hold_together() {
+        let smallest = |dmax: u32| {
+            COOP_VARIANTS
+                .iter()
+                .filter(|v| v.dmax == dmax)
+                .map(|v| v.workgroup_bytes())
+                .min()
+                .unwrap_or(0)
+        };
+        assert_eq!(
+            COOP_MIN_BYTES,
+            [64, 128, 256].map(smallest).into_iter().max().unwrap_or(0)
+        );
+        assert!(
+            COOP_MIN_BYTES <= 32 * 1024,
+            "the coop tiling must fit lavapipe's 32 KiB"
+        );
+        for d in [1, 8, 63, 64, 65, 128, 129, 256] {
+            let v = coop_for(d, d, COOP_MIN_BYTES).map(|v| v.dmax);
+            assert!(v.is_some_and(|dmax| dmax >= d), "coop, D = {d}: {v:?}");
+            // The 48 KiB pick of every class is one NVIDIA's limit holds.
+            let wide = coop_for(d, d, 48 * 1024).expect("a variant");
+            assert!(
+                wide.workgroup_bytes() <= 48 * 1024 && wide.workgroup_bytes() > 32 * 1024,
+                "{wide:?}"
+            );
         }
+        assert!(coop_for(1, 257, u32::MAX).is_none());
+        // One 16-row band per subgroup, at most 4 subgroups; whole 16-key chunks; Q
+        // staged through the K/V tile; valid for 8- (lavapipe), 16-, 32- and 64-lane
+        // subgroups.
+        for v in COOP_VARIANTS {
+            assert!(v.br / 16 <= 4, "{v:?}");
+            for sg in [8, 16, 32, 64] {
+                assert!(v.valid_for(sg), "{v:?} at {sg} lanes");
+            }
+            assert_eq!(CoopVariant::parse(&v.label()), Some(v));
+            let small = v.shrunk_to(32 * 1024).expect("an emulatable form");
+            assert!(
+                small.workgroup_bytes() <= 32 * 1024 && small.bc == v.bc && small.valid_for(8),
+                "{small:?}"
+            );
+        }
+        assert!(!CoopVariant::new(128, 96, 32).valid_for(32), "BR > 2 BC");
+        assert!(!CoopVariant::new(128, 64, 40).valid_for(32), "BC not whole chunks");
+        assert_eq!(CoopVariant::parse("128x64"), None);
+        assert_eq!(CoopVariant::parse("128x64x32x1"), None);
+        // Kernels are built once per variant and subgroup size.
+        let a = COOP_VARIANTS[0].kernel(32);
+        assert_eq!(a, COOP_VARIANTS[0].kernel(32));
+        assert_ne!(a.variant, COOP_VARIANTS[0].kernel(8).variant);
+        assert!(a
+            .preludes
+            .concat()
+            .contains("const SG: u32 = 32u;\nconst LPR: u32 = 2u;\nconst RPL: u32 = 1u;"));
+        assert!(COOP_VARIANTS[0]
+            .kernel(8)
+            .preludes
+            .concat()
+            .contains("const LPR: u32 = 1u;\nconst RPL: u32 = 2u;"));
     }
 }

@@ -3,6 +3,7 @@
 //! picking and the reasons an adapter cannot run one.
 
 use super::super::{loop_budget, Kernel};
+use super::coop::*;
 use super::variants::*;
 use crate::context::Capabilities;
 use crate::error::{Error, Result};
@@ -100,14 +101,13 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
         needs: Needs::CooperativeMatrix(COOP_MIN_BYTES),
         f16_products: true,
         launch: |d, dv, caps| {
-            // The needs check guarantees a fit and a fixed subgroup size.
-            let v = coop_for(d, dv, caps.max_workgroup_storage)
-                .or_else(|| coop_for(d, dv, u32::MAX))
-                .unwrap_or(COOP_VARIANTS[5]);
+            // The needs check guarantees a fixed subgroup size and a fit.
+            let sg = caps.coop_subgroup_size().unwrap_or(32);
+            let v = coop_variant_for(d, dv, caps);
             Launch {
-                kernel: v.kernel,
+                kernel: v.kernel(sg),
                 rows: v.br,
-                constants: vec![("SG", caps.coop_subgroup_size().unwrap_or(32))],
+                constants: Vec::new(),
             }
         },
         iterations: loop_budget::coop_iterations,
@@ -180,6 +180,30 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     },
 ];
 
+/// The coop variant for head dims (D, Dv) on an adapter: a tuning table's pick for it
+/// ([`crate::tune`]) where one fits, else the first of [`COOP_VARIANTS`] that fits
+/// (the narrowest of the class where none does; the needs check refuses that case).
+pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities) -> CoopVariant {
+    let sg = caps.coop_subgroup_size().unwrap_or(32);
+    let fits = |v: &CoopVariant| {
+        v.dmax >= d.max(dv)
+            && v.valid_for(sg)
+            && v.workgroup_bytes() <= caps.max_workgroup_storage
+            && v.invocations(sg) <= caps.max_invocations
+    };
+    caps.tuned_coop(d.max(dv))
+        .filter(fits)
+        .or_else(|| coop_for(d, dv, caps.max_workgroup_storage).filter(fits))
+        .or_else(|| {
+            COOP_VARIANTS
+                .iter()
+                .copied()
+                .filter(|v| v.dmax >= d.max(dv))
+                .min_by_key(|v| (v.dmax, v.workgroup_bytes()))
+        })
+        .unwrap_or(COOP_VARIANTS[5])
+}
+
 /// The registry entry of a tiling (`Auto` has none).
 pub fn spec(tiling: FusedTiling) -> Option<&'static TilingSpec> {
     FUSED_TILINGS.iter().find(|s| s.tiling == tiling)
@@ -235,7 +259,7 @@ impl TilingSpec {
             Needs::CooperativeMatrix(bytes) => match caps.coop_subgroup_size() {
                 None => Some(Error::MissingFeature {
                     adapter: adapter.into(),
-                    feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (16x16x16 f16->f32, f16, a fixed subgroup size)",
+                    feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (16x16x16 f16->f32, f16, a fixed subgroup size, SUBGROUP_BARRIER)",
                     needed_for: format!("the {} fused tiling", self.name),
                 }),
                 Some(sg) if 4 * sg > caps.max_invocations => Some(Error::LimitExceeded {

@@ -191,7 +191,7 @@ pub const SUBGROUP_LANES: u32 = 8;
 /// Workgroup memory the shared tiling declares.
 pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
 
-/// One variant of a block tiling (`flash_blocked.wgsl`, `flash_coop.wgsl`): head dims
+/// One variant of the blocked tiling (`flash_blocked.wgsl`): head dims
 /// up to `dmax`, `br` query rows per workgroup and `bc` keys per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockVariant {
@@ -286,44 +286,6 @@ pub const BLOCKED_VARIANTS: [BlockVariant; 4] = [
 /// smallest variant of each class.
 pub const BLOCKED_MIN_BYTES: u32 = 27_264;
 
-/// `flash_coop.wgsl`'s workgroup memory: the f16 Q band and K/V tile (rows padded by
-/// 8 halves), the f32 score tile (rows padded by 4), the f16 probability tile (padded
-/// by 8), three f32 per row and the `moved` flag.
-const fn coop_bytes(dmax: u32, br: u32, bc: u32) -> u32 {
-    2 * br * (dmax + 8) + 2 * bc * (dmax + 8) + 4 * br * (bc + 4) + 2 * br * (bc + 8) + 12 * br + 4
-}
-
-const fn coop(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockVariant {
-    BlockVariant {
-        dmax,
-        br,
-        bc,
-        workgroup_bytes: coop_bytes(dmax, br, bc),
-        kernel: block_kernel(
-            "flash_coop.wgsl",
-            include_str!("../../../shaders/flash_coop.wgsl"),
-            "flash_coop",
-            prelude,
-            label,
-        ),
-    }
-}
-
-/// The variants of the tensor-core tiling, chosen as the blocked ones. One 16-row band
-/// per subgroup (BR / 16 subgroups). The first of each class fits NVIDIA's 48 KiB; the
-/// narrower ones fit 32 KiB (Apple, lavapipe under emulation).
-pub const COOP_VARIANTS: [BlockVariant; 6] = [
-    block_variant!(coop, 64, 64, 64),
-    block_variant!(coop, 64, 64, 32),
-    block_variant!(coop, 128, 64, 32),
-    block_variant!(coop, 128, 32, 32),
-    block_variant!(coop, 256, 32, 32),
-    block_variant!(coop, 256, 16, 32),
-];
-
-/// Workgroup memory the coop tiling needs for every head dim (as BLOCKED_MIN_BYTES).
-pub const COOP_MIN_BYTES: u32 = 29_124;
-
 /// The variant of `variants` for head dims `d`, `dv` on an adapter granting `bytes` of
 /// workgroup memory: the smallest head-dim class that holds both, and in it the first
 /// variant that fits.
@@ -339,9 +301,4 @@ pub fn variant_for(variants: &[BlockVariant], d: u32, dv: u32, bytes: u32) -> Op
 /// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes`.
 pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
     variant_for(&BLOCKED_VARIANTS, d, dv, bytes)
-}
-
-/// The coop variant for head dims `d`, `dv` on an adapter granting `bytes`.
-pub fn coop_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
-    variant_for(&COOP_VARIANTS, d, dv, bytes)
 }

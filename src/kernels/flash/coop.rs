@@ -1,0 +1,181 @@
+//! The tensor-core tiling's variants as data: a [`CoopVariant`] is three numbers
+//! (largest head dim, query rows and keys per tile), and its kernel is
+//! `flash_coop.wgsl` behind a one-line prelude generated from them and the adapter's
+//! subgroup size. The picker takes the first variant of a head-dim class that fits the
+//! adapter's workgroup memory, unless a tuning table names another
+//! ([`crate::tune`]); tests and `tune` build any other variant the same way.
+
+use super::super::{Kernel, Slot, COMMON};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// One variant of `flash_coop.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CoopVariant {
+    /// Head dims up to this (a multiple of 16).
+    pub dmax: u32,
+    /// Query rows per workgroup: one 16-row band per subgroup.
+    pub br: u32,
+    /// Keys per tile (a multiple of 16).
+    pub bc: u32,
+}
+
+/// The picker's variants, by head-dim class; within a class the first that fits the
+/// adapter's workgroup memory is used. The first of each class wants NVIDIA's 48 KiB,
+/// the second fits 32 KiB (Apple, Intel, lavapipe under emulation). None has run on
+/// tensor cores yet: `wgpu-attention tune` measures them all.
+pub const COOP_VARIANTS: [CoopVariant; 6] = [
+    CoopVariant::new(64, 64, 64),
+    CoopVariant::new(64, 64, 32),
+    CoopVariant::new(128, 64, 48),
+    CoopVariant::new(128, 64, 32),
+    CoopVariant::new(256, 64, 32),
+    CoopVariant::new(256, 32, 16),
+];
+
+/// Workgroup memory the coop tiling needs for every head dim: the largest of the
+/// smallest variant of each class.
+pub const COOP_MIN_BYTES: u32 = 31_748;
+
+/// The bindings `flash_coop.wgsl` uses: the fused kernels' and K, V as 16-byte words.
+pub const COOP_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Output,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Lse,
+    Slot::K4,
+    Slot::V4,
+];
+
+const SOURCE: &str = include_str!("../../../shaders/flash_coop.wgsl");
+
+impl CoopVariant {
+    pub const fn new(dmax: u32, br: u32, bc: u32) -> Self {
+        CoopVariant { dmax, br, bc }
+    }
+
+    /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
+    /// with naga's layout): the K and V tile (rows of DMAX + 8 halves), the f32 score
+    /// rows (BC + 4), the f16 probability rows (BC + 8) and the rescale flag.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        2 * 2 * self.bc * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 4
+    }
+
+    /// Lanes per band row in the softmax for subgroups of `sg` lanes.
+    const fn lanes_per_row(sg: u32) -> u32 {
+        if sg > 16 {
+            sg / 16
+        } else {
+            1
+        }
+    }
+
+    /// Whether the variant's WGSL holds together for subgroups of `sg` lanes: whole
+    /// 16-key and 16-dim chunks, one band per subgroup, Q staged through the K/V tile
+    /// (BR <= 2 BC), the softmax's column quads shared evenly by a row's lanes, and
+    /// subgroups that divide a band (narrow) or a multiple of it (wide).
+    pub fn valid_for(&self, sg: u32) -> bool {
+        let lpr = Self::lanes_per_row(sg);
+        sg > 0
+            && (16 % sg == 0 || sg % 16 == 0)
+            && self.dmax % 16 == 0
+            && self.dmax > 0
+            && self.br % 16 == 0
+            && self.br > 0
+            && self.bc % 16 == 0
+            && self.bc > 0
+            && self.br <= 2 * self.bc
+            && self.bc % (4 * lpr) == 0
+    }
+
+    /// Invocations per workgroup with subgroups of `sg` lanes.
+    pub fn invocations(&self, sg: u32) -> u32 {
+        self.br / 16 * sg
+    }
+
+    /// Its kernel for subgroups of `sg` lanes (built once per process and kept).
+    pub fn kernel(&self, sg: u32) -> Kernel {
+        static BUILT: OnceLock<Mutex<HashMap<(CoopVariant, u32), Kernel>>> = OnceLock::new();
+        let mut built = BUILT
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *built.entry((*self, sg)).or_insert_with(|| {
+            let lpr = Self::lanes_per_row(sg);
+            let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
+            let constants = format!(
+                "const DMAX: u32 = {}u;\nconst BR: u32 = {}u;\nconst BC: u32 = {}u;\nconst SG: u32 = {sg}u;\n\
+                 const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n",
+                self.dmax, self.br, self.bc
+            );
+            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, leak(constants)]));
+            Kernel {
+                file: "flash_coop.wgsl",
+                source: SOURCE,
+                entry: "flash_coop",
+                slots: COOP_SLOTS,
+                preludes,
+                variant: leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc)),
+            }
+        })
+    }
+
+    /// `[DMAXxBRxBC]`, as `tune` and the tuning table write it.
+    pub fn label(&self) -> String {
+        format!("{}x{}x{}", self.dmax, self.br, self.bc)
+    }
+
+    /// Parses [`CoopVariant::label`]'s form.
+    pub fn parse(label: &str) -> Option<Self> {
+        let mut parts = label.trim().split('x').map(|n| n.parse::<u32>().ok());
+        let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
+        parts.next().is_none().then_some(CoopVariant::new(dmax, br, bc))
+    }
+
+    /// The same code at constants that fit `bytes` of workgroup memory (for the
+    /// emulation on lavapipe's 32 KiB): the head-dim class halved, then the query rows,
+    /// until it fits; BC, and so the tile loop's shape, is kept.
+    pub fn shrunk_to(&self, bytes: u32) -> Option<Self> {
+        let mut v = *self;
+        while v.workgroup_bytes() > bytes {
+            if v.dmax > 16 {
+                v.dmax /= 2;
+            } else if v.br > 16 {
+                v.br /= 2;
+            } else {
+                return None;
+            }
+        }
+        Some(v)
+    }
+}
+
+/// A generated string kept for the life of the process (kernels hold `&'static str`;
+/// a handful of variants are ever built).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// The variant of [`COOP_VARIANTS`] for head dims `d`, `dv` on an adapter granting
+/// `bytes` of workgroup memory: the smallest head-dim class that holds both, and in it
+/// the first variant that fits.
+pub fn coop_for(d: u32, dv: u32, bytes: u32) -> Option<CoopVariant> {
+    let need = d.max(dv);
+    let class = COOP_VARIANTS.iter().map(|v| v.dmax).find(|&dmax| need <= dmax)?;
+    COOP_VARIANTS
+        .iter()
+        .copied()
+        .find(|v| v.dmax == class && v.workgroup_bytes() <= bytes)
+}
+
+/// Whether the 16-byte word path serves a problem: head dims and every K and V stride
+/// (row, head, batch, page) whole words of `elems_per_word` elements.
+pub fn words_fit(elems_per_word: u32, head_dims: (u32, u32), strides: &[u32]) -> bool {
+    head_dims.0 % elems_per_word == 0
+        && head_dims.1 % elems_per_word == 0
+        && strides.iter().all(|s| s % elems_per_word == 0)
+}

@@ -1,0 +1,267 @@
+//! Tuning tables: which tensor-core variant ([`CoopVariant`]) ran fastest on an
+//! adapter, per head-dim class, as `wgpu-attention tune` measured it.
+//!
+//! A context made by [`crate::Context::new`] (or `from_adapter`) reads two tables and
+//! takes the entries that name its adapter (PCI vendor, device name and driver, all
+//! exactly as wgpu reports them):
+//! - the one checked in with the crate (`tune/winners.tsv`, measured winners);
+//! - the user's own, which wins where both name the same adapter and class: the file
+//!   `WGPU_ATTENTION_TUNE_FILE` names, else `$XDG_CONFIG_HOME/wgpu-attention/tune.tsv`
+//!   (`~/.config/wgpu-attention/tune.tsv` without `XDG_CONFIG_HOME`), where it exists.
+//!
+//! Without an entry the picker's rule applies: the first variant of the class that fits
+//! the adapter's workgroup memory ([`crate::kernels::flash::COOP_VARIANTS`]).
+//!
+//! The format is plain text, one entry per line, tab-separated:
+//!
+//! ```text
+//! # tiling  vendor  device                   driver      variant
+//! coop      0x10de  NVIDIA H100 80GB HBM3    580.159.04  128x64x32
+//! ```
+//!
+//! `#` starts a comment; the variant is `DMAXxBRxBC` and its DMAX names the class.
+
+use crate::error::{Error, Result};
+use crate::kernels::flash::CoopVariant;
+use std::path::PathBuf;
+
+/// The environment variable naming a user tuning table.
+pub const TUNE_FILE_VAR: &str = "WGPU_ATTENTION_TUNE_FILE";
+
+/// The checked-in table.
+const BUILTIN: &str = include_str!("../tune/winners.tsv");
+
+/// One measured winner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TuneEntry {
+    /// PCI vendor id (`AdapterInfo::vendor`).
+    pub vendor: u32,
+    /// Adapter name (`AdapterInfo::name`).
+    pub device: String,
+    /// Driver description (`AdapterInfo::driver_info`).
+    pub driver: String,
+    /// The variant that won, for its head-dim class (its `dmax`).
+    pub variant: CoopVariant,
+}
+
+impl TuneEntry {
+    /// The entry for a variant measured on the adapter `info` describes.
+    pub fn for_adapter(info: &wgpu::AdapterInfo, variant: CoopVariant) -> Self {
+        TuneEntry {
+            vendor: info.vendor,
+            device: info.name.clone(),
+            driver: info.driver_info.clone(),
+            variant,
+        }
+    }
+
+    fn names(&self, info: &wgpu::AdapterInfo) -> bool {
+        self.vendor == info.vendor && self.device == info.name && self.driver == info.driver_info
+    }
+
+    /// Same adapter and head-dim class.
+    fn same_slot(&self, other: &TuneEntry) -> bool {
+        self.vendor == other.vendor
+            && self.device == other.device
+            && self.driver == other.driver
+            && self.variant.dmax == other.variant.dmax
+    }
+}
+
+/// A tuning table: entries in order, the first for an adapter and class winning.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TuneTable {
+    /// The entries, in order of precedence.
+    pub entries: Vec<TuneEntry>,
+}
+
+impl TuneTable {
+    /// Parses the text form; `source` names it in errors (a path, `built-in`).
+    pub fn parse(source: &str, text: &str) -> Result<Self> {
+        let mut entries = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim_end();
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |reason: String| Error::invalid(format!("tuning table {source}, line {}", n + 1), reason);
+            let fields: Vec<&str> = line.split('\t').map(str::trim).collect();
+            let [tiling, vendor, device, driver, variant] = fields[..] else {
+                return Err(bad(format!(
+                    "expected 5 tab-separated fields (tiling, vendor, device, driver, variant), found {}",
+                    fields.len()
+                )));
+            };
+            if tiling != "coop" {
+                return Err(bad(format!("unknown tiling '{tiling}' (only coop is tuned)")));
+            }
+            let vendor = vendor
+                .strip_prefix("0x")
+                .map_or_else(|| vendor.parse::<u32>(), |hex| u32::from_str_radix(hex, 16))
+                .map_err(|_| bad(format!("vendor '{vendor}' is not a number")))?;
+            let variant = CoopVariant::parse(variant)
+                .filter(|v| v.valid_for(32) || v.valid_for(8))
+                .ok_or_else(|| bad(format!("'{variant}' is not a valid DMAXxBRxBC variant")))?;
+            entries.push(TuneEntry {
+                vendor,
+                device: device.to_string(),
+                driver: driver.to_string(),
+                variant,
+            });
+        }
+        Ok(TuneTable { entries })
+    }
+
+    /// The text form (parses back to the same table).
+    pub fn to_text(&self) -> String {
+        let mut out =
+            String::from("# wgpu-attention tuning table: tiling, vendor, device, driver, variant (DMAXxBRxBC)\n");
+        for e in &self.entries {
+            out.push_str(&format!(
+                "coop\t{:#06x}\t{}\t{}\t{}\n",
+                e.vendor,
+                e.device,
+                e.driver,
+                e.variant.label()
+            ));
+        }
+        out
+    }
+
+    /// The checked-in table.
+    pub fn builtin() -> Self {
+        // A test parses it; a bad edit fails there, not in users' contexts.
+        Self::parse("built-in", BUILTIN).unwrap_or_default()
+    }
+
+    /// Where the user's table is looked for (see the module docs); `None` where no
+    /// home or configuration directory is known.
+    pub fn user_path() -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os(TUNE_FILE_VAR) {
+            return Some(path.into());
+        }
+        let config = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
+        Some(config.join("wgpu-attention").join("tune.tsv"))
+    }
+
+    /// The user's table followed by the checked-in one (so the user's entries win). A
+    /// user table that is absent counts as empty; one that cannot be read or parsed is
+    /// an error that names it. On the web there is no user table.
+    pub fn load() -> Result<Self> {
+        let mut table = Self::default();
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(path) = Self::user_path() {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => table = Self::parse(&path.display().to_string(), &text)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::invalid(
+                        format!("tuning table {}", path.display()),
+                        format!("cannot be read: {e}"),
+                    ))
+                }
+            }
+        }
+        table.entries.extend(Self::builtin().entries);
+        Ok(table)
+    }
+
+    /// Adds or replaces (same adapter and class) an entry, keeping the others.
+    pub fn set(&mut self, entry: TuneEntry) {
+        self.entries.retain(|e| !e.same_slot(&entry));
+        self.entries.push(entry);
+    }
+
+    /// The variants this table picks for an adapter: the first entry per class.
+    pub fn coop_variants_for(&self, info: &wgpu::AdapterInfo) -> Vec<CoopVariant> {
+        let mut picked: Vec<CoopVariant> = Vec::new();
+        for e in self.entries.iter().filter(|e| e.names(info)) {
+            if !picked.iter().any(|v| v.dmax == e.variant.dmax) {
+                picked.push(e.variant);
+            }
+        }
+        picked
+    }
+}
+
+/// The variants `tune` tries for head dims up to `dmax` with subgroups of `sg` lanes
+/// on an adapter granting `bytes` of workgroup memory and `invocations` per workgroup:
+/// every query-row count of 1 to 4 bands and key tile of 16 to 64 that holds together
+/// and fits.
+pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopVariant> {
+    let mut out = Vec::new();
+    for br in [16, 32, 48, 64] {
+        for bc in [16, 32, 48, 64] {
+            let v = CoopVariant::new(dmax, br, bc);
+            if v.valid_for(sg) && v.workgroup_bytes() <= bytes && v.invocations(sg) <= invocations {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adapter(name: &str, driver: &str) -> wgpu::AdapterInfo {
+        wgpu::AdapterInfo {
+            name: name.into(),
+            vendor: 0x10de,
+            driver_info: driver.into(),
+            ..wgpu::AdapterInfo::new(wgpu::DeviceType::DiscreteGpu, wgpu::Backend::Vulkan)
+        }
+    }
+
+    #[test]
+    fn tables_round_trip_and_pick_per_adapter_and_class() {
+        let h100 = adapter("NVIDIA H100", "580.159.04");
+        let mut table = TuneTable::default();
+        table.set(TuneEntry::for_adapter(&h100, CoopVariant::new(128, 64, 32)));
+        table.set(TuneEntry::for_adapter(&h100, CoopVariant::new(64, 64, 64)));
+        // Replaces the 128 entry, keeps the 64 one.
+        table.set(TuneEntry::for_adapter(&h100, CoopVariant::new(128, 32, 16)));
+        assert_eq!(table.entries.len(), 2);
+        let text = table.to_text();
+        assert_eq!(TuneTable::parse("t", &text).expect("parses"), table, "{text}");
+        let mut picked = table.coop_variants_for(&h100);
+        picked.sort();
+        assert_eq!(
+            picked,
+            vec![CoopVariant::new(64, 64, 64), CoopVariant::new(128, 32, 16)]
+        );
+        // Another driver release or device gets nothing.
+        assert!(table.coop_variants_for(&adapter("NVIDIA H100", "575.1")).is_empty());
+        assert!(table
+            .coop_variants_for(&adapter("NVIDIA H200", "580.159.04"))
+            .is_empty());
+    }
+
+    #[test]
+    fn bad_lines_are_refused_with_their_line_number() {
+        for (text, needle) in [
+            ("coop\t0x10de\tX\t1\n", "5 tab-separated"),
+            ("blocked\t0x10de\tX\t1\t64x64x32\n", "unknown tiling"),
+            ("coop\tnvidia\tX\t1\t64x64x32\n", "vendor"),
+            ("# ok\n\ncoop\t0x10de\tX\t1\t64x64x33\n", "line 3"),
+            ("coop\t0x10de\tX\t1\t128x96x32\n", "valid"),
+        ] {
+            let e = TuneTable::parse("t", text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+        assert!(TuneTable::parse("built-in", BUILTIN).is_ok());
+    }
+
+    #[test]
+    fn candidates_hold_together_and_fit() {
+        let all = coop_candidates(128, 32, 48 * 1024, 1024);
+        assert!(all.contains(&CoopVariant::new(128, 64, 32)) && all.contains(&CoopVariant::new(128, 64, 48)));
+        for v in &all {
+            assert!(v.valid_for(32) && v.workgroup_bytes() <= 48 * 1024, "{v:?}");
+        }
+        assert!(coop_candidates(256, 32, 16 * 1024, 1024).is_empty());
+    }
+}
