@@ -371,7 +371,7 @@ fn every_variant_the_picker_can_choose_runs_at_constants_lavapipe_allows() {
         // Head dims in the variant's class (f16 words, and elements at D = dmax - 4),
         // keys over several tiles ending mid-tile, causal and a bool mask.
         for (d, dv) in [(small.dmax, small.dmax), (small.dmax - 4, small.dmax / 2 + 4)] {
-            assert_eq!(coop_variant_for(d as u32, dv as u32, ctx.capabilities()), small);
+            assert_eq!(coop_variant_for(d, dv, ctx.capabilities()), small);
             {
                 // One dtype each (alternating): the emulation is slow.
                 seed += 1;

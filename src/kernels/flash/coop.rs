@@ -36,6 +36,8 @@ pub const COOP_VARIANTS: [CoopVariant; 6] = [
 /// Workgroup memory the coop tiling needs for every head dim: the largest of the
 /// smallest variant of each class.
 pub const COOP_MIN_BYTES: u32 = 31_748;
+// The coop tiling must fit lavapipe's 32 KiB, where CI emulates it.
+const _: () = assert!(COOP_MIN_BYTES <= 32 * 1024);
 
 /// The bindings `flash_coop.wgsl` uses: the fused kernels' and K, V as 16-byte words.
 pub const COOP_SLOTS: &[Slot] = &[
@@ -81,15 +83,15 @@ impl CoopVariant {
     pub fn valid_for(&self, sg: u32) -> bool {
         let lpr = Self::lanes_per_row(sg);
         sg > 0
-            && (16 % sg == 0 || sg % 16 == 0)
-            && self.dmax % 16 == 0
+            && (16 % sg == 0 || sg.is_multiple_of(16))
+            && self.dmax.is_multiple_of(16)
             && self.dmax > 0
-            && self.br % 16 == 0
+            && self.br.is_multiple_of(16)
             && self.br > 0
-            && self.bc % 16 == 0
+            && self.bc.is_multiple_of(16)
             && self.bc > 0
             && self.br <= 2 * self.bc
-            && self.bc % (4 * lpr) == 0
+            && self.bc.is_multiple_of(4 * lpr)
     }
 
     /// Invocations per workgroup with subgroups of `sg` lanes.
@@ -175,7 +177,7 @@ pub fn coop_for(d: u32, dv: u32, bytes: u32) -> Option<CoopVariant> {
 /// Whether the 16-byte word path serves a problem: head dims and every K and V stride
 /// (row, head, batch, page) whole words of `elems_per_word` elements.
 pub fn words_fit(elems_per_word: u32, head_dims: (u32, u32), strides: &[u32]) -> bool {
-    head_dims.0 % elems_per_word == 0
-        && head_dims.1 % elems_per_word == 0
-        && strides.iter().all(|s| s % elems_per_word == 0)
+    head_dims.0.is_multiple_of(elems_per_word)
+        && head_dims.1.is_multiple_of(elems_per_word)
+        && strides.iter().all(|s| s.is_multiple_of(elems_per_word))
 }
