@@ -80,7 +80,7 @@ pub struct BenchArgs {
     per_call: bool,
 }
 
-fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
+pub(super) fn parse_shape(s: &str) -> Result<AttentionShape, CliError> {
     let v: Vec<usize> = s
         .split(',')
         .map(|x| x.trim().parse::<usize>())

@@ -28,6 +28,7 @@ mod mha;
 mod npy;
 mod output;
 mod run;
+mod tune;
 mod viz;
 
 use clap::{Parser, Subcommand};
@@ -126,6 +127,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Attention-weight heatmaps as PNG, from q/k or from a weights .npy.
     Viz(viz::VizArgs),
+    /// Time every fused tiling and tensor-core variant the adapter runs (each checked
+    /// against the CPU reference) and keep the fastest variants in a tuning table.
+    Tune(tune::TuneArgs),
 }
 
 /// Mesa's Vulkan device-select layer connects to a Wayland display while the loader
@@ -158,6 +162,7 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&cli.adapter, &args),
         Command::Bench(args) => bench::run(&cli.adapter, &args),
         Command::Viz(args) => viz::run(&cli.adapter, &args),
+        Command::Tune(args) => tune::run(&cli.adapter, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

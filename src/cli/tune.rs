@@ -1,0 +1,389 @@
+//! `tune`: every fused tiling the adapter can run, and every tensor-core variant that
+//! fits it, over a list of shapes: each checked against the CPU reference on a small
+//! problem of the same head dims, then timed; a table, optional JSON, and the winning
+//! tensor-core variant per head-dim class written into a tuning table the library reads
+//! (`wgpu_attention::tune`).
+
+use super::info::adapter_json;
+use super::output::write_all;
+use super::{write_stdout, AdapterArgs, CliError};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use wgpu_attention::bench::{bench_inputs, gflops, time_gpu};
+use wgpu_attention::check::{run_case, CheckCase};
+use wgpu_attention::kernels::flash::{spec, CoopVariant, FUSED_TILINGS};
+use wgpu_attention::tune::{coop_candidates, TuneEntry, TuneTable};
+use wgpu_attention::{
+    encode_sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, FusedTiling, KernelChoice,
+    Layout, Precision,
+};
+
+/// Version tag of the JSON this command writes.
+pub const SCHEMA: &str = "wgpu-attention-tune/1";
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// B,Hq,Hkv,Lq,Lk,D[,Dv] (repeatable). Default: D = 64, 128 and 256 at L = 4096 on
+    /// GPUs, at L = 256 (D = 64, 128) on CPU adapters.
+    #[arg(long)]
+    shape: Vec<String>,
+    /// f16, f32 (tensor cores at precision medium) or both; default: f16 where the
+    /// adapter has SHADER_F16, else f32.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Timed repetitions after the first call and one warm-up.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Write every row and the winners as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Add the winners to this tuning table (created if absent; entries for other
+    /// adapters and classes kept). `user` names the table the library reads for this
+    /// user (WGPU_ATTENTION_TUNE_FILE, else ~/.config/wgpu-attention/tune.tsv).
+    #[arg(long, value_name = "FILE|user")]
+    table: Option<String>,
+    /// Run the tensor-core variants with their cooperative-matrix operations emulated
+    /// (adapters without tensor cores, e.g. lavapipe in CI): checks every variant's
+    /// logic; the timings say nothing about tensor cores.
+    #[arg(long)]
+    emulate_coop: bool,
+}
+
+/// One measured candidate.
+struct Row {
+    shape: AttentionShape,
+    dtype: DType,
+    tiling: &'static str,
+    variant: Option<CoopVariant>,
+    /// `ok`, or why not (a failed check, a refused limit).
+    status: String,
+    median_ms: Option<f64>,
+    gflops: Option<f64>,
+}
+
+impl Row {
+    fn json(&self) -> Value {
+        json!({
+            "shape": [self.shape.batch, self.shape.heads_q, self.shape.heads_kv, self.shape.len_q,
+                      self.shape.len_k, self.shape.head_dim, self.shape.head_dim_v],
+            "dtype": self.dtype.name(),
+            "tiling": self.tiling,
+            "variant": self.variant.map(|v| v.label()),
+            "status": self.status,
+            "median_ms": self.median_ms,
+            "gflops": self.gflops,
+        })
+    }
+}
+
+pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
+    if args.reps == 0 {
+        return Err(CliError::bad("--reps must be at least 1"));
+    }
+    let table_path = match args.table.as_deref() {
+        Some("user") => {
+            Some(TuneTable::user_path().ok_or_else(|| CliError::bad("--table user: no HOME or XDG_CONFIG_HOME"))?)
+        }
+        Some(path) => Some(PathBuf::from(path)),
+        None => None,
+    };
+    let outputs: Vec<&std::path::Path> = args
+        .json
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(table_path.as_deref())
+        .collect();
+    super::output::check_outputs(&outputs, false)?;
+    // The existing table is read first: a bad one is refused before any measuring.
+    let mut table = match &table_path {
+        Some(path) => read_table(path)?,
+        None => TuneTable::default(),
+    };
+    let asked: Option<Vec<DType>> = match args.dtype.as_deref() {
+        None => None,
+        Some("f16") => Some(vec![DType::F16]),
+        Some("f32") => Some(vec![DType::F32]),
+        Some("both") => Some(vec![DType::F16, DType::F32]),
+        Some(other) => return Err(CliError::bad(format!("--dtype '{other}': expected f16, f32 or both"))),
+    };
+    let explicit_shapes = args
+        .shape
+        .iter()
+        .map(|s| super::bench::parse_shape(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ctx = adapter.context()?;
+    let f16 = ctx.capabilities().f16;
+    let dtypes = match asked {
+        None => vec![if f16 { DType::F16 } else { DType::F32 }],
+        Some(d) if d.contains(&DType::F16) && !f16 => {
+            return Err(CliError::bad("--dtype f16: the adapter has no SHADER_F16"))
+        }
+        Some(d) => d,
+    };
+    if args.emulate_coop {
+        ctx.emulate_cooperative_matrix()?;
+    }
+    let gpu = !ctx.is_cpu_adapter();
+    let shapes = if explicit_shapes.is_empty() {
+        let defaults: &[&str] = if gpu {
+            &["4,16,16,4096,4096,64", "4,16,16,4096,4096,128", "2,16,16,4096,4096,256"]
+        } else {
+            &["1,4,4,256,256,64", "1,4,4,256,256,128"]
+        };
+        defaults
+            .iter()
+            .map(|s| super::bench::parse_shape(s))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        explicit_shapes
+    };
+    let pinned = ctx.capabilities().coop_tuned.clone();
+    let mut rows = Vec::new();
+    write_stdout(format_args!(
+        "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  check",
+        "shape (B,Hq,Hkv,Lq,Lk,D,Dv)", "dtype", "tiling", "variant", "median ms", "GFLOP/s"
+    ))?;
+    for &shape in &shapes {
+        for &dtype in &dtypes {
+            for (tiling, variant) in candidates(&ctx, &shape) {
+                if let Some(v) = variant {
+                    ctx.use_coop_variants(vec![v]);
+                }
+                let row = measure(&ctx, shape, dtype, tiling, variant, args.reps);
+                ctx.use_coop_variants(pinned.clone());
+                let row = row?;
+                write_stdout(format_args!(
+                    "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
+                    shape_label(&row.shape),
+                    row.dtype.name(),
+                    row.tiling,
+                    row.variant.map_or("-".into(), |v| v.label()),
+                    row.median_ms.map_or("-".into(), |t| format!("{t:.3}")),
+                    row.gflops.map_or("-".into(), |g| format!("{g:.1}")),
+                    row.status
+                ))?;
+                rows.push(row);
+            }
+        }
+    }
+
+    let winners = coop_winners(&rows);
+    for (v, gf) in &winners {
+        write_stdout(format_args!(
+            "winner, tensor cores, head dims up to {}: {} ({gf:.1} GFLOP/s{})",
+            v.dmax,
+            v.label(),
+            if ctx.capabilities().coop_emulated {
+                ", emulated"
+            } else {
+                ""
+            }
+        ))?;
+    }
+    for e in winners
+        .iter()
+        .map(|(v, _)| TuneEntry::for_adapter(ctx.adapter_info(), *v))
+    {
+        table.set(e);
+    }
+    let mut files = Vec::new();
+    if let Some(path) = &args.json {
+        let device = ctx.device();
+        let doc = json!({
+            "schema": SCHEMA,
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "adapter": adapter_json(ctx.adapter_info(), device.features(), &device.limits(), &ctx.capabilities().cooperative_matrix),
+            "emulated_coop": ctx.capabilities().coop_emulated,
+            "reps": args.reps,
+            "flops": "4*B*Hq*Lq*Lk*D when Dv = D (2*B*Hq*Lq*Lk*(D+Dv))",
+            "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "winners": winners.iter().map(|(v, gf)| json!({"tiling": "coop", "variant": v.label(), "dmax": v.dmax, "gflops": gf})).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::bad(e.to_string()))?;
+        files.push((path.clone(), text.into_bytes()));
+    }
+    if let Some(path) = &table_path {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        files.push((path.clone(), table.to_text().into_bytes()));
+    }
+    write_all(&files)?;
+    for (path, _) in &files {
+        eprintln!("wrote {}", path.display());
+    }
+    let wrong: Vec<String> = rows
+        .iter()
+        .filter(|r| r.status.starts_with("WRONG"))
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                shape_label(&r.shape),
+                r.tiling,
+                r.variant.map_or(String::new(), |v| v.label())
+            )
+        })
+        .collect();
+    if !wrong.is_empty() {
+        return Err(CliError::Failed(format!("wrong results from: {}", wrong.join("; "))));
+    }
+    Ok(())
+}
+
+fn read_table(path: &std::path::Path) -> Result<TuneTable, CliError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(TuneTable::parse(&path.display().to_string(), &text)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TuneTable::default()),
+        Err(e) => Err(CliError::bad(format!("cannot read {}: {e}", path.display()))),
+    }
+}
+
+fn shape_label(s: &AttentionShape) -> String {
+    format!(
+        "{},{},{},{},{},{},{}",
+        s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim, s.head_dim_v
+    )
+}
+
+/// The tilings the adapter runs for this problem, and for tensor cores every variant of
+/// the head-dim class that holds it.
+fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option<CoopVariant>)> {
+    let caps = ctx.capabilities();
+    let mut out = Vec::new();
+    for s in FUSED_TILINGS.iter().filter(|s| s.unmet("", caps).is_none()) {
+        if s.tiling != FusedTiling::Coop {
+            out.push((s.tiling, None));
+            continue;
+        }
+        let need = shape.head_dim.max(shape.head_dim_v) as u32;
+        let Some(class) = [64, 128, 256].into_iter().find(|&c| need <= c) else {
+            continue;
+        };
+        let sg = caps.coop_subgroup_size().unwrap_or(32);
+        for v in coop_candidates(class, sg, caps.max_workgroup_storage, caps.max_invocations) {
+            out.push((s.tiling, Some(v)));
+        }
+    }
+    out
+}
+
+/// Options for one candidate: f32 on tensor cores runs at precision medium.
+fn options(tiling: FusedTiling, dtype: DType) -> AttentionOptions {
+    let f16_products = spec(tiling).is_some_and(|s| s.f16_products);
+    AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling,
+        precision: if f16_products && dtype == DType::F32 {
+            Precision::Medium
+        } else {
+            Precision::Highest
+        },
+        ..Default::default()
+    }
+}
+
+/// Checks one candidate on a small problem with the shape's head dims and GQA ratio
+/// (causal, several tiles, ragged ends), then times it on the shape.
+fn measure(
+    ctx: &Context,
+    shape: AttentionShape,
+    dtype: DType,
+    tiling: FusedTiling,
+    variant: Option<CoopVariant>,
+    reps: usize,
+) -> Result<Row, CliError> {
+    let name = spec(tiling).map_or("auto", |s| s.name);
+    let mut row = Row {
+        shape,
+        dtype,
+        tiling: name,
+        variant,
+        status: String::new(),
+        median_ms: None,
+        gflops: None,
+    };
+    let group = shape.heads_q / shape.heads_kv.max(1);
+    let small = AttentionShape::new(
+        1,
+        2 * group,
+        2,
+        shape.len_q.min(67),
+        shape.len_k.min(197),
+        shape.head_dim,
+        shape.head_dim_v,
+    );
+    let case = CheckCase {
+        shape: small,
+        options: AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            ..options(tiling, dtype)
+        },
+        dtype,
+        layout: Layout::Bhsd,
+        seed: 38,
+        range: 1.0,
+    };
+    match run_case(ctx, &case) {
+        Ok(outcome) if outcome.passed => {}
+        Ok(outcome) => {
+            row.status = format!("WRONG (seed {}): {}", case.seed, outcome.summary());
+            return Ok(row);
+        }
+        Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. } | Error::Unsupported { .. })) => {
+            row.status = format!("refused: {e}");
+            return Ok(row);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let [q, k, v] = match bench_inputs(ctx, &shape, dtype) {
+        Ok(inputs) => inputs,
+        Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {
+            row.status = format!("refused: {e}");
+            return Ok(row);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let opts = options(tiling, dtype);
+    let timing = time_gpu(ctx, reps, |encoder| {
+        encode_sdpa(ctx, encoder, &q, &k, &v, &opts).map(|_| ())
+    })?;
+    row.median_ms = Some(timing.median.as_secs_f64() * 1e3);
+    row.gflops = Some(gflops(shape.flops(false), timing.median));
+    row.status = "ok".into();
+    Ok(row)
+}
+
+/// Per head-dim class, the tensor-core variant with the highest mean GFLOP/s over the
+/// class's checked rows (f16 rows where there are any), and that mean.
+fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
+    let mut classes: Vec<u32> = rows.iter().filter_map(|r| r.variant.map(|v| v.dmax)).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    let mut out = Vec::new();
+    for class in classes {
+        let of_class: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.variant.is_some_and(|v| v.dmax == class) && r.status == "ok")
+            .collect();
+        let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        let mut variants: Vec<CoopVariant> = of_class.iter().filter_map(|r| r.variant).collect();
+        variants.sort_unstable();
+        variants.dedup();
+        let score = |v: &CoopVariant| {
+            let figures: Vec<f64> = of_class
+                .iter()
+                .filter(|r| r.variant == Some(*v) && r.dtype == dtype)
+                .filter_map(|r| r.gflops)
+                .collect();
+            figures.iter().sum::<f64>() / figures.len().max(1) as f64
+        };
+        if let Some(best) = variants.iter().max_by(|a, b| score(a).total_cmp(&score(b))) {
+            out.push((*best, score(best)));
+        }
+    }
+    out
+}

@@ -1,0 +1,96 @@
+//! Tuning (issue 38): `tune` checks and times every tensor-core variant that fits
+//! (emulated on lavapipe), writes the winners into a table, and a context made
+//! afterwards with that table in `WGPU_ATTENTION_TUNE_FILE` runs them; a bad table is
+//! refused by name. One test per process step, in one function: the environment
+//! variable is process-wide.
+
+mod common;
+
+use common::cli::{bin, scratch};
+use wgpu_attention::kernels::flash::{coop_variant_for, CoopVariant};
+use wgpu_attention::tune::{TuneEntry, TuneTable, TUNE_FILE_VAR};
+use wgpu_attention::Context;
+
+#[test]
+fn tune_writes_a_table_that_later_contexts_follow() {
+    let Some(probe) = common::emulating_ctx() else { return };
+    let info = probe.adapter_info().clone();
+    drop(probe);
+    let dir = scratch("tune");
+    let table = dir.join("tune.tsv");
+    let json = dir.join("tune.json");
+    // A tiny shape: every 64-class variant that fits, each checked, then timed.
+    let out = bin()
+        .args([
+            "tune",
+            "--emulate-coop",
+            "--shape",
+            "1,2,1,20,40,16",
+            "--reps",
+            "1",
+            "--dtype",
+            "f16",
+        ])
+        .arg("--table")
+        .arg(&table)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parses");
+    assert_eq!(doc["schema"], "wgpu-attention-tune/1");
+    let rows = doc["rows"].as_array().expect("rows");
+    let coop_rows: Vec<&serde_json::Value> = rows.iter().filter(|r| r["tiling"] == "coop").collect();
+    assert!(coop_rows.len() >= 4, "{stdout}");
+    assert!(rows.iter().all(|r| r["status"] == "ok"), "{stdout}");
+    // The table names this adapter and the winner the JSON names.
+    let written = TuneTable::parse("tune.tsv", &std::fs::read_to_string(&table).expect("table")).expect("parses");
+    let winner = CoopVariant::parse(doc["winners"][0]["variant"].as_str().expect("a winner")).expect("a variant");
+    assert_eq!(written.entries, vec![TuneEntry::for_adapter(&info, winner)]);
+
+    // A context made with the table follows it; pin another variant to see it chosen.
+    let other = CoopVariant::new(64, 16, 16);
+    let pinned = TuneTable {
+        entries: vec![TuneEntry::for_adapter(&info, other)],
+    };
+    std::fs::write(&table, pinned.to_text()).expect("write");
+    std::env::set_var(TUNE_FILE_VAR, &table);
+    let mut ctx = Context::new().expect("a context");
+    assert_eq!(ctx.capabilities().coop_tuned, vec![other]);
+    ctx.emulate_cooperative_matrix().expect("emulates");
+    assert_eq!(coop_variant_for(16, 16, ctx.capabilities()), other);
+    // Head dims past the tuned class take the rule.
+    assert_ne!(coop_variant_for(100, 100, ctx.capabilities()).dmax, 64);
+
+    // A bad table is refused, naming the file and line.
+    std::fs::write(&table, "coop\t0x1\tX\tY\t64x64\n").expect("write");
+    let e = Context::new().expect_err("a bad table").to_string();
+    assert!(e.contains("tune.tsv") && e.contains("line 1"), "{e}");
+    std::env::remove_var(TUNE_FILE_VAR);
+}
+
+#[test]
+fn tune_refuses_bad_arguments_before_measuring() {
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("tune-bad");
+    let bad = dir.join("bad.tsv");
+    std::fs::write(&bad, "not a table\n").expect("write");
+    for (args, needle) in [
+        (vec!["tune", "--dtype", "f64"], "--dtype"),
+        (vec!["tune", "--reps", "0"], "--reps"),
+        (vec!["tune", "--shape", "1,2,3"], "--shape"),
+        (vec!["tune", "--table", bad.to_str().expect("utf-8")], "bad.tsv"),
+    ] {
+        // (The other test sets the table variable in this process for a while.)
+        let out = bin().env_remove(TUNE_FILE_VAR).args(&args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
