@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
 # Every measurement the GPU side of this project needs, in one pass, for a GPU that is
-# lent for a short time: adapter info, the `check` grid, fused attention (f32, f16, f32
-# on tensor cores), decode against a long cache, a sliding window, an MHA layer, and
-# PyTorch's SDPA beside them where it is installed (docs/design.md, "Measuring on a GPU").
+# lent for a short time: adapter info, the `check` grid, `tune` (every tensor-core
+# variant checked and timed; the winners in OUT/tune.tsv, to check in as
+# tune/winners.tsv), fused attention (f32, f16, f32 on tensor cores, causal, GQA) with
+# the GEMM probe, decode against a long cache, a sliding window, an MHA layer, and
+# PyTorch's SDPA beside them where it is installed (docs/design.md, "Measuring on a
+# GPU"). Every step writes JSON; with PREVIOUS set, the bench JSON is compared row by
+# row with the same files of an earlier pass (`bench --compare`).
 #
 # Each step has its own time limit and its output in a file, so a failing or slow step
-# costs only itself. Nothing here decides pass or fail: it gathers figures to report.
+# costs only itself, and the whole pass stays under TOTAL_SECONDS. Nothing here decides
+# pass or fail: it gathers figures to report.
 #
 # Usage (from the project root): docs/gpu/measure.sh [BINARY] [OUT_DIR]
 #   BINARY   the wgpu-attention binary (default: target/release/wgpu-attention)
 #   OUT_DIR  where the step logs and JSON go (default: $OUT, else gpu-measure)
-# Environment: STEP_SECONDS (default 240) bounds each step; STEPS (e.g. "info check")
-# runs only the steps named (default: all; see the names below), so a pass can be split
-# across calls of a tool that bounds each call; TORCH (default python3, with
-# torch_sdpa.py next to BINARY) runs the yardstick; SMOKE=1 shrinks every shape so the
-# whole pass runs on a CPU adapter in under a minute (to test this script).
+# Environment: STEP_SECONDS (default 150) bounds each step and TOTAL_SECONDS (default
+# 570, under a 10-minute call) the pass; STEPS (e.g. "info check") runs only the steps
+# named (default: all; see the names below), so a pass can be split across calls of a
+# tool that bounds each call; PREVIOUS (an earlier OUT_DIR) adds the comparisons; TORCH
+# (default python3, with torch_sdpa.py next to BINARY) runs the yardstick; SMOKE=1
+# shrinks every shape so the whole pass runs on a CPU adapter in about a minute (to
+# test this script; tune then emulates the tensor cores).
 set -u
 
 bin=${1:-target/release/wgpu-attention}
 out=${2:-${OUT:-gpu-measure}}
-step_seconds=${STEP_SECONDS:-240}
+step_seconds=${STEP_SECONDS:-150}
+total_seconds=${TOTAL_SECONDS:-570}
 mkdir -p "$out"
 
 # The shapes the issues' targets name (B,Hq,Hkv,Lq,Lk,D), or small ones under SMOKE=1.
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
-    mha=1,64,64,4 reps=2 probe=64
+    mha=1,64,64,4 reps=2 probe=64 tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
-    mha=8,2048,1024,16 reps=10 probe=8192
+    mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both)
 fi
 shape_args=()
 for s in "${attn[@]}"; do shape_args+=(--shape "$s"); done
@@ -43,9 +51,16 @@ step() {
     if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
         return
     fi
+    local left=$((total_seconds - SECONDS)) limit=$step_seconds
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -le 0 ]; then
+        echo "== $name: skipped, TOTAL_SECONDS ($total_seconds) spent"
+        failed=$((failed + 1))
+        return
+    fi
     echo "== $name: $*"
     local start=$SECONDS
-    timeout "$step_seconds" "$@" >"$out/$name.log" 2>&1
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
     echo "   rc $rc after $((SECONDS - start)) s (log: $out/$name.log)"
     [ "$rc" = 0 ] || failed=$((failed + 1))
@@ -53,6 +68,7 @@ step() {
 
 step info "$bin" info
 step check "$bin" check --json "$out/check.json"
+step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
@@ -60,13 +76,22 @@ step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel 
 step decode "$bin" bench --decode "$decode" --dtype both --reps "$reps" --json "$out/decode.json"
 step window "$bin" bench --shape "${window[0]}" --causal --window "${window[1]}" \
     --kernel fused --dtype both --reps "$reps" --json "$out/window.json"
-step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps"
+step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps" --json "$out/mha.json"
 
 torch_script=$(dirname "$bin")/torch_sdpa.py
 if [ -f "$torch_script" ] && ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch ${TORCH:-python3} "$torch_script" "${attn[@]}"
 else
     step torch echo "skipped: no $torch_script, or no torch with CUDA"
+fi
+
+# Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
+if [ -n "${PREVIOUS:-}" ]; then
+    for name in fused fused-medium decode window; do
+        if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
+            step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
+        fi
+    done
 fi
 
 for f in "$out"/*.log; do

@@ -17,6 +17,8 @@ use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision, Win
 
 /// Version tag of the JSON this command writes.
 pub const SCHEMA: &str = "wgpu-attention-bench/1";
+/// Version tag of the JSON `bench --mha` writes.
+pub const MHA_SCHEMA: &str = "wgpu-attention-bench-mha/1";
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -54,7 +56,7 @@ pub struct BenchArgs {
     /// MiB copied by the bandwidth probe.
     #[arg(long, default_value_t = 64)]
     copy_mib: u64,
-    /// Also write the results as JSON to this file.
+    /// Also write the results as JSON to this file (with --mha, the layer's phases).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Run on every adapter found (respecting --backend), one after the other.
@@ -655,6 +657,27 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
             ratios[ratios.len() / 2],
             ratios.len()
         );
+    }
+    if let Some(path) = &args.json {
+        let device = ctx.device();
+        let doc = json!({
+            "schema": MHA_SCHEMA,
+            "tool_version": env!("CARGO_PKG_VERSION"),
+            "adapter": adapter_json(info, device.features(), &device.limits(), &ctx.capabilities().cooperative_matrix),
+            "layer": {"batch": batch, "seq": seq, "embed": embed, "heads": heads, "dtype": dtype.name()},
+            "reps": args.reps,
+            "probe_gemm_gflops": probe_gflops,
+            "phases": phases.iter().map(|p| json!({
+                "name": p.name,
+                "median_ms": 1e3 * p.timing.median.as_secs_f64(),
+                "gflops": (p.flops > 0.0).then(|| gflops(p.flops, p.timing.median)),
+                "part_of_layer": p.part_of_layer,
+            })).collect::<Vec<_>>(),
+            "separate_over_packed": ratios,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::bad(e.to_string()))?;
+        write_all(&[(path, text.into_bytes())])?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
