@@ -197,3 +197,6 @@ pub fn attention<T: Copy + Into<f64>>(
         max_abs_value: v.iter().fold(0.0, |m, &x| m.max(x.into().abs())),
     })
 }
+
+mod backward;
+pub use backward::{attention_backward, ReferenceGradients};
