@@ -263,8 +263,8 @@ impl Context {
 }
 
 /// Everything decided in the guard step, before any GPU work is recorded.
-struct Plan {
-    shape: AttentionShape,
+pub(crate) struct Plan {
+    pub(crate) shape: AttentionShape,
     dtype: DType,
     kernel: ResolvedKernel,
     out_layout: Layout,
@@ -283,7 +283,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(
+    pub(crate) fn new(
         ctx: &Context,
         q: &Tensor,
         k: &Tensor,
@@ -431,7 +431,14 @@ impl Plan {
         })
     }
 
-    fn params(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, options: &AttentionOptions) -> AttentionParams {
+    pub(crate) fn params(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        options: &AttentionOptions,
+    ) -> AttentionParams {
         let s = &self.shape;
         let [qb, qh, qs, _] = q.strides();
         let [k_page, kh, ks, _] = k.strides();
@@ -762,7 +769,7 @@ fn chunk(base: AttentionParams, bh_start: usize, bh_count: usize) -> AttentionPa
 }
 
 /// A uniform buffer holding `params`.
-fn uniform(ctx: &Context, label: &str, params: &AttentionParams) -> Result<wgpu::Buffer> {
+pub(crate) fn uniform(ctx: &Context, label: &str, params: &AttentionParams) -> Result<wgpu::Buffer> {
     ctx.create_buffer_init(label, bytemuck::bytes_of(params), wgpu::BufferUsages::UNIFORM)
 }
 
@@ -882,7 +889,7 @@ fn key_range_per_dispatch(
 }
 
 /// The explicit mask as 32-bit words: bool as 0/1, additive as f32 bits.
-fn mask_words(options: &AttentionOptions) -> Vec<u32> {
+pub(crate) fn mask_words(options: &AttentionOptions) -> Vec<u32> {
     match options.mask.as_ref().map(|m| m.values()) {
         None => vec![0],
         Some(MaskValues::Bool(b)) => b.iter().map(|&x| x as u32).collect(),
@@ -893,7 +900,7 @@ fn mask_words(options: &AttentionOptions) -> Vec<u32> {
 /// The side words (`side_words` in attention_common.wgsl): key lengths `[B]` (zeros
 /// when there are none), then the ALiBi slopes `[Hq]` as f32 bits when given, then the
 /// block table `[B, pages per sequence]` when K and V are paged.
-fn side_words(s: &AttentionShape, options: &AttentionOptions, pages: Option<&PageTable>) -> Vec<u32> {
+pub(crate) fn side_words(s: &AttentionShape, options: &AttentionOptions, pages: Option<&PageTable>) -> Vec<u32> {
     let mut words = options.key_lengths.clone().unwrap_or_else(|| vec![0; s.batch]);
     if let Some(slopes) = &options.alibi_slopes {
         words.extend(slopes.iter().map(|x| x.to_bits()));
@@ -910,6 +917,6 @@ fn side_words_before_table(s: &AttentionShape, options: &AttentionOptions) -> us
     s.batch + options.alibi_slopes.as_ref().map_or(0, Vec::len)
 }
 
-fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
+pub(crate) fn upload_words(ctx: &Context, label: &str, words: &[u32]) -> Result<wgpu::Buffer> {
     ctx.create_buffer_init(label, bytemuck::cast_slice(words), wgpu::BufferUsages::STORAGE)
 }

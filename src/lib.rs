@@ -56,6 +56,7 @@
 // `heatmap` modules. The `doc(hidden)` modules are public only for this crate's own
 // CLI, web module, tests and benches.
 mod attention;
+mod backward;
 // Timing uses std::time::Instant and blocking waits: native targets only, for now.
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
@@ -89,6 +90,7 @@ pub use attention::{
     encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_async, sdpa_paged, sdpa_read_async, AttentionOutput,
     ResolvedKernel,
 };
+pub use backward::{encode_sdpa_backward, sdpa_backward, sdpa_backward_async, Gradients};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::enumerate_adapters;
 #[doc(hidden)]

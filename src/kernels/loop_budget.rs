@@ -146,6 +146,30 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
     tiles * per_tile + around
 }
 
+/// `flash_backward.wgsl`'s dQ pass over `keys` keys (each loop counting one more trip
+/// for its exit check, and every qload4/doload4/load4 tail loop as 5 trips where it
+/// can run). Per block of 4 keys: the block, the score dots (4 K loads each), the dP
+/// dots (4 V loads each) and the dQ update (4 K loads each). Around it: the Q and dO
+/// rows (a 4-trip loop per vec4), the store (4 trips per vec4).
+pub fn backward_dq_iterations(s: &AttentionShape, keys: usize) -> u64 {
+    let blocks = keys.div_ceil(4) as u64;
+    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    let per_block = 1 + (d4 + 1 + 20) + (dv4 + 1 + 20) + (d4 + 1 + 20);
+    1 + blocks * per_block + 6 * d4 + 6 * dv4 + 5 * d4 + 4
+}
+
+/// `flash_backward.wgsl`'s dK/dV pass over `rows` query rows of each of the group's
+/// query heads. Per block of 4 rows: the block, the score dots (4 qload4 of 5 trips
+/// each per vec4), the dP dots and dV update (4 doload4 per vec4) and the dK update (4
+/// qload4 per vec4). Around it: the K and V rows, the group loop, the stores.
+pub fn backward_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
+    let blocks = rows.div_ceil(4) as u64;
+    let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    let per_block = 1 + (d4 * 21 + 1) + (dv4 * 21 + 1) + (d4 * 21 + 1);
+    1 + group * (1 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
+}
+
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
 pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64) -> Option<usize> {

@@ -66,7 +66,10 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 32] = [
+pub const ALL_KERNELS: [Kernel; 35] = [
+    crate::backward::DELTA,
+    crate::backward::DQ,
+    crate::backward::DKDV,
     loop_probe::KERNEL,
     kv_append::KERNEL,
     kv_append::TEXELS,
@@ -275,6 +278,12 @@ pub enum Slot {
     KTexels = 11,
     /// V's texel mirror.
     VTexels = 12,
+    /// The output's gradient (`flash_backward.wgsl`).
+    DOut = 13,
+    /// The gradients the backward pass writes.
+    DQ = 14,
+    DK = 15,
+    DV = 16,
 }
 
 impl Slot {
@@ -294,6 +303,10 @@ impl Slot {
             Slot::V4 => "v4",
             Slot::KTexels => "k_texels",
             Slot::VTexels => "v_texels",
+            Slot::DOut => "d_out",
+            Slot::DQ => "dq",
+            Slot::DK => "dk",
+            Slot::DV => "dv",
         }
     }
 }
@@ -317,6 +330,12 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
+                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV => {
+                        return Err(Error::invalid(
+                            "attention bindings",
+                            "the backward pass binds its gradients itself",
+                        ))
+                    }
                     Slot::KTexels | Slot::VTexels => {
                         let texels = self.kv_texels.ok_or_else(|| {
                             Error::invalid(

@@ -1,0 +1,261 @@
+// The backward pass of fused attention, FlashAttention-2's algorithm at its simplest
+// tiling (one row or one key per invocation, K/V and Q straight from storage, no
+// workgroup memory: it runs on every adapter), appended to attention_common.wgsl.
+// Scores are recomputed with the forward's rules (apply_masks) and P = exp(s - lse)
+// from the forward's log-sum-exp; the score matrix is never stored (docs/design.md,
+// "Backward"). With s = softcap(x) + bias, x = scale·q·k, P = softmax(s), dO given:
+//   D_i = dO_i·O_i;  dP_ij = dO_i·v_j;  dS_ij = P_ij (dP_ij - D_i);
+//   dX_ij = dS_ij (1 - (softcap(x_ij)/cap)²) with a soft cap, else dS_ij;
+//   dQ_i = scale Σ_j dX_ij k_j;  dK_j = scale Σ_i dX_ij q_i;  dV_j = Σ_i P_ij dO_i,
+// dK and dV summed over the query heads of a key/value head (GQA). No atomics: each
+// gradient row is one invocation's sum, in a fixed order, so results repeat bit for bit.
+//
+//   bwd_delta: one invocation per query row: D_i into `scores` ([B·Hq·Lq] f32).
+//   bwd_dkdv: one invocation per key of one (batch, kv head): walks the query rows
+//     p.key_begin .. p.key_stop (rows, in this pass) of each query head sharing it, in
+//     blocks of 4 rows, and writes dK_j and dV_j (adding what an earlier dispatch over
+//     earlier rows left, when p.key_begin > 0: llvmpipe's loop cap splits long ranges).
+//   bwd_dq: one invocation per query row: walks keys p.key_begin .. p.key_stop in
+//     blocks of 4 and writes dQ_i (resuming likewise).
+// Gradients are written in the inputs' layout (the strides of q, k and v) and dtype,
+// accumulated in f32.
+
+@group(0) @binding(13) var<storage, read> d_out: array<elem>;
+@group(0) @binding(14) var<storage, read_write> dq: array<elem>;
+@group(0) @binding(15) var<storage, read_write> dk: array<elem>;
+@group(0) @binding(16) var<storage, read_write> dv: array<elem>;
+
+const MAX_VEC4: u32 = 64u; // head dims up to 256
+override ROWS: u32 = 32u;
+
+var<private> row_a: array<vec4<f32>, MAX_VEC4>; // a Q, K or dO row, by pass
+var<private> row_b: array<vec4<f32>, MAX_VEC4>; // a dO or V row
+var<private> acc_a: array<vec4<f32>, MAX_VEC4>; // dQ or dK
+var<private> acc_b: array<vec4<f32>, MAX_VEC4>; // dV
+
+// Four consecutive elements of a dO row (laid out as the output), zero past Dv.
+fn doload4(base: u32, t4: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    var r = vec4<f32>(0.0);
+    for (var c = 0u; c < 4u; c++) {
+        if d + c < p.head_dim_v {
+            r[c] = f32(d_out[base + d + c]);
+        }
+    }
+    return r;
+}
+
+fn do_base(hd: Head, i: u32) -> u32 {
+    return hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
+}
+
+fn q_base(hd: Head, i: u32) -> u32 {
+    return hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
+}
+
+fn lse_at(hd: Head, i: u32) -> f32 {
+    return lse[(hd.b * p.heads_q + hd.h) * p.len_q + i];
+}
+
+fn delta_at(hd: Head, i: u32) -> f32 {
+    return scores[(hd.b * p.heads_q + hd.h) * p.len_q + i];
+}
+
+// P = exp(s - lse), 0 where s is masked (which covers rows that saw no key: their
+// lse is -inf, and so is every score).
+fn probs_of(s: vec4<f32>, lse4: vec4<f32>) -> vec4<f32> {
+    let masked = bitcast<vec4<u32>>(s) == vec4<u32>(NEG_INF_BITS);
+    return select(exp(s - lse4), vec4<f32>(0.0), masked);
+}
+
+// d softcap(x) / dx = 1 - (softcap(x) / cap)², 1 without a cap.
+fn cap_slope(x: vec4<f32>) -> vec4<f32> {
+    if p.softcap == 0.0 {
+        return vec4<f32>(1.0);
+    }
+    let t = soft_cap(x) / p.softcap;
+    return vec4<f32>(1.0) - t * t;
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn bwd_delta(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let i = gid.x;
+    if i >= p.len_q {
+        return;
+    }
+    let hd = head_of(p.bh_start + wid.y);
+    let o = do_base(hd, i);
+    var sum = 0.0;
+    for (var c = 0u; c < p.head_dim_v; c++) {
+        sum += f32(d_out[o + c]) * f32(output[o + c]);
+    }
+    scores[(hd.b * p.heads_q + hd.h) * p.len_q + i] = sum;
+}
+
+@compute @workgroup_size(ROWS, 1, 1)
+fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let hd = head_of(p.bh_start + wid.y);
+    let row = wid.x * ROWS + lid.x;
+    let i = min(row, p.len_q - 1u);
+    let d4 = (p.head_dim + 3u) / 4u;
+    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let qb = q_base(hd, i);
+    for (var t = 0u; t < d4; t++) {
+        row_a[t] = qload4(qb, t);
+        acc_a[t] = vec4<f32>(0.0);
+    }
+    let ob = do_base(hd, i);
+    for (var t = 0u; t < dv4; t++) {
+        row_b[t] = doload4(ob, t);
+    }
+    let lse4 = vec4<f32>(lse_at(hd, i));
+    let delta = delta_at(hd, i);
+    let start = vec4<u32>(key_start(hd.b, i));
+    let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
+    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
+    let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
+    // The workgroup's rows walk the same keys: from its first row's first key to the
+    // last key its last row sees (uniform bounds, as the forward's).
+    let row0 = wid.x * ROWS;
+    let first = block_key_begin(hd.b, min(row0, p.len_q - 1u));
+    let last = min(key_end(hd.b, min(row0 + ROWS - 1u, p.len_q - 1u)), p.key_stop);
+    for (var j0 = first; j0 < last; j0 += 4u) {
+        let kr = row_offsets(true, hd.b, k_base, j0);
+        var x = vec4<f32>(0.0);
+        for (var t = 0u; t < d4; t++) {
+            let qt = row_a[t];
+            x += vec4<f32>(
+                dot(qt, load4(true, kr.x, t, p.head_dim)),
+                dot(qt, load4(true, kr.y, t, p.head_dim)),
+                dot(qt, load4(true, kr.z, t, p.head_dim)),
+                dot(qt, load4(true, kr.w, t, p.head_dim)),
+            );
+        }
+        x *= p.scale;
+        let keys = keys4(j0);
+        let s = apply_masks(x, hd.b, vec4<u32>(hd.h), vec4<u32>(i), keys, in_key_range(keys, start, end), mask_words_of_keys(hd.b, hd.h, i, j0));
+        let pr = probs_of(s, lse4);
+        let vr = row_offsets(false, hd.b, v_base, j0);
+        var dp = vec4<f32>(0.0);
+        for (var t = 0u; t < dv4; t++) {
+            let dot_t = row_b[t];
+            dp += vec4<f32>(
+                dot(dot_t, load4(false, vr.x, t, p.head_dim_v)),
+                dot(dot_t, load4(false, vr.y, t, p.head_dim_v)),
+                dot(dot_t, load4(false, vr.z, t, p.head_dim_v)),
+                dot(dot_t, load4(false, vr.w, t, p.head_dim_v)),
+            );
+        }
+        let dx = pr * (dp - vec4<f32>(delta)) * cap_slope(x) * p.scale;
+        for (var t = 0u; t < d4; t++) {
+            acc_a[t] += dx.x * load4(true, kr.x, t, p.head_dim) + dx.y * load4(true, kr.y, t, p.head_dim)
+                + dx.z * load4(true, kr.z, t, p.head_dim) + dx.w * load4(true, kr.w, t, p.head_dim);
+        }
+    }
+    if row >= p.len_q {
+        return;
+    }
+    for (var t = 0u; t < d4; t++) {
+        for (var c = 0u; c < 4u; c++) {
+            let d = t * 4u + c;
+            if d < p.head_dim {
+                var value = acc_a[t][c];
+                if p.key_begin != 0u {
+                    value += f32(dq[qb + d]);
+                }
+                dq[qb + d] = elem(value);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(ROWS, 1, 1)
+fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    // wid.y counts (batch, kv head) pairs.
+    let b = wid.y / p.heads_kv;
+    let hk = wid.y % p.heads_kv;
+    let key = wid.x * ROWS + lid.x;
+    let j = min(key, p.len_k - 1u);
+    let d4 = (p.head_dim + 3u) / 4u;
+    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let kb = b * p.k_stride_b + hk * p.k_stride_h + kv_offset(true, b, j);
+    let vb = b * p.v_stride_b + hk * p.v_stride_h + kv_offset(false, b, j);
+    for (var t = 0u; t < d4; t++) {
+        row_a[t] = load4(true, kb, t, p.head_dim);
+        acc_a[t] = vec4<f32>(0.0);
+    }
+    for (var t = 0u; t < dv4; t++) {
+        row_b[t] = load4(false, vb, t, p.head_dim_v);
+        acc_b[t] = vec4<f32>(0.0);
+    }
+    let group = p.heads_q / p.heads_kv;
+    let keys = vec4<u32>(j);
+    let last = p.len_q - 1u;
+    for (var g = 0u; g < group; g++) {
+        let hd = Head(b, hk * group + g, hk);
+        for (var i0 = p.key_begin; i0 < p.key_stop; i0 += 4u) {
+            let rows = min(vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+            let real = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.key_stop);
+            let q0 = q_base(hd, rows.x);
+            let q1 = q_base(hd, rows.y);
+            let q2 = q_base(hd, rows.z);
+            let q3 = q_base(hd, rows.w);
+            var x = vec4<f32>(0.0);
+            for (var t = 0u; t < d4; t++) {
+                let kt = row_a[t];
+                x += vec4<f32>(dot(qload4(q0, t), kt), dot(qload4(q1, t), kt), dot(qload4(q2, t), kt), dot(qload4(q3, t), kt));
+            }
+            x *= p.scale;
+            let in_range = in_key_range(keys, key_starts(b, rows), key_ends(b, rows)) & real;
+            let s = apply_masks(x, b, vec4<u32>(hd.h), rows, keys, in_range, mask_words_of_rows(b, hd.h, rows, j));
+            let lse4 = vec4<f32>(lse_at(hd, rows.x), lse_at(hd, rows.y), lse_at(hd, rows.z), lse_at(hd, rows.w));
+            let pr = probs_of(s, lse4);
+            let o0 = do_base(hd, rows.x);
+            let o1 = do_base(hd, rows.y);
+            let o2 = do_base(hd, rows.z);
+            let o3 = do_base(hd, rows.w);
+            var dp = vec4<f32>(0.0);
+            for (var t = 0u; t < dv4; t++) {
+                let a = doload4(o0, t);
+                let bb = doload4(o1, t);
+                let c = doload4(o2, t);
+                let e = doload4(o3, t);
+                let vt = row_b[t];
+                dp += vec4<f32>(dot(a, vt), dot(bb, vt), dot(c, vt), dot(e, vt));
+                acc_b[t] += pr.x * a + pr.y * bb + pr.z * c + pr.w * e;
+            }
+            let delta4 = vec4<f32>(delta_at(hd, rows.x), delta_at(hd, rows.y), delta_at(hd, rows.z), delta_at(hd, rows.w));
+            let dx = pr * (dp - delta4) * cap_slope(x) * p.scale;
+            for (var t = 0u; t < d4; t++) {
+                acc_a[t] += dx.x * qload4(q0, t) + dx.y * qload4(q1, t) + dx.z * qload4(q2, t) + dx.w * qload4(q3, t);
+            }
+        }
+    }
+    if key >= p.len_k {
+        return;
+    }
+    for (var t = 0u; t < d4; t++) {
+        for (var c = 0u; c < 4u; c++) {
+            let d = t * 4u + c;
+            if d < p.head_dim {
+                var value = acc_a[t][c];
+                if p.key_begin != 0u {
+                    value += f32(dk[kb + d]);
+                }
+                dk[kb + d] = elem(value);
+            }
+        }
+    }
+    for (var t = 0u; t < dv4; t++) {
+        for (var c = 0u; c < 4u; c++) {
+            let d = t * 4u + c;
+            if d < p.head_dim_v {
+                var value = acc_b[t][c];
+                if p.key_begin != 0u {
+                    value += f32(dv[vb + d]);
+                }
+                dv[vb + d] = elem(value);
+            }
+        }
+    }
+}
