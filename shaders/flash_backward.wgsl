@@ -21,6 +21,9 @@
 // accumulated in f32.
 
 @group(0) @binding(13) var<storage, read> d_out: array<elem>;
+// The forward's output, read only (attention_common.wgsl's `output` is read-write, and
+// a buffer bound both ways in one dispatch is refused: dO may be O's own buffer).
+@group(0) @binding(17) var<storage, read> o_in: array<elem>;
 @group(0) @binding(14) var<storage, read_write> dq: array<elem>;
 @group(0) @binding(15) var<storage, read_write> dk: array<elem>;
 @group(0) @binding(16) var<storage, read_write> dv: array<elem>;
@@ -87,7 +90,7 @@ fn bwd_delta(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_i
     let o = do_base(hd, i);
     var sum = 0.0;
     for (var c = 0u; c < p.head_dim_v; c++) {
-        sum += f32(d_out[o + c]) * f32(output[o + c]);
+        sum += f32(d_out[o + c]) * f32(o_in[o + c]);
     }
     scores[(hd.b * p.heads_q + hd.h) * p.len_q + i] = sum;
 }

@@ -40,7 +40,7 @@ const fn backward_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel 
 }
 
 /// `D_i = dO_i · O_i`.
-pub const DELTA: Kernel = backward_kernel("bwd_delta", &[Slot::Params, Slot::Output, Slot::Scores, Slot::DOut]);
+pub const DELTA: Kernel = backward_kernel("bwd_delta", &[Slot::Params, Slot::Scores, Slot::DOut, Slot::ForwardOut]);
 /// dQ: one query row per invocation.
 pub const DQ: Kernel = backward_kernel(
     "bwd_dq",
@@ -188,7 +188,7 @@ pub fn encode_sdpa_backward(
                     Slot::Q => q.buffer(),
                     Slot::K => k.buffer(),
                     Slot::V => v.buffer(),
-                    Slot::Output => out.buffer(),
+                    Slot::ForwardOut => out.buffer(),
                     Slot::Mask => &mask,
                     Slot::SideWords => &side,
                     Slot::Scores => &delta,

@@ -8,7 +8,7 @@ pub use crate::bench_cases::{BenchCase, Suite};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::options::KernelChoice;
+use crate::options::{AttentionOptions, KernelChoice};
 use crate::problem::AttentionShape;
 use crate::reference;
 use crate::tensor::{DType, Layout, Tensor};
@@ -25,6 +25,9 @@ pub enum BenchKernel {
     Decode,
     /// The crate's f64 CPU reference (single-threaded).
     CpuReference,
+    /// The backward pass (dQ, dK, dV from the fused forward's output and lse), its
+    /// FLOPs counted as FlashAttention-2 does: 2.5 times the forward's.
+    Backward,
 }
 
 impl BenchKernel {
@@ -35,6 +38,8 @@ impl BenchKernel {
             "decode" => vec![BenchKernel::Decode],
             "decode+fused" => vec![BenchKernel::Decode, BenchKernel::Fused],
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
+            "backward" => vec![BenchKernel::Backward],
+            "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
             "both" => vec![BenchKernel::Fused, BenchKernel::Materialized],
             "all" => vec![BenchKernel::Fused, BenchKernel::Materialized, BenchKernel::CpuReference],
             _ => return None,
@@ -97,9 +102,14 @@ pub fn run_kernel(
     probe: &Probe,
 ) -> Result<BenchRow> {
     let (name, outcome) = time_kernel(ctx, case, kernel, reps)?;
+    let flops = if kernel == BenchKernel::Backward {
+        2.5 * case.flops()
+    } else {
+        case.flops()
+    };
     let outcome = match outcome {
         Ok((timing, allocated_bytes)) => {
-            let gf = gflops(case.flops(), timing.median);
+            let gf = gflops(flops, timing.median);
             let seconds = timing.median.as_secs_f64();
             let gbps = case.compulsory_bytes() / seconds / 1e9;
             let tokens = (case.shape.batch * case.shape.len_q) as f64;
@@ -164,6 +174,40 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 reference::attention(&q, &k, &v, &shape, &options).map(|_| ())
             })?;
             Ok((name, Ok((timing, None))))
+        }
+        BenchKernel::Backward => {
+            let name = "backward".to_string();
+            let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
+                Ok(inputs) => inputs,
+                Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {
+                    return Ok((name, Err(format!("refused: {e}"))))
+                }
+                Err(e) => return Err(e),
+            };
+            let options = AttentionOptions {
+                need_lse: true,
+                ..case.options(KernelChoice::Fused)
+            };
+            let forward = crate::attention::sdpa(ctx, &q, &k, &v, &options)?;
+            let lse = forward
+                .lse
+                .as_ref()
+                .ok_or_else(|| Error::invalid("backward bench", "no lse"))?;
+            // dO: the output itself (any values do; the timing does not depend on them).
+            let d_out = &forward.out;
+            let before = ctx.allocated_bytes();
+            let timed = time_gpu(ctx, reps, |encoder| {
+                crate::backward::encode_sdpa_backward(ctx, encoder, &q, &k, &v, &forward.out, lse, d_out, &options)
+                    .map(|_| ())
+            });
+            let calls = reps.max(1) as u64 + 2;
+            match timed {
+                Ok(timing) => Ok((name, Ok((timing, Some((ctx.allocated_bytes() - before) / calls))))),
+                Err(e @ (Error::LimitExceeded { .. } | Error::Unsupported { .. })) => {
+                    Ok((name, Err(format!("refused: {e}"))))
+                }
+                Err(e) => Err(e),
+            }
         }
         BenchKernel::Fused | BenchKernel::Materialized | BenchKernel::Decode => {
             let choice = match kernel {

@@ -40,7 +40,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "both")]
     dtype: String,
     /// fused, materialized, decode, decode+fused, cpu (the f64 reference), both (fused +
-    /// materialized) or all.
+    /// materialized), all, backward, or fused+backward (the backward pass beside the
+    /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does).
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -149,7 +150,7 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both or all",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward or fused+backward",
                 args.kernel
             ))
         })?;

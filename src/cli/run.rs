@@ -5,8 +5,8 @@ use super::output;
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use wgpu_attention::{
-    resolve_kernel, sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice,
-    Layout, Mask, Precision, Tensor, Window,
+    resolve_kernel, sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType,
+    FusedTiling, KernelChoice, Layout, Mask, Precision, Tensor, Window,
 };
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -118,6 +118,20 @@ pub struct RunArgs {
     /// Also write the log-sum-exp per row [B, Hq, Lq].
     #[arg(long)]
     lse_out: Option<PathBuf>,
+    /// The backward pass: the output's gradient dO (the output's shape and layout);
+    /// writes the gradients named by --dq-out, --dk-out and --dv-out (float32, each in
+    /// its input's layout).
+    #[arg(long, requires = "dq_out", requires = "dk_out", requires = "dv_out")]
+    d_out: Option<PathBuf>,
+    /// With --d-out: where dQ goes.
+    #[arg(long, requires = "d_out")]
+    dq_out: Option<PathBuf>,
+    /// With --d-out: where dK goes (summed over the query heads sharing a kv head).
+    #[arg(long, requires = "d_out")]
+    dk_out: Option<PathBuf>,
+    /// With --d-out: where dV goes.
+    #[arg(long, requires = "d_out")]
+    dv_out: Option<PathBuf>,
 }
 
 /// A 4-D float input read on the host, before it goes to the GPU.
@@ -279,7 +293,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
         precision: args.precision,
         need_weights: args.weights_out.is_some(),
         average_weights: args.average_weights,
-        need_lse: args.lse_out.is_some(),
+        need_lse: args.lse_out.is_some() || args.d_out.is_some(),
         ..args.masks.options(batch)?
     })
 }
@@ -288,6 +302,9 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     let outputs: Vec<&std::path::Path> = std::iter::once(&args.out)
         .chain(&args.weights_out)
         .chain(&args.lse_out)
+        .chain(&args.dq_out)
+        .chain(&args.dk_out)
+        .chain(&args.dv_out)
         .map(|p| p.as_path())
         .collect();
     output::check_outputs(&outputs, true)?;
@@ -301,6 +318,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|path| HostInput::read(path))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+    let d_out = args.d_out.as_ref().map(|path| HostInput::read(path)).transpose()?;
     let [qh, kh, vh] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.logical_shape(layout));
     let options = options_from(args, qh[0])?;
     let shape = AttentionShape::from_qkv(qh, kh, vh)?;
@@ -316,10 +334,21 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         None
     };
     if let Some(why) = why {
-        inputs.iter().try_for_each(|h| h.check_f16_range(why))?;
+        inputs.iter().chain(&d_out).try_for_each(|h| h.check_f16_range(why))?;
+    }
+    if let Some(d) = &d_out {
+        let want = shape.out_shape();
+        if d.logical_shape(layout) != want {
+            return Err(CliError::bad(format!(
+                "{}: dO must have the output's shape {want:?} ({:?} layout), got {:?}",
+                d.path.display(),
+                layout,
+                d.logical_shape(layout)
+            )));
+        }
     }
     // An additive mask holds no NaN or +inf (Mask::additive refuses them).
-    let inputs_finite = inputs.iter().all(HostInput::all_finite);
+    let inputs_finite = inputs.iter().chain(&d_out).all(HostInput::all_finite);
     let [q, k, v] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.upload(&ctx, layout, dtype));
     let (q, k, v) = (q?, k?, v?);
     let started = std::time::Instant::now();
@@ -342,6 +371,21 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     }
     if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
         files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));
+    }
+    if let (Some(d), Some(lse)) = (&d_out, &result.lse) {
+        let d = d.upload(&ctx, layout, dtype)?;
+        let g = sdpa_backward(&ctx, &q, &k, &v, &result.out, lse, &d, &options)?;
+        let paths = [&args.dq_out, &args.dk_out, &args.dv_out];
+        for (path, t) in paths.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
+            let values = t.to_f32_vec(&ctx)?;
+            check_finite_output(&values, inputs_finite)?;
+            if let Some(path) = path {
+                files.push((
+                    path.as_path(),
+                    npy::encode_f32(&layout.memory_shape(t.shape()), &values)?,
+                ));
+            }
+        }
     }
     output::write_all(&files)?;
     // On stderr, so `--out -` keeps standard output for the array.

@@ -284,6 +284,8 @@ pub enum Slot {
     DQ = 14,
     DK = 15,
     DV = 16,
+    /// The forward's output, read only (`flash_backward.wgsl`'s `o_in`).
+    ForwardOut = 17,
 }
 
 impl Slot {
@@ -307,6 +309,7 @@ impl Slot {
             Slot::DQ => "dq",
             Slot::DK => "dk",
             Slot::DV => "dv",
+            Slot::ForwardOut => "o_in",
         }
     }
 }
@@ -330,7 +333,7 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
-                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV => {
+                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV | Slot::ForwardOut => {
                         return Err(Error::invalid(
                             "attention bindings",
                             "the backward pass binds its gradients itself",
