@@ -12,8 +12,9 @@
 //
 //   bwd_delta: one invocation per query row: D_i into `scores` ([B·Hq·Lq] f32).
 //   bwd_dkdv: one invocation per key of one (batch, kv head): walks the query rows
-//     p.key_begin .. p.key_stop (rows, in this pass) of each query head sharing it, in
-//     blocks of 4 rows, and writes dK_j and dV_j (adding what an earlier dispatch over
+//     of p.key_begin .. p.key_stop (rows, in this pass) that can see any of its
+//     workgroup's keys (causal, window, key lengths), of each query head sharing it,
+//     in blocks of 4 rows, and writes dK_j and dV_j (adding what an earlier dispatch over
 //     earlier rows left, when p.key_begin > 0: llvmpipe's loop cap splits long ranges).
 //   bwd_dq: one invocation per query row: walks keys p.key_begin .. p.key_stop in
 //     blocks of 4 and writes dQ_i (resuming likewise).
@@ -39,6 +40,9 @@ var<private> acc_b: array<vec4<f32>, MAX_VEC4>; // dV
 // Four consecutive elements of a dO row (laid out as the output), zero past Dv.
 fn doload4(base: u32, t4: u32) -> vec4<f32> {
     let d = t4 * 4u;
+    if d + 3u < p.head_dim_v {
+        return vec4<f32>(f32(d_out[base + d]), f32(d_out[base + d + 1u]), f32(d_out[base + d + 2u]), f32(d_out[base + d + 3u]));
+    }
     var r = vec4<f32>(0.0);
     for (var c = 0u; c < 4u; c++) {
         if d + c < p.head_dim_v {
@@ -46,6 +50,44 @@ fn doload4(base: u32, t4: u32) -> vec4<f32> {
         }
     }
     return r;
+}
+
+// Four consecutive elements of a Q row, zero past D (attention_common.wgsl's qload4
+// with a fast path for whole vec4s).
+fn qrow4(base: u32, t4: u32) -> vec4<f32> {
+    let d = t4 * 4u;
+    if d + 3u < p.head_dim {
+        return vec4<f32>(f32(q[base + d]), f32(q[base + d + 1u]), f32(q[base + d + 2u]), f32(q[base + d + 3u]));
+    }
+    return qload4(base, t4);
+}
+
+// The query rows of this dispatch's range (p.key_begin .. p.key_stop in this pass)
+// that can see any key of first_key .. last_key of batch element b: key_start and
+// key_end grow with the row, so binary searches find the first row whose range ends
+// past first_key and the last whose range starts at or before last_key.
+fn rows_seeing(b: u32, first_key: u32, last_key: u32) -> vec2<u32> {
+    var lo = p.key_begin;
+    var hi = p.key_stop;
+    while lo < hi {
+        let mid = (lo + hi) / 2u;
+        if key_end(b, mid) > first_key {
+            hi = mid;
+        } else {
+            lo = mid + 1u;
+        }
+    }
+    let begin = lo;
+    hi = p.key_stop;
+    while lo < hi {
+        let mid = (lo + hi) / 2u;
+        if key_start(b, mid) <= last_key {
+            lo = mid + 1u;
+        } else {
+            hi = mid;
+        }
+    }
+    return vec2<u32>(begin, lo);
 }
 
 fn do_base(hd: Head, i: u32) -> u32 {
@@ -104,7 +146,7 @@ fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     let dv4 = (p.head_dim_v + 3u) / 4u;
     let qb = q_base(hd, i);
     for (var t = 0u; t < d4; t++) {
-        row_a[t] = qload4(qb, t);
+        row_a[t] = qrow4(qb, t);
         acc_a[t] = vec4<f32>(0.0);
     }
     let ob = do_base(hd, i);
@@ -194,29 +236,33 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     let group = p.heads_q / p.heads_kv;
     let keys = vec4<u32>(j);
     let last = p.len_q - 1u;
+    // The rows any key of this workgroup is visible to (uniform bounds: from the
+    // workgroup id alone).
+    let first_key = wid.x * ROWS;
+    let rows = rows_seeing(b, first_key, min(first_key + ROWS, p.len_k) - 1u);
     for (var g = 0u; g < group; g++) {
         let hd = Head(b, hk * group + g, hk);
-        for (var i0 = p.key_begin; i0 < p.key_stop; i0 += 4u) {
-            let rows = min(vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
-            let real = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.key_stop);
-            let q0 = q_base(hd, rows.x);
-            let q1 = q_base(hd, rows.y);
-            let q2 = q_base(hd, rows.z);
-            let q3 = q_base(hd, rows.w);
+        for (var i0 = rows.x; i0 < rows.y; i0 += 4u) {
+            let r4 = min(vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+            let real = vec4<u32>(i0) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(rows.y);
+            let q0 = q_base(hd, r4.x);
+            let q1 = q_base(hd, r4.y);
+            let q2 = q_base(hd, r4.z);
+            let q3 = q_base(hd, r4.w);
             var x = vec4<f32>(0.0);
             for (var t = 0u; t < d4; t++) {
                 let kt = row_a[t];
-                x += vec4<f32>(dot(qload4(q0, t), kt), dot(qload4(q1, t), kt), dot(qload4(q2, t), kt), dot(qload4(q3, t), kt));
+                x += vec4<f32>(dot(qrow4(q0, t), kt), dot(qrow4(q1, t), kt), dot(qrow4(q2, t), kt), dot(qrow4(q3, t), kt));
             }
             x *= p.scale;
-            let in_range = in_key_range(keys, key_starts(b, rows), key_ends(b, rows)) & real;
-            let s = apply_masks(x, b, vec4<u32>(hd.h), rows, keys, in_range, mask_words_of_rows(b, hd.h, rows, j));
-            let lse4 = vec4<f32>(lse_at(hd, rows.x), lse_at(hd, rows.y), lse_at(hd, rows.z), lse_at(hd, rows.w));
+            let in_range = in_key_range(keys, key_starts(b, r4), key_ends(b, r4)) & real;
+            let s = apply_masks(x, b, vec4<u32>(hd.h), r4, keys, in_range, mask_words_of_rows(b, hd.h, r4, j));
+            let lse4 = vec4<f32>(lse_at(hd, r4.x), lse_at(hd, r4.y), lse_at(hd, r4.z), lse_at(hd, r4.w));
             let pr = probs_of(s, lse4);
-            let o0 = do_base(hd, rows.x);
-            let o1 = do_base(hd, rows.y);
-            let o2 = do_base(hd, rows.z);
-            let o3 = do_base(hd, rows.w);
+            let o0 = do_base(hd, r4.x);
+            let o1 = do_base(hd, r4.y);
+            let o2 = do_base(hd, r4.z);
+            let o3 = do_base(hd, r4.w);
             var dp = vec4<f32>(0.0);
             for (var t = 0u; t < dv4; t++) {
                 let a = doload4(o0, t);
@@ -227,10 +273,10 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
                 dp += vec4<f32>(dot(a, vt), dot(bb, vt), dot(c, vt), dot(e, vt));
                 acc_b[t] += pr.x * a + pr.y * bb + pr.z * c + pr.w * e;
             }
-            let delta4 = vec4<f32>(delta_at(hd, rows.x), delta_at(hd, rows.y), delta_at(hd, rows.z), delta_at(hd, rows.w));
+            let delta4 = vec4<f32>(delta_at(hd, r4.x), delta_at(hd, r4.y), delta_at(hd, r4.z), delta_at(hd, r4.w));
             let dx = pr * (dp - delta4) * cap_slope(x) * p.scale;
             for (var t = 0u; t < d4; t++) {
-                acc_a[t] += dx.x * qload4(q0, t) + dx.y * qload4(q1, t) + dx.z * qload4(q2, t) + dx.w * qload4(q3, t);
+                acc_a[t] += dx.x * qrow4(q0, t) + dx.y * qrow4(q1, t) + dx.z * qrow4(q2, t) + dx.w * qrow4(q3, t);
             }
         }
     }

@@ -161,13 +161,16 @@ pub fn backward_dq_iterations(s: &AttentionShape, keys: usize) -> u64 {
 /// `flash_backward.wgsl`'s dK/dV pass over `rows` query rows of each of the group's
 /// query heads. Per block of 4 rows: the block, the score dots (4 qload4 of 5 trips
 /// each per vec4), the dP dots and dV update (4 doload4 per vec4) and the dK update (4
-/// qload4 per vec4). Around it: the K and V rows, the group loop, the stores.
+/// qload4 per vec4). Around it: the two searches for the rows the keys are visible to,
+/// the K and V rows, the group loop, the stores.
 pub fn backward_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
     let blocks = rows.div_ceil(4) as u64;
     let group = (s.heads_q / s.heads_kv.max(1)) as u64;
     let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
     let per_block = 1 + (d4 * 21 + 1) + (dv4 * 21 + 1) + (d4 * 21 + 1);
-    1 + group * (1 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
+    // Two binary searches for the rows the workgroup's keys are visible to.
+    let searches = 2 * (u64::from(usize::BITS - rows.leading_zeros()) + 2);
+    1 + searches + group * (1 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
 }
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
