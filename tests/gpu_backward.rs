@@ -1,158 +1,38 @@
-//! The backward pass (issue 39) against the f64 reference gradients: random shapes and
-//! every option with a gradient meaning, GQA, both layouts, f32 and f16, long ranges
-//! split under a loop cap, and bitwise repeatability.
+//! The backward pass (issue 39) against the f64 reference gradients with the bound of
+//! docs/design.md ("Backward", `check::run_backward_case`): random shapes and every
+//! option with a gradient meaning, GQA, both layouts, f32 and f16, long ranges split
+//! under a loop cap, and bitwise repeatability.
 
 mod common;
 
-use half::f16;
-use wgpu_attention::check::{random_additive_mask, random_bool_mask, Rng};
-use wgpu_attention::reference::{attention_backward, ReferenceGradients};
+use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, CheckCase, Rng};
 use wgpu_attention::{
-    relayout, sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Layout, Tensor,
-    Window,
+    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Layout, Tensor, Window,
 };
 
-/// Inputs drawn from [-1, 1) (rounded to f16 for f16 runs, so the reference sees what
-/// the GPU sees), BHSD.
-struct Inputs {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    d_out: Vec<f32>,
-}
-
-fn draw(rng: &mut Rng, s: &AttentionShape, dtype: DType) -> Inputs {
-    let mut make = |n: usize| {
-        let x = rng.vec(n, -1.0, 1.0);
-        match dtype {
-            DType::F32 => x,
-            DType::F16 => x.into_iter().map(|x| f16::from_f32(x).to_f32()).collect(),
-        }
-    };
-    Inputs {
-        q: make(s.batch * s.heads_q * s.len_q * s.head_dim),
-        k: make(s.batch * s.heads_kv * s.len_k * s.head_dim),
-        v: make(s.batch * s.heads_kv * s.len_k * s.head_dim_v),
-        d_out: make(s.batch * s.heads_q * s.len_q * s.head_dim_v),
-    }
-}
-
-/// The GPU gradients (BHSD f32) for inputs in `layout`.
-fn gpu_gradients(
-    ctx: &Context,
-    s: &AttentionShape,
-    x: &Inputs,
-    options: &AttentionOptions,
-    dtype: DType,
-    layout: Layout,
-) -> [Vec<f32>; 3] {
-    let upload = |data: &[f32], shape: [usize; 4]| {
-        Tensor::from_f32_as(ctx, shape, layout, dtype, &relayout(data, shape, Layout::Bhsd, layout)).expect("upload")
-    };
-    let [qs, ks, vs, os] = [
-        [s.batch, s.heads_q, s.len_q, s.head_dim],
-        [s.batch, s.heads_kv, s.len_k, s.head_dim],
-        [s.batch, s.heads_kv, s.len_k, s.head_dim_v],
-        s.out_shape(),
-    ];
-    let (q, k, v, d_out) = (
-        upload(&x.q, qs),
-        upload(&x.k, ks),
-        upload(&x.v, vs),
-        upload(&x.d_out, os),
+fn assert_passes(ctx: &Context, case: CheckCase) {
+    let outcome = run_backward_case(ctx, &case).unwrap_or_else(|e| panic!("seed {}: {e}", case.seed));
+    assert!(
+        outcome.passed,
+        "seed {} {:?} {:?} {:?} {:?}: {}",
+        case.seed,
+        case.shape,
+        case.dtype,
+        case.layout,
+        case.options,
+        outcome.summary()
     );
-    let forward = sdpa(
-        ctx,
-        &q,
-        &k,
-        &v,
-        &AttentionOptions {
-            need_lse: true,
-            ..options.clone()
-        },
-    )
-    .expect("forward");
-    let lse = forward.lse.expect("lse");
-    let g = sdpa_backward(ctx, &q, &k, &v, &forward.out, &lse, &d_out, options).expect("backward");
-    let back = |t: &Tensor, shape: [usize; 4]| relayout(&t.to_f32_vec(ctx).expect("read"), shape, layout, Layout::Bhsd);
-    [back(&g.dq, qs), back(&g.dk, ks), back(&g.dv, vs)]
 }
 
-/// Largest |x|.
-fn max_abs(x: &[f32]) -> f64 {
-    x.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
-}
-
-/// The magnitudes each gradient's rounding errors scale with (docs/design.md,
-/// "Backward"): the terms before they cancel. With A = Dv·max|dO|·max|v| (a bound on
-/// |dP| and on |D|) and P's column sums c_j = Σ_i P_ij over the query rows and heads
-/// that see key j: dQ ~ scale·max|k|·2A, dK ~ scale·max|q|·2A·max c, dV ~ max|dO|·max c.
-fn magnitudes(x: &Inputs, s: &AttentionShape, options: &AttentionOptions) -> [f64; 3] {
-    let forward = wgpu_attention::reference::attention(&x.q, &x.k, &x.v, s, options).expect("forward");
-    let group = s.heads_q / s.heads_kv;
-    let mut column = vec![0.0f64; s.batch * s.heads_kv * s.len_k];
-    for (at, p) in forward.weights.iter().enumerate() {
-        let j = at % s.len_k;
-        let h = at / (s.len_q * s.len_k) % s.heads_q;
-        let b = at / (s.heads_q * s.len_q * s.len_k);
-        column[(b * s.heads_kv + h / group) * s.len_k + j] += p;
-    }
-    let c = column.iter().fold(0.0f64, |m, &v| m.max(v));
-    let a = s.head_dim_v as f64 * max_abs(&x.d_out) * max_abs(&x.v);
-    let scale = f64::from(s.scale(options));
-    [
-        scale * max_abs(&x.k) * 2.0 * a,
-        scale * max_abs(&x.q) * 2.0 * a * c,
-        max_abs(&x.d_out) * c,
-    ]
-}
-
-/// Every gradient within `rel` times its magnitude.
-fn assert_close(got: &[Vec<f32>; 3], want: &ReferenceGradients, magnitude: [f64; 3], dtype: DType, what: &str) {
-    let rel = match dtype {
-        DType::F32 => 1e-6,
-        DType::F16 => 2e-3,
-    };
-    for (n, (name, g, w)) in [
-        ("dq", &got[0], &want.dq),
-        ("dk", &got[1], &want.dk),
-        ("dv", &got[2], &want.dv),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (mut worst, mut at) = (0.0f64, 0);
-        for (i, (a, b)) in g.iter().zip(w).enumerate() {
-            assert!(a.is_finite(), "{what} {name}[{i}] = {a}");
-            let e = (f64::from(*a) - b).abs();
-            if e > worst {
-                (worst, at) = (e, i);
-            }
-        }
-        let bound = rel * magnitude[n].max(1e-30);
-        eprintln!("{name}: error / magnitude {:.3e}", worst / magnitude[n].max(1e-30));
-        assert!(
-            worst <= bound,
-            "{what} {name}: max abs error {worst:.3e} at {at} (got {}, want {}), bound {bound:.3e}",
-            g[at],
-            w[at],
-        );
-    }
-}
-
-fn run_case(ctx: &Context, s: AttentionShape, options: AttentionOptions, dtype: DType, layout: Layout, seed: u64) {
-    let mut rng = Rng::new(seed);
-    let x = draw(&mut rng, &s, dtype);
-    let want = attention_backward(&x.q, &x.k, &x.v, &x.d_out, &s, &options).expect("reference");
-    let got = gpu_gradients(ctx, &s, &x, &options, dtype, layout);
-    let magnitude = magnitudes(&x, &s, &options);
-    assert_close(
-        &got,
-        &want,
-        magnitude,
+fn case(shape: AttentionShape, options: AttentionOptions, dtype: DType, layout: Layout, seed: u64) -> CheckCase {
+    CheckCase {
+        shape,
+        options,
         dtype,
-        &format!("seed {seed} {s:?} {dtype:?} {layout:?} {options:?}"),
-    );
+        layout,
+        seed,
+        range: 1.0,
+    }
 }
 
 #[test]
@@ -203,12 +83,13 @@ fn gradients_match_the_reference_across_shapes_options_and_dtypes() {
                     // Key length 0 for the first batch element: rows with no visible
                     // key get zero gradients.
                     key_lengths: Some((0..b).map(|i| if i == 0 { 0 } else { lk as u32 }).collect()),
+                    align_to_key_lengths: seed % 2 == 0,
                     ..Default::default()
                 },
             };
             let dtype = if seed % 3 == 0 { DType::F16 } else { DType::F32 };
             let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
-            run_case(ctx, s, options, dtype, layout, seed);
+            assert_passes(ctx, case(s, options, dtype, layout, seed));
         }
     }
 }
@@ -217,32 +98,42 @@ fn gradients_match_the_reference_across_shapes_options_and_dtypes() {
 fn long_ranges_split_under_a_loop_cap_give_the_same_gradients() {
     // Both walks split into several dispatches that add to the previous sums.
     let Some(ctx) = common::capped_ctx() else { return };
+    let options = AttentionOptions {
+        causal: Some(CausalAlignment::BottomRight),
+        ..Default::default()
+    };
     let s = AttentionShape::new(1, 4, 2, 300, 280, 64, 64);
-    run_case(
-        ctx,
-        s,
-        AttentionOptions {
-            causal: Some(CausalAlignment::BottomRight),
-            ..Default::default()
-        },
-        DType::F32,
-        Layout::Bhsd,
-        3990,
-    );
+    assert_passes(ctx, case(s, options, DType::F32, Layout::Bhsd, 3990));
 }
 
 #[test]
 fn gradients_repeat_bit_for_bit() {
     let Some(ctx) = common::ctx() else { return };
     let s = AttentionShape::new(2, 4, 2, 50, 70, 32, 32);
-    let x = draw(&mut Rng::new(3991), &s, DType::F32);
+    let mut rng = Rng::new(3991);
+    let mut upload = |shape: [usize; 4]| {
+        let data = rng.vec(shape.iter().product(), -1.0, 1.0);
+        Tensor::from_f32(ctx, shape, Layout::Bhsd, &data).expect("upload")
+    };
+    let q = upload([2, 4, 50, 32]);
+    let k = upload([2, 2, 70, 32]);
+    let v = upload([2, 2, 70, 32]);
+    let d_out = upload([2, 4, 50, 32]);
     let options = AttentionOptions {
         causal: Some(CausalAlignment::TopLeft),
+        need_lse: true,
         ..Default::default()
     };
-    let first = gpu_gradients(ctx, &s, &x, &options, DType::F32, Layout::Bhsd);
+    let forward = sdpa(ctx, &q, &k, &v, &options).expect("forward");
+    let lse = forward.lse.expect("lse");
+    let run = || {
+        let g = sdpa_backward(ctx, &q, &k, &v, &forward.out, &lse, &d_out, &options).expect("backward");
+        [&g.dq, &g.dk, &g.dv].map(|t| t.to_f32_vec(ctx).expect("read"))
+    };
+    let first = run();
+    assert!(first.iter().flatten().any(|&x| x != 0.0), "{s:?}: all zero");
     for _ in 0..3 {
-        let again = gpu_gradients(ctx, &s, &x, &options, DType::F32, Layout::Bhsd);
+        let again = run();
         for (a, b) in first.iter().zip(&again) {
             assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
         }

@@ -1,10 +1,12 @@
-//! `check`: every kernel variant against the CPU reference over a fixed grid.
+//! `check`: every kernel variant, and the backward pass, against the CPU reference over
+//! a fixed grid.
 
 use super::check_report::{table_header, wrap, CaseReport, CaseStatus, Report, TABLE_WIDTH};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
-use wgpu_attention::check::{describe, standard_grid, variants};
+use wgpu_attention::check::{describe, run_backward_case, standard_grid, variants, CheckCase};
+use wgpu_attention::DType;
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -67,6 +69,45 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
                     seconds,
                     status: CaseStatus::Error(e.to_string()),
                 },
+            };
+            outln!("{}", row.table_line());
+            report.cases.push(row);
+        }
+    }
+    // The backward pass on the same grid (its error over the gradients' magnitude,
+    // docs/design.md "Backward"), in each dtype the adapter has.
+    let dtypes: &[DType] = if ctx.capabilities().f16 {
+        &[DType::F32, DType::F16]
+    } else {
+        &[DType::F32]
+    };
+    for &dtype in dtypes {
+        let label = format!("backward {}", dtype.name());
+        for case in standard_grid(args.seed) {
+            let case = CheckCase { dtype, ..case };
+            let started = Instant::now();
+            let outcome = run_backward_case(&ctx, &case);
+            let seconds = started.elapsed().as_secs_f64();
+            let (max_abs_error, bound, status) = match outcome {
+                Ok(o) => (
+                    Some(o.error_over_magnitude.iter().fold(0.0f64, |m, &r| m.max(r))),
+                    Some(o.bound),
+                    if o.passed {
+                        CaseStatus::Ok
+                    } else {
+                        CaseStatus::Failed(o.summary())
+                    },
+                ),
+                Err(e) => (None, None, CaseStatus::Error(e.to_string())),
+            };
+            let row = CaseReport {
+                variant: label.clone(),
+                case: describe(&case),
+                seed: case.seed,
+                max_abs_error,
+                bound,
+                seconds,
+                status,
             };
             outln!("{}", row.table_line());
             report.cases.push(row);

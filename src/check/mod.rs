@@ -754,3 +754,6 @@ pub fn random_additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
         .collect();
     Mask::additive(&shape, values).expect("shape and length agree")
 }
+
+mod backward;
+pub use backward::{backward_magnitudes, backward_rel_bound, run_backward_case, BackwardOutcome};
