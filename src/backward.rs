@@ -139,6 +139,19 @@ pub fn encode_sdpa_backward(
         ..options.clone()
     };
     let plan = Plan::new(ctx, q, k, v, None, &forward)?;
+    // The dK/dV pass binds 10 storage buffers (q, k, v, mask, side words, D, lse, dO,
+    // dK, dV); WebGPU's default limit is 8.
+    let storage = DKDV.slots.len() as u32 - 1;
+    let limit = ctx.device().limits().max_storage_buffers_per_shader_stage;
+    if limit < storage {
+        return Err(Error::LimitExceeded {
+            what: "the backward pass's dK/dV kernel".into(),
+            limit: "max_storage_buffers_per_shader_stage",
+            unit: "storage buffers",
+            requested: storage.into(),
+            max: limit.into(),
+        });
+    }
     let s = plan.shape;
     let dtype = q.dtype();
     for (what, t) in [("out", out), ("d_out", d_out)] {

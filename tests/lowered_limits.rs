@@ -94,3 +94,27 @@ fn every_dispatch_grid_is_checked() {
     let q = upload(&ctx, [1, 1, 100, 8], DType::F32);
     sdpa(&ctx, &q, &k, &v, &AttentionOptions::default()).expect("a small call still works");
 }
+
+#[test]
+fn the_backward_pass_refuses_a_device_with_webgpus_eight_storage_buffers() {
+    let Some(ctx) = common::ctx_with_limits(wgpu_attention::wgpu::Features::empty(), |limits| {
+        limits.max_storage_buffers_per_shader_stage = 8;
+    }) else {
+        return;
+    };
+    let q = upload(&ctx, [1, 1, 4, 8], DType::F32);
+    let (k, v) = (
+        upload(&ctx, [1, 1, 4, 8], DType::F32),
+        upload(&ctx, [1, 1, 4, 8], DType::F32),
+    );
+    let options = AttentionOptions {
+        need_lse: true,
+        ..Default::default()
+    };
+    let forward = sdpa(&ctx, &q, &k, &v, &options).expect("the forward fits 8");
+    let lse = forward.lse.expect("lse");
+    match wgpu_attention::sdpa_backward(&ctx, &q, &k, &v, &forward.out, &lse, &forward.out, &options) {
+        Err(Error::LimitExceeded { limit, .. }) => assert_eq!(limit, "max_storage_buffers_per_shader_stage"),
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+}
