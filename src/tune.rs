@@ -150,22 +150,31 @@ impl TuneTable {
     /// user table that is absent counts as empty; one that cannot be read or parsed is
     /// an error that names it. On the web there is no user table.
     pub fn load() -> Result<Self> {
-        let mut table = Self::default();
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(path) = Self::user_path() {
-            match std::fs::read_to_string(&path) {
-                Ok(text) => table = Self::parse(&path.display().to_string(), &text)?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::invalid(
-                        format!("tuning table {}", path.display()),
-                        format!("cannot be read: {e}"),
-                    ))
-                }
-            }
-        }
+        let mut table = Self::user()?;
         table.entries.extend(Self::builtin().entries);
         Ok(table)
+    }
+
+    /// The user's table, or an empty one where there is none.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn user() -> Result<Self> {
+        let Some(path) = Self::user_path() else {
+            return Ok(Self::default());
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&path.display().to_string(), &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(Error::invalid(
+                format!("tuning table {}", path.display()),
+                format!("cannot be read: {e}"),
+            )),
+        }
+    }
+
+    /// No user table on the web.
+    #[cfg(target_arch = "wasm32")]
+    fn user() -> Result<Self> {
+        Ok(Self::default())
     }
 
     /// Adds or replaces (same adapter and class) an entry, keeping the others.

@@ -77,10 +77,16 @@ pub fn backward_magnitudes(
     ])
 }
 
+/// [`run_backward_case_async`], blocking. Native targets only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn run_backward_case(ctx: &Context, case: &CheckCase) -> Result<BackwardOutcome> {
+    pollster::block_on(run_backward_case_async(ctx, case))
+}
+
 /// Runs the forward (fused, with its lse) and the backward pass on `case`'s random
 /// inputs and a random dO (seeded from the case), and compares the gradients with the
 /// reference's.
-pub fn run_backward_case(ctx: &Context, case: &CheckCase) -> Result<BackwardOutcome> {
+pub async fn run_backward_case_async(ctx: &Context, case: &CheckCase) -> Result<BackwardOutcome> {
     let s = case.shape;
     let [q, k, v] = random_qkv(case);
     let mut rng = Rng::new(case.seed ^ 0xBAC4_3A2D);
@@ -143,7 +149,7 @@ pub fn run_backward_case(ctx: &Context, case: &CheckCase) -> Result<BackwardOutc
     .into_iter()
     .enumerate()
     {
-        let got = relayout(&t.to_f32_vec(ctx)?, shape, layout, Layout::Bhsd);
+        let got = relayout(&t.to_f32_vec_async(ctx).await?, shape, layout, Layout::Bhsd);
         non_finite += got.iter().filter(|x| !x.is_finite()).count();
         let worst = got
             .iter()

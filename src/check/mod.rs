@@ -756,4 +756,6 @@ pub fn random_additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
 }
 
 mod backward;
-pub use backward::{backward_magnitudes, backward_rel_bound, run_backward_case, BackwardOutcome};
+#[cfg(not(target_arch = "wasm32"))]
+pub use backward::run_backward_case;
+pub use backward::{backward_magnitudes, backward_rel_bound, run_backward_case_async, BackwardOutcome};
