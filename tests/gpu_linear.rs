@@ -134,7 +134,7 @@ fn tilings(ctx: &Context) -> Vec<LinearTiling> {
 #[test]
 fn linear_matches_the_f64_reference_on_awkward_sizes() {
     let Some(ctx) = common::ctx() else { return };
-    let shapes: [Shape; 8] = [
+    let shapes: [Shape; 10] = [
         (1, 1, 1, &[1], 0, false),
         (13, 29, 29, &[37], 5, true),
         (70, 100, 131, &[9, 17, 5], 0, true),
@@ -146,6 +146,11 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
         (5, 128, 192, &[40], 3, true),
         // More than one 128 x 128 block both ways, ragged, K not a multiple of 16.
         (200, 45, 47, &[150, 10], 2, true),
+        // The same with K and the row strides multiples of 4 (rows read as 16-byte
+        // words by the blocked tiling), K neither a multiple of 8 nor of 16: several
+        // slabs, the last partial; then X's stride off the words (W's rows on them).
+        (200, 100, 108, &[150, 10], 3, true),
+        (131, 68, 69, &[129], 1, false),
     ];
     let mut seed = 100;
     for tiling in tilings(ctx) {

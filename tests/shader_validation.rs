@@ -90,6 +90,12 @@ fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<
         assert_eq!(one_group, 1);
         sets.push([("ROW_GROUPS".to_string(), f64::from(one_group))].into_iter().collect());
     }
+    if kernel.file == "matmul_blocked.wgsl" {
+        // X, W or both read as 16-byte words (matmul::gemm_words).
+        for words in [1.0, 2.0, 3.0] {
+            sets.push([("GEMM_WORDS".to_string(), words)].into_iter().collect());
+        }
+    }
     sets
 }
 
@@ -340,6 +346,13 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
     }
 }
 
+#[test]
+fn the_blocked_gemm_declares_the_workgroup_memory_the_host_checks() {
+    // The host runs it only where the adapter grants this much (else the tiled GEMM).
+    use wgpu_attention::kernels::matmul::{BLOCKED, BLOCKED_WORKGROUP_BYTES};
+    assert_eq!(declared_workgroup_bytes(&BLOCKED), BLOCKED_WORKGROUP_BYTES);
+}
+
 /// `spirv-val`: `SPIRV_VAL`, else `spirv-val` on `PATH`, if it runs.
 fn spirv_val() -> Option<std::path::PathBuf> {
     let candidate = std::env::var_os("SPIRV_VAL").map_or_else(|| "spirv-val".into(), std::path::PathBuf::from);
@@ -470,6 +483,8 @@ fn override_values(name: &str) -> &'static [f64] {
         "FULL_RULES" | "PAGED" | "KV_WIDE" | "ONE_KEY_LOOP" | "WORDS" => &[0.0, 1.0],
         // matmul::texture_row_groups.
         "ROW_GROUPS" => &[1.0, 2.0],
+        // matmul::gemm_words: X and W read as 16-byte words, each or both.
+        "GEMM_WORDS" => &[0.0, 1.0, 2.0, 3.0],
         other => panic!("override {other}: list the values the host gives it in override_values"),
     }
 }

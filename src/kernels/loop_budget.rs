@@ -75,30 +75,62 @@ pub fn shared_iterations(s: &AttentionShape) -> u64 {
     registers_iterations(s) + tiles * (1 + 5 * load_trips)
 }
 
-/// `flash_blocked.wgsl`, every loop counted (its inner loops have constant trip
-/// counts and are normally unrolled). Per tile of BC keys: the K and V copies (vec4
-/// loads with a 4-trip tail loop, counted as 5), the score micro-tile over the head
-/// dim, the masking, the row owner's two passes over the tile, the rescale and the
-/// probs x V loop. Around it: the Q copy, the resume and the store.
+/// `flash_blocked.wgsl`, every loop counted with its exit check (its inner loops have
+/// constant trip counts and are normally unrolled), for the variant of the head-dim
+/// class that needs the most (the adapter picks one by its workgroup memory). Per
+/// tile of BC keys: the tile loop; the staging loads (V of this tile and K of the
+/// next: each a quad with load4's 4-trip tail loop, counted as 5); the score clear;
+/// the score loop over the head dim (MRS Q rows per step); the masking; the softmax
+/// step (the TCS partial maxima of each row); the V and K stores; the rescale; the
+/// probs x V loop (TCS quads of keys, each over MRO rows and OC columns). Around it: the
+/// Q copy (qload4's 4-trip loop in each), the first K tile, the state set-up and
+/// resume, the sums, the stores and the log-sum-exps.
 pub fn blocked_iterations(s: &AttentionShape) -> u64 {
-    let Some(v) = super::flash::blocked_for(s.head_dim as u32, s.head_dim_v as u32, u32::MAX) else {
+    let need = s.head_dim.max(s.head_dim_v) as u32;
+    let Some(class) = super::flash::BLOCKED_VARIANTS
+        .iter()
+        .map(|v| v.dmax)
+        .find(|&d| need <= d)
+    else {
         return u64::MAX;
     };
-    let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
-    let (mr, mc, oc) = (br / 8, bc / 8, dmax / 32);
-    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
-    let tiles = (s.len_k as u64).div_ceil(bc);
-    let per_tile = mr // clearing the score micro-tile
-        + 5 * (bc * d4).div_ceil(64)
-        + 5 * (bc * dv4).div_ceil(64)
-        + d4 * (1 + mc + mr * (1 + mc))
-        + mr * (1 + mc)
-        + 2 * bc
-        + mr * (1 + oc)
-        + bc * (1 + oc + mr * (1 + oc))
-        + 1;
-    let around = (br * dmax / 4).div_ceil(64) * 5 + 2 * mr * (1 + oc * 5) + 4;
-    tiles * per_tile + around
+    let d4 = (s.head_dim as u64).div_ceil(4);
+    super::flash::BLOCKED
+        .iter()
+        .filter(|v| v.variant.dmax == class)
+        .map(|v| {
+            let (br, bc, dmax) = (
+                u64::from(v.variant.br),
+                u64::from(v.variant.bc),
+                u64::from(v.variant.dmax),
+            );
+            let nt = 128;
+            let tcs = bc / 4;
+            let (mrs, mro, oc) = (u64::from(v.mrs), u64::from(v.mro), dmax / 32);
+            let items = bc * (dmax / 4) / nt;
+            let load = 1 + 5; // a trip and load4's tail loop
+            let tiles = (s.len_k as u64).div_ceil(bc);
+            let per_tile = 1
+                + (items * (1 + 2 * 5) + 1)
+                + (mrs + 1)
+                + (d4 * (1 + mrs + 1) + 1)
+                + (mrs + 1)
+                + (mrs * (1 + tcs) + 1)
+                + 2 * (items + 1)
+                + (mro * (1 + oc + 1) + 1)
+                + (tcs * (1 + (mro + 1) + (oc + 1) + oc * (mro + 1)) + 1);
+            let around = ((br * dmax / 4).div_ceil(nt) * load + 1)
+                + (items * load + 1)
+                + (mrs + 1)
+                + (mro * (1 + (oc + 1) + oc * 5) + 1)
+                + 1
+                + (mrs + 1)
+                + (mro * (1 + (tcs + 1) + (oc + 1) + oc * 5) + 1)
+                + (mrs * (1 + tcs + 1) + 1);
+            tiles * per_tile + around
+        })
+        .max()
+        .unwrap_or(u64::MAX)
 }
 
 /// `flash_coop.wgsl` as it runs under llvmpipe's cap: only there, with its coop
@@ -206,9 +238,12 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
     let k = k as u64;
     match tiling {
         LinearTiling::Tiled => k.div_ceil(16) * (1 + 4 + 16) + 16,
-        // Per step of 16: 4 row loads (each with a 4-trip loop), the 4-trip transpose,
-        // the 16-trip inner loop; then 16 stores.
-        LinearTiling::Blocked => k.div_ceil(16) * (1 + 4 * 5 + 4 + 16) + 8 * 3,
+        // The first slab's 4 row loads (each with a 4-trip loop) and 4-trip transpose;
+        // per slab of 16: the next slab's loads, the 16-trip inner loop (a 4-trip loop
+        // in each), the transpose; then 8 x 2 stores. Each loop counts its exit check.
+        LinearTiling::Blocked => {
+            (4 * 6 + 1) + 5 + k.div_ceil(16) * (1 + (4 * 6 + 1) + (16 * 6 + 1) + 5) + 1 + 8 * 4 + 1
+        }
         // One trip per texel of K, then per row group (2) four store loops of 4 trips,
         // each loop's exit check counted.
         LinearTiling::Texture => k.div_ceil(4) + 1 + 2 * 4 * 5,

@@ -22,8 +22,10 @@ pub const TILED: Kernel = Kernel {
     variant: "",
 };
 
-/// GPUs: 128 x 128 blocks, 8 x 8 outputs per invocation from K-major tiles in 16 KiB
-/// of workgroup memory.
+/// GPUs: 128 x 128 blocks, 8 x 8 outputs per invocation from K-major slabs of 16,
+/// double-buffered in 32 KiB of workgroup memory ([`BLOCKED_WORKGROUP_BYTES`]), the
+/// next slab loaded into registers (16 bytes at a time where [`gemm_words`] allows)
+/// while this one is computed; one barrier per slab.
 pub const BLOCKED: Kernel = Kernel {
     file: "matmul_blocked.wgsl",
     source: include_str!("../../shaders/matmul_blocked.wgsl"),
@@ -97,6 +99,22 @@ impl LinearTiling {
             }
         }
     }
+}
+
+/// Workgroup memory the blocked GEMM declares: two buffers of an X and a W slab (128 x 16
+/// f32 each).
+pub const BLOCKED_WORKGROUP_BYTES: u32 = 2 * 2 * 128 * 16 * 4;
+
+/// The blocked GEMM's `GEMM_WORDS`: bit 0 where X's rows may be read 16 bytes at a time,
+/// bit 1 where W's may: every 4 consecutive K values from a multiple of 4 lie inside one
+/// 16-byte word (K and X's row stride multiples of 4 elements; an f16 quad is half a
+/// word), of a buffer of whole words (ours always are; a caller's may not be).
+pub fn gemm_words(linear: &Linear) -> u32 {
+    let whole = |buffer: &wgpu::Buffer| buffer.size() >= 16 && buffer.size().is_multiple_of(16);
+    let k = linear.k.is_multiple_of(4);
+    let x = k && linear.x_stride.is_multiple_of(4) && whole(linear.x);
+    let w = k && whole(linear.w);
+    u32::from(x) | (u32::from(w) << 1)
 }
 
 /// Groups of 8 rows a workgroup of the texture kernel owns (its `ROW_GROUPS`): two,
@@ -232,12 +250,12 @@ pub struct Linear<'a> {
 }
 
 impl Context {
-    /// The GEMM tiling for f32 inputs at the default precision: on GPUs `blocked`; on
-    /// CPU adapters `texture` with >= 8-lane subgroups (lavapipe), else `tiled`
-    /// (barriers are cheap enough there for its 64 x 64 blocks, and its 4 x 4
-    /// micro-tiles suit 8-wide SIMD).
+    /// The GEMM tiling for f32 inputs at the default precision: on GPUs `blocked` (with
+    /// the 32 KiB of workgroup memory it takes; else `tiled`); on CPU adapters `texture`
+    /// with >= 8-lane subgroups (lavapipe), else `tiled` (barriers are cheap enough
+    /// there for its 64 x 64 blocks, and its 4 x 4 micro-tiles suit 8-wide SIMD).
     pub fn linear_tiling(&self) -> LinearTiling {
-        if !self.is_cpu_adapter() {
+        if !self.is_cpu_adapter() && fits_blocked(self) {
             LinearTiling::Blocked
         } else if has_8_lane_subgroups(self) {
             LinearTiling::Texture
@@ -268,6 +286,11 @@ fn coop_subgroup_size(ctx: &Context) -> Option<u32> {
             && 4 * sg <= caps.max_invocations
             && coop_workgroup_bytes(coop_tiles(ctx)) <= caps.max_workgroup_storage
     })
+}
+
+/// Whether the adapter grants the blocked GEMM's workgroup memory.
+fn fits_blocked(ctx: &Context) -> bool {
+    ctx.capabilities().max_workgroup_storage >= BLOCKED_WORKGROUP_BYTES
 }
 
 /// The texture kernel shares X across 8 lanes of one subgroup.
@@ -368,6 +391,11 @@ pub fn encode_linear(
         LinearTiling::Coop if coop_subgroup_size(ctx).is_none() => LinearTiling::Blocked,
         other => other,
     };
+    // The blocked GEMM's double buffers want 32 KiB; the tiled one runs anywhere.
+    let tiling = match tiling {
+        LinearTiling::Blocked if !fits_blocked(ctx) => LinearTiling::Tiled,
+        other => other,
+    };
     let (m, n) = (linear.m, linear.n());
     loop_budget::check(
         ctx,
@@ -395,6 +423,7 @@ pub fn encode_linear(
     let constants = match (tiling, coop_subgroup_size(ctx)) {
         (LinearTiling::Coop, Some(sg)) => vec![("SG", sg)],
         (LinearTiling::Texture, _) => vec![("ROW_GROUPS", texture_row_groups(m))],
+        (LinearTiling::Blocked, _) => vec![("GEMM_WORDS", gemm_words(linear))],
         _ => Vec::new(),
     };
     let kernel = match tiling {
@@ -488,11 +517,12 @@ pub fn encode_linear(
         binding,
         resource: buffer.as_entire_binding(),
     }));
-    if tiling == LinearTiling::Coop {
+    if matches!(tiling, LinearTiling::Coop | LinearTiling::Blocked) {
         // X and W again as 16-byte words. A buffer shorter than one word cannot be bound
-        // so; the kernel reads words only where K and X's row stride are multiples of a
-        // word's elements, which makes both buffers hold at least one. (Placeholder 0 is
-        // only ever bound read-only: outputs always have a buffer of their own there.)
+        // so; the kernels read words only where K and X's row stride are multiples of a
+        // word's elements (coop) or of 4 elements in buffers of whole words (blocked),
+        // which makes both buffers hold at least one. (Placeholder 0 is only ever bound
+        // read-only: outputs always have a buffer of their own there.)
         let word = |buffer| if buffer_words(buffer) { buffer } else { &placeholders[0] };
         entries.extend(
             [(7, word(linear.x)), (8, word(linear.w))].map(|(binding, buffer)| wgpu::BindGroupEntry {

@@ -66,7 +66,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 35] = [
+pub const ALL_KERNELS: [Kernel; 45] = [
     crate::backward::DELTA,
     crate::backward::DQ,
     crate::backward::DKDV,
@@ -98,10 +98,20 @@ pub const ALL_KERNELS: [Kernel; 35] = [
     flash::SUBGROUP_WIDE_64,
     flash::SUBGROUP_WIDE_128,
     flash::SUBGROUP_WIDE_256,
-    flash::BLOCKED_VARIANTS[0].kernel,
-    flash::BLOCKED_VARIANTS[1].kernel,
-    flash::BLOCKED_VARIANTS[2].kernel,
-    flash::BLOCKED_VARIANTS[3].kernel,
+    flash::BLOCKED[0].variant.kernel,
+    flash::BLOCKED[0].words,
+    flash::BLOCKED[1].variant.kernel,
+    flash::BLOCKED[1].words,
+    flash::BLOCKED[2].variant.kernel,
+    flash::BLOCKED[2].words,
+    flash::BLOCKED[3].variant.kernel,
+    flash::BLOCKED[3].words,
+    flash::BLOCKED[4].variant.kernel,
+    flash::BLOCKED[4].words,
+    flash::BLOCKED[5].variant.kernel,
+    flash::BLOCKED[5].words,
+    flash::BLOCKED[6].variant.kernel,
+    flash::BLOCKED[6].words,
 ];
 
 /// The full WGSL of a kernel for an element type. `enable` directives in the kernel's

@@ -4,6 +4,7 @@
 use super::super::flash_texel;
 use super::super::kv_texels::{KvTexels, TexelGrid};
 use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Slot};
+use super::variants::blocked_words;
 use super::FlashConfig;
 use crate::context::Context;
 use crate::error::Result;
@@ -24,12 +25,17 @@ pub(crate) fn encode(
         }
     }
     let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
+    let kernel = match blocked_words(&launch.kernel) {
+        Some(words) if kv_in_words(params, bindings) => words,
+        _ => launch.kernel,
+    };
     let mut constants = launch.constants.clone();
-    // A buffer shorter than one 16-byte word cannot be bound as words: a placeholder
+    // The coop kernel reads K and V as words where it can (its WORDS override). A
+    // buffer shorter than one 16-byte word cannot be bound as words: a placeholder
     // stands in, and the kernel then reads K and V element by element.
     let placeholder;
     let mut bindings_here = AttentionBindings { ..*bindings };
-    if launch.kernel.slots.contains(&Slot::K4) {
+    if config.spec().tiling == FusedTiling::Coop && kernel.slots.contains(&Slot::K4) {
         let whole = |b: &wgpu::Buffer| b.size() >= 16;
         if !whole(bindings.k) || !whole(bindings.v) {
             placeholder = ctx.create_buffer("coop word placeholder", 16, crate::tensor::tensor_usage())?;
@@ -38,19 +44,13 @@ pub(crate) fn encode(
         let words = bindings_here.words_stand_in.is_none() && coop_words(dtype, params);
         constants.push(("WORDS", u32::from(words)));
     }
-    let pipeline = pipeline(ctx, &launch.kernel, dtype, &constants)?;
+    let pipeline = pipeline(ctx, &kernel, dtype, &constants)?;
     let groups = [
         groups_for(params.len_q as usize, launch.rows as usize),
         params.bh_count,
         1,
     ];
-    dispatch_entries(
-        ctx,
-        encoder,
-        &pipeline,
-        &bindings_here.select(launch.kernel.slots)?,
-        groups,
-    )
+    dispatch_entries(ctx, encoder, &pipeline, &bindings_here.select(kernel.slots)?, groups)
 }
 
 /// Whether the coop kernel stages K and V in 16-byte words for a problem: head dims and
@@ -71,6 +71,32 @@ fn coop_words(dtype: DType, params: &AttentionParams) -> bool {
             params.v_page_stride,
         ],
     )
+}
+
+/// Whether every four elements of a K or V row that start a row's quad lie inside one
+/// 16-byte word of a buffer of whole words, so that the blocked kernels may read them
+/// with one load (their `words` twins): head dims, row, head, batch and page strides
+/// multiples of 4 elements, and both buffers whole 16-byte words (ours always are;
+/// `Tensor::from_buffer` may wrap others).
+fn kv_in_words(params: &AttentionParams, bindings: &AttentionBindings) -> bool {
+    let quads = [
+        params.head_dim,
+        params.head_dim_v,
+        params.k_stride_b,
+        params.k_stride_h,
+        params.k_stride_s,
+        params.k_page_stride,
+        params.v_stride_b,
+        params.v_stride_h,
+        params.v_stride_s,
+        params.v_page_stride,
+    ]
+    .iter()
+    .all(|x| x.is_multiple_of(4));
+    let words = [bindings.k, bindings.v]
+        .iter()
+        .all(|b| b.size() >= 16 && b.size().is_multiple_of(16));
+    quads && words
 }
 
 /// The subgroup tiling's texel kernel for a problem, where it serves it.

@@ -166,6 +166,119 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// Whether the workgroup-memory accesses of one instruction are free of bank
+    /// conflicts, on the usual model (32 banks of 4 bytes; 4-byte accesses served a
+    /// warp of 32 invocations at a time, 16-byte ones 8 at a time): within each such
+    /// group, distinct addresses use distinct banks (equal ones are a broadcast).
+    /// `address` gives an invocation's byte offset, `None` where it makes no access.
+    fn conflict_free(bytes: u32, address: impl Fn(u32) -> Option<u32>) -> bool {
+        let group = if bytes == 16 { 8 } else { 32 };
+        (0..128).step_by(group).all(|first| {
+            let mut seen: Vec<u32> = (first..first + group as u32).filter_map(&address).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            let mut banks: Vec<u32> = seen
+                .iter()
+                .flat_map(|a| (0..bytes / 4).map(move |w| (a / 4 + w) % 32))
+                .collect();
+            let all = banks.len();
+            banks.sort_unstable();
+            banks.dedup();
+            banks.len() == all
+        })
+    }
+
+    #[test]
+    fn blocked_workgroup_accesses_are_free_of_bank_conflicts() {
+        for v in BLOCKED {
+            let (dmax, br, bc) = (v.variant.dmax, v.variant.br, v.variant.bc);
+            let d4 = dmax / 4;
+            let (qs, ks) = (d4 + 1, d4 + 1);
+            let vs = if v.split { d4 } else { ks };
+            let tcs = bc / 4;
+            let (mrs, mro, oc) = (v.mrs, v.mro, d4 / 8);
+            let ns = br / mrs * tcs;
+            let no = br / mro * 8;
+            let name = v.variant.kernel.variant;
+            let check = |what: &str, bytes: u32, address: &dyn Fn(u32) -> Option<u32>| {
+                assert!(conflict_free(bytes, address), "{name}: {what}");
+            };
+            let scorer = |tid: u32| (tid < ns).then_some((tid / tcs, tid % tcs));
+            for r in 0..mrs {
+                let row = |trs: u32| trs * mrs + r;
+                for t in 0..d4 {
+                    check("Q read", 16, &|tid| scorer(tid).map(|(a, _)| 16 * (row(a) * qs + t)));
+                    for c in 0..4 {
+                        check("K read", 16, &|tid| {
+                            scorer(tid).map(|(_, b)| 16 * ((c * tcs + b) * ks + t))
+                        });
+                    }
+                }
+                check("pmax write", 4, &|tid| {
+                    scorer(tid).map(|(a, b)| 4 * (row(a) * v.pms + b))
+                });
+                for i in 0..tcs {
+                    check("pmax read", 4, &|tid| {
+                        scorer(tid).map(|(a, _)| 4 * (row(a) * v.pms + i))
+                    });
+                }
+                check("probs write", 16, &|tid| {
+                    scorer(tid).map(|(a, b)| 16 * (row(a) * v.ps + b))
+                });
+                check("alpha write", 4, &|tid| {
+                    scorer(tid).and_then(|(a, b)| (b == 0).then_some(4 * row(a)))
+                });
+            }
+            let row = |tid: u32, r: u32| (tid < no).then_some((tid / 8) * mro + r);
+            for r in 0..mro {
+                check("alpha read", 4, &|tid| row(tid, r).map(|row| 4 * row));
+                for i in 0..tcs {
+                    check("probs read", 16, &|tid| row(tid, r).map(|row| 16 * (row * v.ps + i)));
+                    check("sum read", 4, &|tid| row(tid, r).map(|row| 4 * (row * v.pms + i)));
+                }
+            }
+            for j in 0..bc {
+                for u in 0..oc {
+                    check("V read", 16, &|tid| {
+                        (tid < no).then_some(16 * (j * vs + tid % 8 + 8 * u))
+                    });
+                }
+            }
+            for i in 0..(br * d4).div_ceil(128) {
+                check("Q store", 16, &|tid| {
+                    let x = tid + 128 * i;
+                    (x < br * d4).then_some(16 * (x / d4 * qs + x % d4))
+                });
+            }
+            for i in 0..bc * d4 / 128 {
+                let x = |tid: u32| tid + 128 * i;
+                check("K store", 16, &|tid| {
+                    let j = x(tid) / d4;
+                    Some(16 * (((j % 4) * tcs + j / 4) * ks + x(tid) % d4))
+                });
+                check("V store", 16, &|tid| Some(16 * (x(tid) / d4 * vs + x(tid) % d4)));
+            }
+        }
+    }
+
+    #[test]
+    fn blocked_variants_tile_their_work_evenly() {
+        // At most 128 invocations score (whole rows of 4-key quads) and at most 128
+        // accumulate (8 per row, whole value vec4 columns); staging shares are whole.
+        for v in BLOCKED {
+            let (dmax, br, bc) = (v.variant.dmax, v.variant.br, v.variant.bc);
+            assert!(bc % 4 == 0 && br % v.mrs == 0 && br / v.mrs * bc / 4 <= 128, "{v:?}");
+            assert!(br % v.mro == 0 && br / v.mro * 8 <= 128, "{v:?}");
+            assert!(
+                (dmax / 4) % 8 == 0 && (bc * dmax / 4) % 128 == 0 && v.ps >= bc / 4,
+                "{v:?}"
+            );
+            assert_eq!(v.words.variant.replace(" words", ""), v.variant.kernel.variant);
+            assert_eq!(blocked_words(&v.variant.kernel), Some(v.words));
+        }
+        assert_eq!(blocked_words(&REGISTERS), None);
+    }
+
     #[test]
     fn block_tilings_need_exactly_what_their_widest_class_takes() {
         assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&BLOCKED_VARIANTS));
@@ -175,8 +288,9 @@ mod tests {
             let v = blocked_for(d, d, BLOCKED_MIN_BYTES).map(|v| v.dmax);
             assert!(v.is_some_and(|dmax| dmax >= d), "D = {d}: {v:?}");
         }
-        assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.br), Some(64));
-        assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.br), Some(32));
+        assert_eq!(blocked_for(64, 64, 48 * 1024).map(|v| v.bc), Some(32));
+        assert_eq!(blocked_for(64, 64, 32 * 1024).map(|v| v.bc), Some(16));
+        assert_eq!(blocked_for(32, 32, 32 * 1024).map(|v| v.br), Some(64));
         assert!(blocked_for(257, 1, u32::MAX).is_none());
     }
 

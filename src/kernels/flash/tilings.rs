@@ -149,7 +149,7 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
             // The needs check guarantees a fit; the narrowest variant otherwise.
             let v = blocked_for(d, dv, caps.max_workgroup_storage)
                 .or_else(|| blocked_for(d, dv, u32::MAX))
-                .unwrap_or(BLOCKED_VARIANTS[3]);
+                .unwrap_or(BLOCKED_VARIANTS[BLOCKED_VARIANTS.len() - 1]);
             Launch {
                 kernel: v.kernel,
                 rows: v.br,

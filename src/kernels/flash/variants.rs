@@ -204,87 +204,169 @@ pub struct BlockVariant {
     pub kernel: Kernel,
 }
 
-/// `flash_blocked.wgsl`'s workgroup memory: the Q tile, the K/V tile with rows padded
-/// by one vec4, the probability tile and three f32 per row.
-const fn blocked_bytes(dmax: u32, br: u32, bc: u32) -> u32 {
+/// `flash_blocked.wgsl`'s workgroup memory, mirroring its declarations: the Q tile and the
+/// K tile with rows padded to an odd count of vec4s, the V tile (`split`; else one
+/// vec4: V shares the K tile), the probabilities (BR rows of `ps` vec4s: BC / 4 and
+/// padding), the partial row maxima (BR rows of `pms` f32) and one rescale factor per
+/// row.
+pub const fn blocked_bytes(dmax: u32, br: u32, bc: u32, split: bool, ps: u32, pms: u32) -> u32 {
     let d4 = dmax / 4;
-    16 * br * d4 + 16 * bc * (d4 + 1) + 4 * br * bc + 12 * br
+    let v_tile = if split { 16 * bc * d4 } else { 16 };
+    16 * br * (d4 + 1) + 16 * bc * (d4 + 1) + v_tile + 16 * br * ps + 4 * br * pms + 4 * br
 }
 
-/// One variant of a block tiling: its constants as a one-line prelude after
-/// `attention_common.wgsl`, and its label (`[DMAXxBRxBC]`) in the pipeline key.
-macro_rules! block_variant {
-    ($family:ident, $dmax:literal, $br:literal, $bc:literal) => {
-        $family(
+/// The bindings of the blocked kernels that read K and V as 16-byte words: K and V
+/// through their `array<vec4<u32>>` views only (eight storage buffers at most, WebGPU's
+/// default limit).
+pub(super) const WORD_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K4,
+    Slot::V4,
+    Slot::Output,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Lse,
+];
+
+/// How `flash_blocked.wgsl` reads four elements of a K or V row (`kv_quad`): element by
+/// element, zero past `len` (any head dim and stride).
+const KV_ELEMENTS: &str = "fn kv_quad(is_k: bool, row: u32, t: u32, len: u32) -> vec4<f32> {
+    return load4(is_k, row, t, len);
+}
+";
+
+/// The same as one 16-byte load, from K and V bound again as words (`k4`, `v4`), where
+/// the host found every quad to lie inside one word of a buffer of whole words: head
+/// dims and strides multiples of 4 elements (an f16 quad is half a word).
+const KV_WORDS: &str = "@group(0) @binding(9) var<storage, read> k4: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> v4: array<vec4<u32>>;
+fn kv_quad(is_k: bool, row: u32, t: u32, len: u32) -> vec4<f32> {
+    let e = row + 4u * t;
+    let at = e / (4u * ELEMS_PER_WORD);
+    var w: vec4<u32>;
+    if is_k {
+        w = k4[at];
+    } else {
+        w = v4[at];
+    }
+    if ELEMS_PER_WORD == 1u {
+        return bitcast<vec4<f32>>(w);
+    }
+    let h = select(w.xy, w.zw, (e / 4u) % 2u == 1u);
+    return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+}
+";
+
+/// One variant of the blocked tiling: its launch shape and memory ([`BlockVariant`],
+/// reading K and V element by element), its twin reading them as 16-byte words, and the
+/// layout constants beyond the tile (`split`: K and V have tiles of their own; `pms`:
+/// f32 per row of the partial maxima, padded against bank conflicts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockedVariant {
+    pub variant: BlockVariant,
+    pub words: Kernel,
+    pub split: bool,
+    pub mrs: u32,
+    pub mro: u32,
+    pub ps: u32,
+    pub pms: u32,
+}
+
+macro_rules! blocked_variant {
+    ($dmax:literal, $br:literal, $bc:literal, $split:literal, $mrs:literal, $mro:literal, $ps:literal, $pms:literal, $label:literal) => {{
+        const CONSTS: &str = concat!(
+            "const DMAX: u32 = ",
             $dmax,
+            "u;\nconst BR: u32 = ",
             $br,
+            "u;\nconst BC: u32 = ",
             $bc,
-            &[
-                COMMON,
-                concat!(
-                    "const DMAX: u32 = ",
-                    $dmax,
-                    "u;\nconst BR: u32 = ",
-                    $br,
-                    "u;\nconst BC: u32 = ",
-                    $bc,
-                    "u;\n"
-                ),
-            ],
-            concat!("[", $dmax, "x", $br, "x", $bc, "]"),
-        )
-    };
-}
-
-/// The kernel of a block-tiling variant built from `file`'s `entry`.
-const fn block_kernel(
-    file: &'static str,
-    source: &'static str,
-    entry: &'static str,
-    preludes: &'static [&'static str],
-    variant: &'static str,
-) -> Kernel {
-    Kernel {
-        file,
-        source,
-        entry,
-        slots: SLOTS,
-        preludes,
-        variant,
-    }
-}
-
-const fn blocked(dmax: u32, br: u32, bc: u32, prelude: &'static [&'static str], label: &'static str) -> BlockVariant {
-    BlockVariant {
-        dmax,
-        br,
-        bc,
-        workgroup_bytes: blocked_bytes(dmax, br, bc),
-        kernel: block_kernel(
-            "flash_blocked.wgsl",
-            include_str!("../../../shaders/flash_blocked.wgsl"),
-            "flash_blocked",
-            prelude,
-            label,
-        ),
-    }
+            "u;\nconst SPLIT: bool = ",
+            $split,
+            ";\nconst MRS: u32 = ",
+            $mrs,
+            "u;\nconst MRO: u32 = ",
+            $mro,
+            "u;\nconst PS: u32 = ",
+            $ps,
+            "u;\nconst PMS: u32 = ",
+            $pms,
+            "u;\n"
+        );
+        const SOURCE: &str = include_str!("../../../shaders/flash_blocked.wgsl");
+        BlockedVariant {
+            variant: BlockVariant {
+                dmax: $dmax,
+                br: $br,
+                bc: $bc,
+                workgroup_bytes: blocked_bytes($dmax, $br, $bc, $split, $ps, $pms),
+                kernel: Kernel {
+                    file: "flash_blocked.wgsl",
+                    source: SOURCE,
+                    entry: "flash_blocked",
+                    slots: SLOTS,
+                    preludes: &[COMMON, CONSTS, KV_ELEMENTS],
+                    variant: concat!("[", $label, "]"),
+                },
+            },
+            words: Kernel {
+                file: "flash_blocked.wgsl",
+                source: SOURCE,
+                entry: "flash_blocked",
+                slots: WORD_SLOTS,
+                preludes: &[COMMON, CONSTS, KV_WORDS],
+                variant: concat!("[", $label, " words]"),
+            },
+            split: $split,
+            mrs: $mrs,
+            mro: $mro,
+            ps: $ps,
+            pms: $pms,
+        }
+    }};
 }
 
 /// The variants of the GPU tiling, by head-dim class; within a class the first that
-/// fits the adapter's workgroup memory is used. 64 invocations each; the register
-/// micro-tiles stay at 16 to 64 floats per invocation (MR x MC scores, MR x 4·OC
-/// outputs). Sized so that one variant per class fits in 32 KiB (lavapipe, and most
-/// GPUs); the wider D ≤ 64 one wants 48 KiB (NVIDIA).
-pub const BLOCKED_VARIANTS: [BlockVariant; 4] = [
-    block_variant!(blocked, 64, 64, 32),
-    block_variant!(blocked, 64, 32, 32),
-    block_variant!(blocked, 128, 32, 16),
-    block_variant!(blocked, 256, 16, 8),
+/// fits the adapter's workgroup memory is used. 128 invocations each (the mappings are
+/// in `flash_blocked.wgsl`): (DMAX, BR, BC, K and V in tiles of their own, rows per
+/// score invocation, rows per output invocation, vec4s per row of `probs`, f32 per row
+/// of `pmax`). The first of the 64, 128 and 256 classes wants 48 KiB (NVIDIA) and keeps
+/// every invocation busy; the others fit 32 KiB (lavapipe, llvmpipe, most GPUs) and
+/// give fewer invocations 4-row register tiles: on llvmpipe GL, (1,8,1024,64) f32 ran
+/// 1.3x faster with 64x32x32 so than with 2 rows each, and 64x64x16 faster again
+/// (fewer K and V loads per row). The D <= 32 class runs the 48 KiB D <= 64 variant's
+/// mappings in 32 KiB (so lavapipe tests them). Paddings: see the bank-conflict test.
+pub const BLOCKED: [BlockedVariant; 7] = [
+    blocked_variant!(32, 64, 32, true, 4, 4, 8, 10, "32x64x32"),
+    blocked_variant!(64, 64, 32, true, 4, 4, 8, 10, "64x64x32"),
+    blocked_variant!(64, 64, 16, true, 4, 4, 5, 5, "64x64x16"),
+    blocked_variant!(128, 32, 16, true, 1, 2, 4, 4, "128x32x16"),
+    blocked_variant!(128, 32, 16, false, 4, 4, 5, 5, "128x32x16 shared"),
+    blocked_variant!(256, 16, 8, true, 1, 1, 2, 2, "256x16x8"),
+    blocked_variant!(256, 16, 8, false, 2, 2, 3, 3, "256x16x8 shared"),
 ];
+
+/// [`BLOCKED`]'s launch shapes, in its order.
+pub const BLOCKED_VARIANTS: [BlockVariant; 7] = {
+    let mut out = [BLOCKED[0].variant; 7];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = BLOCKED[i].variant;
+        i += 1;
+    }
+    out
+};
 
 /// Workgroup memory the blocked tiling needs for every head dim: the largest of the
 /// smallest variant of each class.
-pub const BLOCKED_MIN_BYTES: u32 = 27_264;
+pub const BLOCKED_MIN_BYTES: u32 = 32_512;
+
+/// The twin of a blocked kernel that reads K and V as 16-byte words (`None` for any
+/// other kernel).
+pub fn blocked_words(kernel: &Kernel) -> Option<Kernel> {
+    BLOCKED.iter().find(|v| v.variant.kernel == *kernel).map(|v| v.words)
+}
 
 /// The variant of `variants` for head dims `d`, `dv` on an adapter granting `bytes` of
 /// workgroup memory: the smallest head-dim class that holds both, and in it the first
