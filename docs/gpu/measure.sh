@@ -37,7 +37,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
-    mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both)
+    mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
 fi
 shape_args=()
 for s in "${attn[@]}"; do shape_args+=(--shape "$s"); done
