@@ -191,10 +191,14 @@ fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
                 dot(dot_t, load4(false, vr.w, t, p.head_dim_v)),
             );
         }
-        let dx = pr * (dp - vec4<f32>(delta)) * cap_slope(x) * p.scale;
+        // Masked keys add nothing, whatever their K and V rows hold (a key past a key
+        // length may hold anything, NaN included: 0 x NaN would spread it).
+        let dx = select(pr * (dp - vec4<f32>(delta)) * cap_slope(x) * p.scale, vec4<f32>(0.0), pr == vec4<f32>(0.0));
         for (var t = 0u; t < d4; t++) {
-            acc_a[t] += dx.x * load4(true, kr.x, t, p.head_dim) + dx.y * load4(true, kr.y, t, p.head_dim)
-                + dx.z * load4(true, kr.z, t, p.head_dim) + dx.w * load4(true, kr.w, t, p.head_dim);
+            acc_a[t] += select(vec4<f32>(0.0), dx.x * load4(true, kr.x, t, p.head_dim), dx.x != 0.0)
+                + select(vec4<f32>(0.0), dx.y * load4(true, kr.y, t, p.head_dim), dx.y != 0.0)
+                + select(vec4<f32>(0.0), dx.z * load4(true, kr.z, t, p.head_dim), dx.z != 0.0)
+                + select(vec4<f32>(0.0), dx.w * load4(true, kr.w, t, p.head_dim), dx.w != 0.0);
         }
     }
     if row >= p.len_q {
@@ -274,7 +278,8 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
                 acc_b[t] += pr.x * a + pr.y * bb + pr.z * c + pr.w * e;
             }
             let delta4 = vec4<f32>(delta_at(hd, r4.x), delta_at(hd, r4.y), delta_at(hd, r4.z), delta_at(hd, r4.w));
-            let dx = pr * (dp - delta4) * cap_slope(x) * p.scale;
+            // This key masked for a row: nothing from it, whatever its rows hold.
+            let dx = select(pr * (dp - delta4) * cap_slope(x) * p.scale, vec4<f32>(0.0), pr == vec4<f32>(0.0));
             for (var t = 0u; t < d4; t++) {
                 acc_a[t] += dx.x * qrow4(q0, t) + dx.y * qrow4(q1, t) + dx.z * qrow4(q2, t) + dx.w * qrow4(q3, t);
             }

@@ -19,7 +19,8 @@
 //! coop      0x10de  NVIDIA H100 80GB HBM3    580.159.04  128x64x32
 //! ```
 //!
-//! `#` starts a comment; the variant is `DMAXxBRxBC` and its DMAX names the class.
+//! Lines starting with `#` are comments; the variant is `DMAXxBRxBC`, its DMAX within
+//! the head-dim class it serves.
 
 use crate::error::{Error, Result};
 use crate::kernels::flash::CoopVariant;
@@ -80,18 +81,22 @@ impl TuneTable {
     pub fn parse(source: &str, text: &str) -> Result<Self> {
         let mut entries = Vec::new();
         for (n, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim_end();
-            if line.trim().is_empty() {
+            // Comments are whole lines: device and driver names may hold `#`.
+            let line = line.trim_end_matches('\r');
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
                 continue;
             }
             let bad = |reason: String| Error::invalid(format!("tuning table {source}, line {}", n + 1), reason);
-            let fields: Vec<&str> = line.split('\t').map(str::trim).collect();
+            // Device and driver are kept exactly as written: they must equal what wgpu
+            // reports.
+            let fields: Vec<&str> = line.split('\t').collect();
             let [tiling, vendor, device, driver, variant] = fields[..] else {
                 return Err(bad(format!(
                     "expected 5 tab-separated fields (tiling, vendor, device, driver, variant), found {}",
                     fields.len()
                 )));
             };
+            let (tiling, vendor, variant) = (tiling.trim(), vendor.trim(), variant.trim());
             if tiling != "coop" {
                 return Err(bad(format!("unknown tiling '{tiling}' (only coop is tuned)")));
             }
@@ -227,7 +232,7 @@ mod tests {
 
     #[test]
     fn tables_round_trip_and_pick_per_adapter_and_class() {
-        let h100 = adapter("NVIDIA H100", "580.159.04");
+        let h100 = adapter("NVIDIA H100 #2", " 580.159.04");
         let mut table = TuneTable::default();
         table.set(TuneEntry::for_adapter(&h100, CoopVariant::new(128, 64, 32)));
         table.set(TuneEntry::for_adapter(&h100, CoopVariant::new(64, 64, 64)));

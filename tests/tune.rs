@@ -17,7 +17,9 @@ fn tune_writes_a_table_that_later_contexts_follow() {
     let info = probe.adapter_info().clone();
     drop(probe);
     let dir = scratch("tune");
-    let table = dir.join("tune.tsv");
+    // In a directory that does not exist yet, as ~/.config/wgpu-attention on a fresh
+    // machine.
+    let table = dir.join("config").join("wgpu-attention").join("tune.tsv");
     let json = dir.join("tune.json");
     // A tiny shape: every 64-class variant that fits, each checked, then timed.
     let out = bin()

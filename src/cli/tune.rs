@@ -87,6 +87,12 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         Some(path) => Some(PathBuf::from(path)),
         None => None,
     };
+    // The user table's directory may not exist yet on a fresh machine.
+    if let Some(dir) = table_path.as_deref().and_then(std::path::Path::parent) {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", dir.display())))?;
+        }
+    }
     let outputs: Vec<&std::path::Path> = args
         .json
         .iter()
@@ -202,16 +208,6 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::bad(e.to_string()))?;
         files.push((path.clone(), text.into_bytes()));
     }
-    if let Some(path) = &table_path {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", dir.display())))?;
-        }
-        files.push((path.clone(), table.to_text().into_bytes()));
-    }
-    write_all(&files)?;
-    for (path, _) in &files {
-        eprintln!("wrote {}", path.display());
-    }
     let wrong: Vec<String> = rows
         .iter()
         .filter(|r| r.status.starts_with("WRONG"))
@@ -224,8 +220,19 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
             )
         })
         .collect();
+    // A table is written only from a run where every candidate was right.
+    if let Some(path) = table_path.as_ref().filter(|_| wrong.is_empty()) {
+        files.push((path.clone(), table.to_text().into_bytes()));
+    }
+    write_all(&files)?;
+    for (path, _) in &files {
+        eprintln!("wrote {}", path.display());
+    }
     if !wrong.is_empty() {
-        return Err(CliError::Failed(format!("wrong results from: {}", wrong.join("; "))));
+        return Err(CliError::Failed(format!(
+            "wrong results from: {} (no tuning table written)",
+            wrong.join("; ")
+        )));
     }
     Ok(())
 }
@@ -354,16 +361,22 @@ fn measure(
 }
 
 /// Per head-dim class, the tensor-core variant with the highest mean GFLOP/s over the
-/// class's checked rows (f16 rows where there are any), and that mean.
+/// class's checked rows (f16 rows where there are any; variants wrong anywhere left
+/// out), and that mean.
 fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
     let mut classes: Vec<u32> = rows.iter().filter_map(|r| r.variant.map(|v| v.dmax)).collect();
     classes.sort_unstable();
     classes.dedup();
     let mut out = Vec::new();
     for class in classes {
+        // A variant wrong on any shape is never a winner.
+        let wrong = |v: CoopVariant| {
+            rows.iter()
+                .any(|r| r.variant == Some(v) && r.status.starts_with("WRONG"))
+        };
         let of_class: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.variant.is_some_and(|v| v.dmax == class) && r.status == "ok")
+            .filter(|r| r.variant.is_some_and(|v| v.dmax == class && !wrong(v)) && r.status == "ok")
             .collect();
         let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
             DType::F16

@@ -161,12 +161,15 @@ impl Capabilities {
         }
     }
 
-    /// The tuned tensor-core variant for head dims up to `need`: the smallest tuned
-    /// class that holds them.
+    /// The tuned tensor-core variant for head dims up to `need`: the smallest tuned one
+    /// that holds them within their head-dim class (the smallest of 64, 128, 256 that
+    /// holds them), if any; a class without one takes the picker's rule.
     pub fn tuned_coop(&self, need: u32) -> Option<crate::kernels::flash::CoopVariant> {
+        let class_of = |d: u32| [64, 128, 256].into_iter().find(|&c| d <= c);
+        let class = class_of(need)?;
         self.coop_tuned
             .iter()
-            .filter(|v| v.dmax >= need)
+            .filter(|v| v.dmax >= need && class_of(v.dmax) == Some(class))
             .min_by_key(|v| v.dmax)
             .copied()
     }

@@ -252,6 +252,16 @@ impl Context {
                 needed_for: "emulating cooperative matrices".into(),
             });
         }
+        // The loop model of the emulated kernels (kernels::loop_budget::coop_iterations)
+        // covers subgroups of 8 and 16 lanes; on 4 one tile of the larger variants
+        // could pass llvmpipe's cap.
+        if self.caps.loop_cap.is_some() && caps.coop_subgroup_size().is_some_and(|sg| sg < 8) {
+            return Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "subgroups of at least 8 lanes (under this driver's loop cap)",
+                needed_for: "emulating cooperative matrices".into(),
+            });
+        }
         caps.coop_emulated = true;
         self.caps = caps;
         Ok(())

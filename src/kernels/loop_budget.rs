@@ -134,48 +134,69 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
 }
 
 /// `flash_coop.wgsl` as it runs under llvmpipe's cap: only there, with its coop
-/// operations emulated (`kernels::coop_emulation`, subgroups of 8), so the model counts
-/// the emulation's loops too (a fragment load or store 32 trips, a multiply-add
-/// 32 x 17); GPUs have no cap. The narrowest variant of the class (the most tiles per
-/// key), every loop counted, staging by elements (more trips than by words). Per tile:
-/// the K and V staging, the score chunks, the softmax over each lane's two rows, the
-/// rescale through `ss` and the P·V chunks. Around it: the Q staging and fragments,
-/// the output tiles' clear, resume and store.
+/// operations emulated (`kernels::coop_emulation`), so the model counts the
+/// emulation's loops too. The kernel that runs may be any variant of the class a
+/// tuning table or `Context::use_coop_variants` pins, on subgroups of 8 or 16 lanes
+/// (`Context::emulate_cooperative_matrix` refuses narrower ones under a cap, where a
+/// single tile could pass it), so this is the largest count over every such variant
+/// that fits 32 KiB ([`coop_variant_iterations`]).
 pub fn coop_iterations(s: &AttentionShape) -> u64 {
     let need = s.head_dim.max(s.head_dim_v) as u32;
-    let Some(v) = super::flash::COOP_VARIANTS
-        .iter()
-        .filter(|v| v.dmax >= need)
-        .min_by_key(|v| (v.dmax, v.bc))
-    else {
+    let Some(class) = [64, 128, 256].into_iter().find(|&c| need <= c) else {
         return u64::MAX;
     };
+    [8, 16]
+        .into_iter()
+        .flat_map(|sg| {
+            crate::tune::coop_candidates(class, sg, 32 * 1024, u32::MAX)
+                .into_iter()
+                .map(move |v| coop_variant_iterations(s, v, sg))
+        })
+        .max()
+        .unwrap_or(u64::MAX)
+}
+
+/// One coop variant's loop trips under the emulation on `sg`-lane subgroups (`sg`
+/// dividing 16), every loop counted with its exit check, every tile assumed to rescale
+/// and to stage by elements or words, whichever loops more. Per tile: the P·V and score
+/// chunks (a fragment load or store is 256/sg trips, a multiply-add 256/sg times 16
+/// plus 2), the softmax over each lane's rows, the rescale through `ss`, the staging.
+/// Around it: Q staging and fragments, clears, the first tile, the last P·V, resume and
+/// store.
+pub fn coop_variant_iterations(s: &AttentionShape, v: crate::kernels::flash::CoopVariant, sg: u32) -> u64 {
+    let sg = u64::from(sg.clamp(1, 16));
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
-    let nt = br / 16 * 8;
+    let looped = |n: u64| n + 1;
+    let slots = 256 / sg;
+    let rows = (16 / sg).max(1);
+    let nt = (br / 16 * sg).max(1);
     let (d16, kc) = (dmax / 16, bc / 16);
-    let (load, mma) = (32, 32 * 17);
-    let (rows, quads) = (2, bc / 4); // rows per lane, column quads per row
-    let rounds = d16.div_ceil(kc);
-    let through_ss = rounds * (2 * kc * (1 + load) + rows * (1 + quads * 5));
+    let quads = bc / 4;
+    let (load, store, mma) = (looped(slots), looped(slots), slots * 18 + 1);
+    let npre = (bc * dmax / 4).div_ceil(nt);
+    let stage_one = looped((bc * dmax).div_ceil(nt)).max(2 * looped(npre));
+    let pv = looped(kc) + kc * (load + looped(d16) + d16 * (load + mma));
+    let scores = looped(kc) + kc * (looped(d16) + d16 * (load + mma) + store);
+    let softmax = looped(rows) + rows * (2 * looped(quads) + 2 + 4);
+    let rounds = d16.div_ceil(kc.max(1));
+    let through_ss =
+        looped(rounds) + rounds * (2 * looped(kc) + kc * (load + store) + looped(rows) + rows * looped(quads));
+    let per_tile = 1 + 2 * looped(2) + 2 * stage_one + pv + scores + softmax + through_ss;
+    let rows_out =
+        looped(rounds) + rounds * (looped(rows) + rows * (looped(quads) + quads * looped(4)) + looped(kc) + kc * load);
+    let around = looped((br * dmax).div_ceil(nt))
+        + looped(d16)
+        + d16 * load
+        + looped(rows)
+        + looped(d16)
+        + looped((bc * (dmax + 8)).div_ceil(nt))
+        + looped((16 * (bc + 8)).div_ceil(sg))
+        + stage_one
+        + pv
+        + 2 * rows_out
+        + looped(rows);
     let tiles = (s.len_k as u64).div_ceil(bc);
-    let pv = kc * (1 + load + d16 * (1 + load + mma));
-    let per_tile = 2 * (bc * dmax).div_ceil(nt)
-        + kc * (1 + d16 * (1 + load + mma) + load)
-        + rows * (2 + 2 * quads)
-        + through_ss
-        + pv
-        + 1;
-    // Q staging and fragments, row state, clears, the first K tile, the last tile's
-    // P·V (the loop is pipelined: P·V trails the scores by one tile), resume and store.
-    let around = (br * dmax).div_ceil(nt)
-        + d16 * (1 + load)
-        + rows
-        + d16
-        + 2 * (bc * (dmax + 8)).div_ceil(nt)
-        + 16 * (bc + 8)
-        + pv
-        + 2 * through_ss;
-    tiles * per_tile + around
+    1 + tiles * per_tile + around
 }
 
 /// `flash_backward.wgsl`'s dQ pass over `keys` keys (each loop counting one more trip
@@ -202,7 +223,7 @@ pub fn backward_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
     let per_block = 1 + (d4 * 21 + 1) + (dv4 * 21 + 1) + (d4 * 21 + 1);
     // Two binary searches for the rows the workgroup's keys are visible to.
     let searches = 2 * (u64::from(usize::BITS - rows.leading_zeros()) + 2);
-    1 + searches + group * (1 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
+    1 + searches + group * (2 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
 }
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within

@@ -76,13 +76,18 @@ impl CoopVariant {
         }
     }
 
-    /// Whether the variant's WGSL holds together for subgroups of `sg` lanes: whole
-    /// 16-key and 16-dim chunks, one band per subgroup, Q staged through the K/V tile
-    /// (BR <= 2 BC), the softmax's column quads shared evenly by a row's lanes, and
-    /// subgroups that divide a band (narrow) or a multiple of it (wide).
+    /// Whether the variant's WGSL holds together for subgroups of `sg` lanes: head dims
+    /// up to at most 256, 1 to 8 bands, whole 16-key chunks up to 256
+    /// keys, Q staged through the K/V tile (BR <= 2 BC), the softmax's column quads
+    /// shared evenly by a row's lanes, and subgroups that divide a band (narrow) or a
+    /// multiple of it (wide).
     pub fn valid_for(&self, sg: u32) -> bool {
         let lpr = Self::lanes_per_row(sg);
         sg > 0
+            && sg <= 128
+            && self.dmax <= 256
+            && self.br <= 128
+            && self.bc <= 256
             && (16 % sg == 0 || sg.is_multiple_of(16))
             && self.dmax.is_multiple_of(16)
             && self.dmax > 0
