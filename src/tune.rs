@@ -262,6 +262,9 @@ mod tests {
             ("coop\tnvidia\tX\t1\t64x64x32\n", "vendor"),
             ("# ok\n\ncoop\t0x10de\tX\t1\t64x64x33\n", "line 3"),
             ("coop\t0x10de\tX\t1\t128x96x32\n", "valid"),
+            // Sizes whose byte count would overflow u32 are refused, not wrapped.
+            ("coop\t0x10de\tX\t1\t16x16x4294967280\n", "valid"),
+            ("coop\t0x10de\tX\t1\t64x16x134217728\n", "valid"),
         ] {
             let e = TuneTable::parse("t", text).expect_err(text).to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
