@@ -42,6 +42,10 @@ pub struct TuneArgs {
     /// user (WGPU_ATTENTION_TUNE_FILE, else ~/.config/wgpu-attention/tune.tsv).
     #[arg(long, value_name = "FILE|user")]
     table: Option<String>,
+    /// Only these tensor-core variants (comma-separated DMAXxBRxBC, e.g.
+    /// `128x64x32,128x64x48`), where they fit; default: every one that fits.
+    #[arg(long, value_name = "LIST")]
+    variants: Option<String>,
     /// Run the tensor-core variants with their cooperative-matrix operations emulated
     /// (adapters without tensor cores, e.g. lavapipe in CI): checks every variant's
     /// logic; the timings say nothing about tensor cores.
@@ -112,6 +116,16 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         Some("both") => Some(vec![DType::F16, DType::F32]),
         Some(other) => return Err(CliError::bad(format!("--dtype '{other}': expected f16, f32 or both"))),
     };
+    let only: Option<Vec<CoopVariant>> = match &args.variants {
+        None => None,
+        Some(list) => Some(
+            list.split(',')
+                .map(|v| {
+                    CoopVariant::parse(v).ok_or_else(|| CliError::bad(format!("--variants: '{v}' is not DMAXxBRxBC")))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    };
     let explicit_shapes = args
         .shape
         .iter()
@@ -151,7 +165,11 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     ))?;
     for &shape in &shapes {
         for &dtype in &dtypes {
-            for (tiling, variant) in candidates(&ctx, &shape) {
+            let chosen = candidates(&ctx, &shape).into_iter().filter(|(_, v)| match (&only, v) {
+                (Some(only), Some(v)) => only.contains(v),
+                _ => true,
+            });
+            for (tiling, variant) in chosen {
                 if let Some(v) = variant {
                     ctx.use_coop_variants(vec![v]);
                 }
