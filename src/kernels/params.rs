@@ -73,3 +73,20 @@ pub struct AttentionParams {
 pub const MASK_NONE: u32 = 0;
 pub const MASK_BOOL: u32 = 1;
 pub const MASK_ADDITIVE: u32 = 2;
+
+impl AttentionParams {
+    /// Every stride of K and V (batch, head, row, page; K's then V's): what decides
+    /// whether their rows can be read as whole 16-byte words.
+    pub fn kv_strides(&self) -> [u32; 8] {
+        [
+            self.k_stride_b,
+            self.k_stride_h,
+            self.k_stride_s,
+            self.k_page_stride,
+            self.v_stride_b,
+            self.v_stride_h,
+            self.v_stride_s,
+            self.v_page_stride,
+        ]
+    }
+}

@@ -12,7 +12,7 @@
 //! key/value head sum over the query heads that share it.
 
 use super::{soft_capped, visible};
-use crate::error::{checked_product, Error, Result};
+use crate::error::Result;
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
 
@@ -50,21 +50,7 @@ pub fn attention_backward<T: Copy + Into<f64>>(
         head_dim: d,
         head_dim_v: dv,
     } = *shape;
-    for (name, data, dims) in [
-        ("q", q.len(), [batch, heads_q, len_q, d]),
-        ("k", k.len(), [batch, heads_kv, len_k, d]),
-        ("v", v.len(), [batch, heads_kv, len_k, dv]),
-        ("d_out", d_out.len(), [batch, heads_q, len_q, dv]),
-    ] {
-        let expected = checked_product(name, &dims)?;
-        if data != expected {
-            return Err(Error::shape(
-                format!("length of {name}"),
-                format!("{expected} elements ({dims:?})"),
-                data,
-            ));
-        }
-    }
+    super::check_lengths(shape, q.len(), k.len(), v.len(), Some(d_out.len()))?;
     let scale = f64::from(shape.scale(options));
     let cap = options.softcap.map(f64::from);
     let mut grads = ReferenceGradients {

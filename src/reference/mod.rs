@@ -96,6 +96,30 @@ pub fn soft_capped(options: &AttentionOptions, scaled: f64) -> f64 {
     }
 }
 
+/// Checks that q, k, v (and, for the backward pass, dO) hold the elements `shape` gives
+/// them, BHSD.
+fn check_lengths(shape: &AttentionShape, q: usize, k: usize, v: usize, d_out: Option<usize>) -> Result<()> {
+    let (b, hq, hk) = (shape.batch, shape.heads_q, shape.heads_kv);
+    let out = [b, hq, shape.len_q, shape.head_dim_v];
+    for (name, data, dims) in [
+        ("q", Some(q), [b, hq, shape.len_q, shape.head_dim]),
+        ("k", Some(k), [b, hk, shape.len_k, shape.head_dim]),
+        ("v", Some(v), [b, hk, shape.len_k, shape.head_dim_v]),
+        ("d_out", d_out, out),
+    ] {
+        let Some(data) = data else { continue };
+        let expected = checked_product(name, &dims)?;
+        if data != expected {
+            return Err(Error::shape(
+                format!("length of {name}"),
+                format!("{expected} elements ({dims:?})"),
+                data,
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Scaled dot-product attention on BHSD host data (f32, or f64 for a reference built
 /// on other f64 results, as the multi-head one). The shape, the options and the three
 /// slices' lengths are checked first.
@@ -108,21 +132,7 @@ pub fn attention<T: Copy + Into<f64>>(
 ) -> Result<ReferenceOutput> {
     shape.validate()?;
     shape.check_options(options)?;
-    let (b, hq, hk) = (shape.batch, shape.heads_q, shape.heads_kv);
-    for (name, data, dims) in [
-        ("q", q.len(), [b, hq, shape.len_q, shape.head_dim]),
-        ("k", k.len(), [b, hk, shape.len_k, shape.head_dim]),
-        ("v", v.len(), [b, hk, shape.len_k, shape.head_dim_v]),
-    ] {
-        let expected = checked_product(name, &dims)?;
-        if data != expected {
-            return Err(Error::shape(
-                format!("length of {name}"),
-                format!("{expected} elements ({dims:?})"),
-                data,
-            ));
-        }
-    }
+    check_lengths(shape, q.len(), k.len(), v.len(), None)?;
     let AttentionShape {
         batch,
         heads_q,

@@ -57,20 +57,7 @@ pub(crate) fn encode(
 /// every K and V stride whole words (a paged cache's page strides too).
 fn coop_words(dtype: DType, params: &AttentionParams) -> bool {
     let per_word = 16 / dtype.size() as u32;
-    super::coop::words_fit(
-        per_word,
-        (params.head_dim, params.head_dim_v),
-        &[
-            params.k_stride_b,
-            params.k_stride_h,
-            params.k_stride_s,
-            params.k_page_stride,
-            params.v_stride_b,
-            params.v_stride_h,
-            params.v_stride_s,
-            params.v_page_stride,
-        ],
-    )
+    super::coop::words_fit(per_word, (params.head_dim, params.head_dim_v), &params.kv_strides())
 }
 
 /// Whether every four elements of a K or V row that start a row's quad lie inside one
@@ -79,20 +66,7 @@ fn coop_words(dtype: DType, params: &AttentionParams) -> bool {
 /// multiples of 4 elements, and both buffers whole 16-byte words (ours always are;
 /// `Tensor::from_buffer` may wrap others).
 fn kv_in_words(params: &AttentionParams, bindings: &AttentionBindings) -> bool {
-    let quads = [
-        params.head_dim,
-        params.head_dim_v,
-        params.k_stride_b,
-        params.k_stride_h,
-        params.k_stride_s,
-        params.k_page_stride,
-        params.v_stride_b,
-        params.v_stride_h,
-        params.v_stride_s,
-        params.v_page_stride,
-    ]
-    .iter()
-    .all(|x| x.is_multiple_of(4));
+    let quads = super::coop::words_fit(4, (params.head_dim, params.head_dim_v), &params.kv_strides());
     let words = [bindings.k, bindings.v]
         .iter()
         .all(|b| b.size() >= 16 && b.size().is_multiple_of(16));
@@ -109,16 +83,7 @@ fn texel_variant(
     if config.spec().tiling != FusedTiling::Subgroup {
         return None;
     }
-    let strides = [
-        params.k_stride_b,
-        params.k_stride_h,
-        params.k_stride_s,
-        params.k_page_stride,
-        params.v_stride_b,
-        params.v_stride_h,
-        params.v_stride_s,
-        params.v_page_stride,
-    ];
+    let strides = params.kv_strides();
     flash_texel::variant_for(
         dtype,
         (params.head_dim, params.head_dim_v),
