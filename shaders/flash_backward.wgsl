@@ -1,6 +1,7 @@
 // The backward pass of fused attention, FlashAttention-2's algorithm at its simplest
 // tiling (one row or one key per invocation, K/V and Q straight from storage, no
-// workgroup memory: it runs on every adapter), appended to attention_common.wgsl.
+// workgroup memory: it runs on every adapter), appended to attention_common.wgsl and
+// backward_common.wgsl.
 // Scores are recomputed with the forward's rules (apply_masks) and P = exp(s - lse)
 // from the forward's log-sum-exp; the score matrix is never stored (docs/design.md,
 // "Backward"). With s = softcap(x) + bias, x = scale·q·k, P = softmax(s), dO given:
@@ -20,14 +21,6 @@
 //     blocks of 4 and writes dQ_i (resuming likewise).
 // Gradients are written in the inputs' layout (the strides of q, k and v) and dtype,
 // accumulated in f32.
-
-@group(0) @binding(13) var<storage, read> d_out: array<elem>;
-// The forward's output, read only (attention_common.wgsl's `output` is read-write, and
-// a buffer bound both ways in one dispatch is refused: dO may be O's own buffer).
-@group(0) @binding(17) var<storage, read> o_in: array<elem>;
-@group(0) @binding(14) var<storage, read_write> dq: array<elem>;
-@group(0) @binding(15) var<storage, read_write> dk: array<elem>;
-@group(0) @binding(16) var<storage, read_write> dv: array<elem>;
 
 const MAX_VEC4: u32 = 64u; // head dims up to 256
 override ROWS: u32 = 32u;
@@ -60,66 +53,6 @@ fn qrow4(base: u32, t4: u32) -> vec4<f32> {
         return vec4<f32>(f32(q[base + d]), f32(q[base + d + 1u]), f32(q[base + d + 2u]), f32(q[base + d + 3u]));
     }
     return qload4(base, t4);
-}
-
-// The query rows of this dispatch's range (p.key_begin .. p.key_stop in this pass)
-// that can see any key of first_key .. last_key of batch element b: key_start and
-// key_end grow with the row, so binary searches find the first row whose range ends
-// past first_key and the last whose range starts at or before last_key.
-fn rows_seeing(b: u32, first_key: u32, last_key: u32) -> vec2<u32> {
-    var lo = p.key_begin;
-    var hi = p.key_stop;
-    while lo < hi {
-        let mid = (lo + hi) / 2u;
-        if key_end(b, mid) > first_key {
-            hi = mid;
-        } else {
-            lo = mid + 1u;
-        }
-    }
-    let begin = lo;
-    hi = p.key_stop;
-    while lo < hi {
-        let mid = (lo + hi) / 2u;
-        if key_start(b, mid) <= last_key {
-            lo = mid + 1u;
-        } else {
-            hi = mid;
-        }
-    }
-    return vec2<u32>(begin, lo);
-}
-
-fn do_base(hd: Head, i: u32) -> u32 {
-    return hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
-}
-
-fn q_base(hd: Head, i: u32) -> u32 {
-    return hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
-}
-
-fn lse_at(hd: Head, i: u32) -> f32 {
-    return lse[(hd.b * p.heads_q + hd.h) * p.len_q + i];
-}
-
-fn delta_at(hd: Head, i: u32) -> f32 {
-    return scores[(hd.b * p.heads_q + hd.h) * p.len_q + i];
-}
-
-// P = exp(s - lse), 0 where s is masked (which covers rows that saw no key: their
-// lse is -inf, and so is every score).
-fn probs_of(s: vec4<f32>, lse4: vec4<f32>) -> vec4<f32> {
-    let masked = bitcast<vec4<u32>>(s) == vec4<u32>(NEG_INF_BITS);
-    return select(exp(s - lse4), vec4<f32>(0.0), masked);
-}
-
-// d softcap(x) / dx = 1 - (softcap(x) / cap)², 1 without a cap.
-fn cap_slope(x: vec4<f32>) -> vec4<f32> {
-    if p.softcap == 0.0 {
-        return vec4<f32>(1.0);
-    }
-    let t = soft_cap(x) / p.softcap;
-    return vec4<f32>(1.0) - t * t;
 }
 
 @compute @workgroup_size(64, 1, 1)

@@ -283,6 +283,14 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// The fused tiling this plan runs, if it runs the fused kernel.
+    pub(crate) fn fused_tiling(&self) -> Option<FusedTiling> {
+        match &self.kernel {
+            ResolvedKernel::Fused(config) => Some(config.tiling),
+            _ => None,
+        }
+    }
+
     pub(crate) fn new(
         ctx: &Context,
         q: &Tensor,

@@ -11,8 +11,12 @@
 use crate::attention::{mask_words, side_words, upload_words, Plan};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::{dispatch, groups_for, loop_budget, pipeline, Kernel, Slot, ATTENTION_PRELUDE};
-use crate::options::{AttentionOptions, KernelChoice};
+use crate::kernels::{
+    dispatch, groups_for, loop_budget, pipeline, Kernel, Slot, BACKWARD_PRELUDE, BACKWARD_SUBGROUP_128,
+    BACKWARD_SUBGROUP_64,
+};
+use crate::options::{AttentionOptions, FusedTiling, KernelChoice};
+use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 
 /// The gradients of one attention call, in the inputs' layouts and dtype.
@@ -34,48 +38,139 @@ const fn backward_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel 
         source: SOURCE,
         entry,
         slots,
-        preludes: ATTENTION_PRELUDE,
+        preludes: BACKWARD_PRELUDE,
         variant: "",
     }
 }
 
 /// `D_i = dO_i · O_i`.
 pub const DELTA: Kernel = backward_kernel("bwd_delta", &[Slot::Params, Slot::Scores, Slot::DOut, Slot::ForwardOut]);
+const DQ_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::Lse,
+    Slot::DOut,
+    Slot::DQ,
+];
+const DKDV_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::Lse,
+    Slot::DOut,
+    Slot::DK,
+    Slot::DV,
+];
 /// dQ: one query row per invocation.
-pub const DQ: Kernel = backward_kernel(
-    "bwd_dq",
-    &[
-        Slot::Params,
-        Slot::Q,
-        Slot::K,
-        Slot::V,
-        Slot::Mask,
-        Slot::SideWords,
-        Slot::Scores,
-        Slot::Lse,
-        Slot::DOut,
-        Slot::DQ,
-    ],
-);
+pub const DQ: Kernel = backward_kernel("bwd_dq", DQ_SLOTS);
 /// dK and dV: one key per invocation.
-pub const DKDV: Kernel = backward_kernel(
-    "bwd_dkdv",
-    &[
-        Slot::Params,
-        Slot::Q,
-        Slot::K,
-        Slot::V,
-        Slot::Mask,
-        Slot::SideWords,
-        Slot::Scores,
-        Slot::Lse,
-        Slot::DOut,
-        Slot::DK,
-        Slot::DV,
-    ],
-);
+pub const DKDV: Kernel = backward_kernel("bwd_dkdv", DKDV_SLOTS);
 
-/// Rows (or keys) per workgroup of the dQ and dK/dV passes.
+/// The dQ and dK/dV kernels of one backward tiling.
+#[derive(Clone, Copy, Debug)]
+pub struct PassKernels {
+    pub dq: Kernel,
+    pub dkdv: Kernel,
+}
+
+const SUBGROUP_SOURCE: &str = include_str!("../shaders/flash_backward_subgroup.wgsl");
+
+const fn subgroup_kernel(
+    entry: &'static str,
+    slots: &'static [Slot],
+    preludes: &'static [&'static str],
+    variant: &'static str,
+) -> Kernel {
+    Kernel {
+        file: "flash_backward_subgroup.wgsl",
+        source: SUBGROUP_SOURCE,
+        entry,
+        slots,
+        preludes,
+        variant,
+    }
+}
+
+/// The CPU-adapter tiling (`flash_backward_subgroup.wgsl`: subgroups of at least 8
+/// lanes, 4 owned rows per invocation) for head dims up to 64: the owned rows and the
+/// accumulators in 32 KiB of workgroup memory.
+pub const SUBGROUP_64: PassKernels = PassKernels {
+    dq: subgroup_kernel("bwd_dq_subgroup", DQ_SLOTS, BACKWARD_SUBGROUP_64, "[64]"),
+    dkdv: subgroup_kernel("bwd_dkdv_subgroup", DKDV_SLOTS, BACKWARD_SUBGROUP_64, "[64]"),
+};
+/// The same up to 128: the accumulators in workgroup memory, the owned rows read from
+/// their buffers at every block.
+pub const SUBGROUP_128: PassKernels = PassKernels {
+    dq: subgroup_kernel("bwd_dq_subgroup", DQ_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
+    dkdv: subgroup_kernel("bwd_dkdv_subgroup", DKDV_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
+};
+
+/// How the dQ and dK/dV passes are tiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackwardTiling {
+    /// One row or key per invocation, operands from storage (`flash_backward.wgsl`):
+    /// every adapter, every head dim.
+    Rows,
+    /// 4 rows or keys per invocation sharing loads through 8-lane subgroups
+    /// (`flash_backward_subgroup.wgsl`): where the forward runs its `subgroup`
+    /// tiling (CPU adapters) and both head dims are at most 128.
+    Subgroup,
+}
+
+impl BackwardTiling {
+    /// The tiling for a problem whose forward runs the fused tiling `forward`.
+    pub fn for_forward(forward: FusedTiling, shape: &AttentionShape) -> Self {
+        if forward == FusedTiling::Subgroup && shape.head_dim.max(shape.head_dim_v) <= 128 {
+            BackwardTiling::Subgroup
+        } else {
+            BackwardTiling::Rows
+        }
+    }
+
+    /// The name reports give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardTiling::Rows => "rows",
+            BackwardTiling::Subgroup => "subgroup",
+        }
+    }
+
+    fn kernels(self, shape: &AttentionShape) -> PassKernels {
+        let dims = shape.head_dim.max(shape.head_dim_v) as u32;
+        match self {
+            BackwardTiling::Rows => PassKernels { dq: DQ, dkdv: DKDV },
+            BackwardTiling::Subgroup if dims <= 64 => SUBGROUP_64,
+            BackwardTiling::Subgroup => SUBGROUP_128,
+        }
+    }
+
+    /// Loop iterations of one invocation of the dQ pass over `keys` keys, and of the
+    /// dK/dV pass over `rows` query rows (llvmpipe's loop cap).
+    fn dq_iterations(self, s: &AttentionShape, keys: usize) -> u64 {
+        match self {
+            BackwardTiling::Rows => loop_budget::backward_dq_iterations(s, keys),
+            BackwardTiling::Subgroup => loop_budget::backward_subgroup_dq_iterations(s, keys),
+        }
+    }
+
+    fn dkdv_iterations(self, s: &AttentionShape, rows: usize) -> u64 {
+        match self {
+            BackwardTiling::Rows => loop_budget::backward_dkdv_iterations(s, rows),
+            BackwardTiling::Subgroup => loop_budget::backward_subgroup_dkdv_iterations(s, rows),
+        }
+    }
+}
+
+/// Rows (or keys) per workgroup of the dQ and dK/dV passes, in both tilings.
 const ROWS: u32 = 32;
 
 /// The gradients of `sdpa(q, k, v, options)` given its output `out`, its log-sum-exp
@@ -234,8 +329,10 @@ pub fn encode_sdpa_backward(
     )?;
 
     // dQ, over key ranges that fit the loop cap.
-    let dq_pipeline = pipeline(ctx, &DQ, dtype, &[("ROWS", ROWS)])?;
-    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| loop_budget::backward_dq_iterations(&s, keys))?;
+    let tiling = BackwardTiling::for_forward(plan.fused_tiling().unwrap_or(FusedTiling::Auto), &s);
+    let kernels = tiling.kernels(&s);
+    let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &[("ROWS", ROWS)])?;
+    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
         let range = crate::kernels::AttentionParams {
             key_begin: begin as u32,
@@ -243,15 +340,15 @@ pub fn encode_sdpa_backward(
             ..base
         };
         let params = crate::attention::uniform(ctx, "backward dq params", &range)?;
-        let mut entries = bind(DQ.slots);
+        let mut entries = bind(kernels.dq.slots);
         entries[0].1 = &params;
         dispatch(ctx, encoder, &dq_pipeline, &entries, [rows_groups(s.len_q), heads, 1])?;
     }
 
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
     // key_begin / key_stop: the WGSL says so).
-    let dkdv_pipeline = pipeline(ctx, &DKDV, dtype, &[("ROWS", ROWS)])?;
-    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| loop_budget::backward_dkdv_iterations(&s, rows))?;
+    let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &[("ROWS", ROWS)])?;
+    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
     for begin in (0..s.len_q).step_by(per_row_range) {
         let range = crate::kernels::AttentionParams {
             key_begin: begin as u32,
@@ -259,7 +356,7 @@ pub fn encode_sdpa_backward(
             ..base
         };
         let params = crate::attention::uniform(ctx, "backward dk/dv params", &range)?;
-        let mut entries = bind(DKDV.slots);
+        let mut entries = bind(kernels.dkdv.slots);
         entries[0].1 = &params;
         dispatch(
             ctx,

@@ -7,7 +7,8 @@ mod common;
 
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, CheckCase, Rng};
 use wgpu_attention::{
-    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Layout, Tensor, Window,
+    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, Layout,
+    Tensor, Window,
 };
 
 fn assert_passes(ctx: &Context, case: CheckCase) {
@@ -90,6 +91,54 @@ fn gradients_match_the_reference_across_shapes_options_and_dtypes() {
             let dtype = if seed % 3 == 0 { DType::F16 } else { DType::F32 };
             let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
             assert_passes(ctx, case(s, options, dtype, layout, seed));
+        }
+    }
+}
+
+#[test]
+fn every_backward_tiling_matches_the_reference() {
+    // The adapter's own pick (the subgroup tiling on lavapipe, for head dims up to 64
+    // and up to 128) and the rows tiling (forced through the forward's registers
+    // tiling), on masks that reach every rule of both dK/dV orientations.
+    let Some(ctx) = common::ctx() else { return };
+    let mut rng = Rng::new(3994);
+    let shapes = [
+        AttentionShape::new(2, 4, 2, 37, 45, 24, 40),
+        AttentionShape::new(1, 2, 1, 21, 70, 100, 72),
+        AttentionShape::new(1, 2, 2, 33, 19, 136, 136),
+    ];
+    let mut seed = 39940;
+    for s in shapes {
+        for tiling in [FusedTiling::Auto, FusedTiling::Registers] {
+            for variant in 0..3 {
+                seed += 1;
+                let [b, hq, lq, lk] = [s.batch, s.heads_q, s.len_q, s.len_k];
+                let options = match variant {
+                    0 => AttentionOptions {
+                        causal: Some(CausalAlignment::BottomRight),
+                        key_lengths: Some((0..b).map(|i| (lk - 3 * i) as u32).collect()),
+                        ..Default::default()
+                    },
+                    1 => AttentionOptions {
+                        mask: Some(random_bool_mask(&mut rng, [b, hq, lq, lk])),
+                        softcap: Some(2.0),
+                        alibi_slopes: Some((0..hq).map(|h| 0.25 / (h + 1) as f32).collect()),
+                        ..Default::default()
+                    },
+                    _ => AttentionOptions {
+                        window: Some(Window {
+                            left: Some(5),
+                            right: Some(2),
+                        }),
+                        mask: Some(random_additive_mask(&mut rng, [1, 1, lq, lk])),
+                        ..Default::default()
+                    },
+                };
+                let options = AttentionOptions { tiling, ..options };
+                let dtype = if seed % 2 == 0 { DType::F16 } else { DType::F32 };
+                let layout = if seed % 3 == 0 { Layout::Bshd } else { Layout::Bhsd };
+                assert_passes(ctx, case(s, options, dtype, layout, seed));
+            }
         }
     }
 }

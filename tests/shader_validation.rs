@@ -318,6 +318,14 @@ fn subgroup_variants_fit_the_workgroup_memory_the_tiling_declares() {
         .collect();
     assert!(declared.iter().all(|&b| b <= SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
     assert_eq!(declared.iter().max(), Some(&SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
+    // The backward's subgroup tiling runs where the forward's does, on the same need.
+    let backward: Vec<u32> = wgpu_attention::kernels::ALL_KERNELS
+        .iter()
+        .filter(|k| k.file == "flash_backward_subgroup.wgsl")
+        .map(declared_workgroup_bytes)
+        .collect();
+    assert_eq!(backward.len(), 4);
+    assert!(backward.iter().all(|&b| b <= SUBGROUP_WORKGROUP_BYTES), "{backward:?}");
 }
 
 #[test]

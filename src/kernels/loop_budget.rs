@@ -226,6 +226,34 @@ pub fn backward_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
     1 + searches + group * (2 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
 }
 
+/// `flash_backward_subgroup.wgsl`'s dQ pass over `keys` keys. Per block of 16 keys:
+/// the block, the score octets, the dP octets, the masking loop over 4 quads and the
+/// dQ octets. Around it: the Q and dO octets into workgroup memory, the accumulator
+/// cleared, 4 rows stored.
+pub fn backward_subgroup_dq_iterations(s: &AttentionShape, keys: usize) -> u64 {
+    let blocks = keys.div_ceil(16) as u64;
+    let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
+    let per_block = 1 + (d8 + 1) + (dv8 + 1) + 5 + (d8 + 1);
+    let around = (d8 + 1) + (dv8 + 1) + (d8 + 1) + 5 + 4 * (s.head_dim as u64 + 1);
+    1 + blocks * per_block + around
+}
+
+/// `flash_backward_subgroup.wgsl`'s dK/dV pass over `rows` query rows of each of the
+/// group's query heads. Per block of 16 rows: the block, the score octets, the dP
+/// octets, the masking loop over 4 quads, the dV and the dK octets. Around it: the two
+/// searches for the rows the keys are visible to, the K and V octets, both
+/// accumulators cleared, the group loop, 4 keys' dK and dV stored.
+pub fn backward_subgroup_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
+    let blocks = rows.div_ceil(16) as u64;
+    let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+    let (d8, dv8) = ((s.head_dim as u64).div_ceil(8), (s.head_dim_v as u64).div_ceil(8));
+    let per_block = 1 + (d8 + 1) + (dv8 + 1) + 5 + (dv8 + 1) + (d8 + 1);
+    let searches = 2 * (u64::from(usize::BITS - rows.leading_zeros()) + 2);
+    let stores = 5 + 4 * (s.head_dim as u64 + 1 + s.head_dim_v as u64 + 1);
+    let around = searches + 2 * ((d8 + 1) + (dv8 + 1)) + stores;
+    1 + group * (2 + blocks * per_block) + around
+}
+
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
 pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64) -> Option<usize> {

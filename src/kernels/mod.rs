@@ -31,6 +31,9 @@ use crate::tensor::DType;
 pub use params::AttentionParams;
 
 const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
+/// The 4-rows-per-invocation subgroup helpers (quads, broadcast products, column loads,
+/// row-oriented masks) of the CPU-adapter subgroup kernels, forward and backward.
+const SUBGROUP_QUADS: &str = include_str!("../../shaders/subgroup_quads.wgsl");
 
 /// One WGSL file and the entry point used from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,7 +54,26 @@ pub struct Kernel {
 
 /// Prelude of the attention kernels: uniform block, bindings, masking rules.
 pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
-/// Prelude of the fused kernels: the above plus the online-softmax row state.
+/// Prelude of the backward kernels: the attention prelude plus the gradient bindings
+/// and the helpers both backward tilings share.
+pub const BACKWARD_PRELUDE: &[&str] = &[COMMON, BACKWARD_COMMON];
+const BACKWARD_COMMON: &str = include_str!("../../shaders/backward_common.wgsl");
+/// Preludes of `flash_backward_subgroup.wgsl` by the largest head dim it holds: at 64
+/// the accumulators and the owned input rows fit 32 KiB of workgroup memory (4
+/// arrays), at 128 only the accumulators (2).
+pub const BACKWARD_SUBGROUP_64: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    SUBGROUP_QUADS,
+    "const MAX_DIM: u32 = 64u;\nconst ARRAYS: u32 = 4u;\n",
+];
+pub const BACKWARD_SUBGROUP_128: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    SUBGROUP_QUADS,
+    "const MAX_DIM: u32 = 128u;\nconst ARRAYS: u32 = 2u;\n",
+];
+/// Prelude of the fused kernels: the attention prelude plus the online-softmax row state.
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
@@ -66,10 +88,14 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 45] = [
+pub const ALL_KERNELS: [Kernel; 49] = [
     crate::backward::DELTA,
     crate::backward::DQ,
     crate::backward::DKDV,
+    crate::backward::SUBGROUP_64.dq,
+    crate::backward::SUBGROUP_64.dkdv,
+    crate::backward::SUBGROUP_128.dq,
+    crate::backward::SUBGROUP_128.dkdv,
     loop_probe::KERNEL,
     kv_append::KERNEL,
     kv_append::TEXELS,

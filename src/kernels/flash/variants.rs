@@ -1,7 +1,7 @@
 //! The fused kernels' variants: the WGSL source, its bindings, and each variant's
 //! preludes and workgroup-memory needs (registers, shared, subgroup, blocked, coop).
 
-use super::super::{Kernel, Slot, COMMON};
+use super::super::{Kernel, Slot, COMMON, SUBGROUP_QUADS};
 use crate::context::Capabilities;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
@@ -48,6 +48,7 @@ pub const SHARED: Kernel = Kernel {
 pub const SUBGROUP_64: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 64u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
@@ -58,6 +59,7 @@ pub const SUBGROUP_64: Kernel = subgroup_variant(
 pub const SUBGROUP_128: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 128u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
@@ -68,6 +70,7 @@ pub const SUBGROUP_128: Kernel = subgroup_variant(
 pub const SUBGROUP_256: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 256u;\n",
         SUBGROUP_Q_STORAGE,
         SUBGROUP_ACC_SHARED,
@@ -78,6 +81,7 @@ pub const SUBGROUP_256: Kernel = subgroup_variant(
 pub const SUBGROUP_WIDE_64: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 64u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
@@ -88,6 +92,7 @@ pub const SUBGROUP_WIDE_64: Kernel = subgroup_variant(
 pub const SUBGROUP_WIDE_128: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 128u;\n",
         SUBGROUP_Q_SHARED,
         SUBGROUP_ACC_SHARED,
@@ -98,6 +103,7 @@ pub const SUBGROUP_WIDE_128: Kernel = subgroup_variant(
 pub const SUBGROUP_WIDE_256: Kernel = subgroup_variant(
     &[
         COMMON,
+        SUBGROUP_QUADS,
         "const MAX_DIM: u32 = 256u;\n",
         SUBGROUP_Q_STORAGE,
         SUBGROUP_ACC_SHARED,
