@@ -549,3 +549,231 @@ fn the_strided_gemm_reads_operands_transposed_and_broadcast() {
         Err(Error::Invalid { .. })
     ));
 }
+
+/// The gradients PyTorch's autograd computed for the fixture layers
+/// (`tests/fixtures/torch_mha/make_fixture.py`: `loss = Σ out · dOut`, dOut seeded),
+/// against the GPU's and the f64 reference's. PyTorch computed in f32, so it is within
+/// `REL` of the magnitude like the GPU: the GPU within twice that of PyTorch, the f64
+/// reference within once.
+mod torch_fixture {
+    use super::*;
+    use common::torch_fixture as fixture;
+    use wgpu_attention::mha::{load_safetensors, LoadedMha};
+    use wgpu_attention::{key_mask_from_tokens, Mask};
+
+    fn npy<T: npyz::Deserialize>(name: &str) -> (Vec<T>, Vec<usize>) {
+        let bytes = std::fs::read(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let file = npyz::NpyFile::new(&bytes[..]).expect("npy header");
+        let shape: Vec<usize> = file.shape().iter().map(|&d| d as usize).collect();
+        (file.into_vec().expect("npy data"), shape)
+    }
+
+    fn load(name: &str, heads: usize, prefix: &str) -> LoadedMha {
+        let bytes = std::fs::read(fixture(name)).expect("weights file");
+        load_safetensors(&bytes, heads, None, prefix).expect("loads")
+    }
+
+    /// One fixture case: its layer, inputs (one file for self-attention), options, and
+    /// each PyTorch gradient file with the crate's gradients it holds, concatenated
+    /// (PyTorch packs the in-projection's weights or biases).
+    struct Fixture<'a> {
+        case: &'a str,
+        loaded: LoadedMha,
+        inputs: &'a [&'a str],
+        attention: AttentionOptions,
+        expected: &'a [(&'a str, &'a [&'a str])],
+    }
+
+    fn check(f: Fixture) {
+        let Some(ctx) = common::ctx() else { return };
+        let c = &f.loaded.config;
+        let read = |name: &str| npy::<f32>(&format!("{}_{name}.npy", f.case));
+        let ((query, q_shape), (d_out, _)) = (read(f.inputs[0]), read("d_out"));
+        let (key, k_shape) = read(f.inputs.get(1).unwrap_or(&f.inputs[0]));
+        let (value, v_shape) = read(f.inputs.get(2).unwrap_or(&f.inputs[0]));
+        let is_self = f.inputs.len() == 1;
+
+        let layer = MultiHeadAttention::new(ctx, c.clone(), &f.loaded.weights, DType::F32).expect("layer");
+        let seq =
+            |data: &[f32], s: &[usize]| Tensor::sequence(ctx, [s[0], s[1], s[2]], DType::F32, data).expect("upload");
+        let (q_t, k_t, v_t, d_t) = (
+            seq(&query, &q_shape),
+            seq(&key, &k_shape),
+            seq(&value, &v_shape),
+            seq(&d_out, &q_shape),
+        );
+        let inputs = if is_self {
+            Inputs::SelfAttention(&q_t)
+        } else {
+            Inputs::Cross {
+                query: &q_t,
+                key: &k_t,
+                value: &v_t,
+            }
+        };
+        let options = MhaOptions {
+            attention: f.attention.clone(),
+            weights: HeadWeights::None,
+        };
+        let gpu = read_back(ctx, &layer.backward(ctx, inputs, &d_t, &options).expect("backward"));
+        let want = multi_head_attention_backward(
+            c,
+            &f.loaded.weights,
+            [&query, &key, &value],
+            [q_shape[0], q_shape[1], k_shape[1]],
+            &f.attention,
+            &d_out,
+        )
+        .expect("reference");
+        let values = named(&want.gradients, is_self);
+        let magnitudes = named(&want.magnitudes, is_self);
+        let joined = |from: &[(String, Vec<f64>)], parts: &[&str]| -> Vec<f64> {
+            parts
+                .iter()
+                .flat_map(|p| {
+                    from.iter()
+                        .find(|(n, _)| n == p)
+                        .unwrap_or_else(|| panic!("{p}"))
+                        .1
+                        .clone()
+                })
+                .collect()
+        };
+        let gpu_joined = |parts: &[&str]| -> Vec<f32> {
+            parts
+                .iter()
+                .flat_map(|p| {
+                    gpu.iter()
+                        .find(|(n, _)| n == p)
+                        .unwrap_or_else(|| panic!("{p}"))
+                        .1
+                        .clone()
+                })
+                .collect()
+        };
+        let mut worst = [0.0f64; 2];
+        for &(file, parts) in f.expected {
+            let (torch, _) = read(&format!("grad_{file}"));
+            let torch64: Vec<f64> = torch.iter().map(|&x| f64::from(x)).collect();
+            let magnitude = joined(&magnitudes, parts);
+            let reference: Vec<f32> = joined(&values, parts).iter().map(|&x| x as f32).collect();
+            let ours = gpu_joined(parts);
+            assert_eq!(ours.len(), torch.len(), "{}: grad_{file} length", f.case);
+            for (n, (what, got, rel)) in [("GPU", &ours, 2.0 * REL), ("f64 reference", &reference, REL)]
+                .into_iter()
+                .enumerate()
+            {
+                let (ratio, at) = worst_ratio(got, &torch64, &magnitude);
+                worst[n] = worst[n].max(ratio);
+                assert!(
+                    ratio <= rel,
+                    "{} grad_{file}[{at}]: {what} {} vs PyTorch {} (magnitude {:.3e}): {ratio:.3e} of the \
+                     magnitude, bound {rel:.0e}",
+                    f.case,
+                    got[at],
+                    torch[at],
+                    magnitude[at]
+                );
+            }
+        }
+        eprintln!(
+            "{}: worst error / magnitude vs PyTorch: GPU {:.2e}, f64 reference {:.2e}",
+            f.case, worst[0], worst[1]
+        );
+    }
+
+    #[test]
+    fn self_attention_gradients_match_pytorch() {
+        let (tokens, shape) = npy::<i64>("self_tokens.npy");
+        check(Fixture {
+            case: "self",
+            loaded: load("self.safetensors", 4, ""),
+            inputs: &["query"],
+            attention: AttentionOptions {
+                mask: Some(key_mask_from_tokens(&tokens, shape[0], 0).expect("mask")),
+                ..Default::default()
+            },
+            expected: &[
+                ("query", &["d_query"]),
+                ("in_proj_weight", &["q.weight", "k.weight", "v.weight"]),
+                ("in_proj_bias", &["q.bias", "k.bias", "v.bias"]),
+                ("out_proj.weight", &["o.weight"]),
+                ("out_proj.bias", &["o.bias"]),
+            ],
+        });
+    }
+
+    #[test]
+    fn cross_attention_gradients_match_pytorch() {
+        let (allow, shape) = npy::<bool>("cross_mask.npy");
+        check(Fixture {
+            case: "cross",
+            loaded: load("cross.safetensors", 2, ""),
+            inputs: &["query", "key", "value"],
+            attention: AttentionOptions {
+                mask: Some(Mask::boolean(&[1, 1, shape[0], shape[1]], allow).expect("mask")),
+                ..Default::default()
+            },
+            expected: &[
+                ("query", &["d_query"]),
+                ("key", &["d_key"]),
+                ("value", &["d_value"]),
+                ("q_proj_weight", &["q.weight"]),
+                ("k_proj_weight", &["k.weight"]),
+                ("v_proj_weight", &["v.weight"]),
+                ("in_proj_bias", &["q.bias", "k.bias", "v.bias"]),
+                ("out_proj.weight", &["o.weight"]),
+                ("out_proj.bias", &["o.bias"]),
+            ],
+        });
+    }
+
+    #[test]
+    fn post_norm_gradients_match_pytorch() {
+        let mut loaded = load("postnorm.safetensors", 3, "encoder.layers.0.");
+        loaded.config.post_norm = Some(PostNorm { eps: 1e-5 });
+        check(Fixture {
+            case: "postnorm",
+            loaded,
+            inputs: &["query"],
+            attention: AttentionOptions {
+                causal: Some(CausalAlignment::TopLeft),
+                ..Default::default()
+            },
+            expected: &[
+                ("query", &["d_query"]),
+                ("q_proj.weight", &["q.weight"]),
+                ("q_proj.bias", &["q.bias"]),
+                ("k_proj.weight", &["k.weight"]),
+                ("k_proj.bias", &["k.bias"]),
+                ("v_proj.weight", &["v.weight"]),
+                ("v_proj.bias", &["v.bias"]),
+                ("o_proj.weight", &["o.weight"]),
+                ("o_proj.bias", &["o.bias"]),
+                ("norm.weight", &["norm.weight"]),
+                ("norm.bias", &["norm.bias"]),
+            ],
+        });
+    }
+
+    #[test]
+    fn grouped_query_gradients_match_pytorch() {
+        let (lengths, _) = npy::<i64>("gqa_key_lengths.npy");
+        check(Fixture {
+            case: "gqa",
+            loaded: load("gqa.safetensors", 4, ""),
+            inputs: &["query"],
+            attention: AttentionOptions {
+                key_lengths: Some(lengths.iter().map(|&l| l as u32).collect()),
+                ..Default::default()
+            },
+            expected: &[
+                ("query", &["d_query"]),
+                ("q_proj.weight", &["q.weight"]),
+                ("k_proj.weight", &["k.weight"]),
+                ("v_proj.weight", &["v.weight"]),
+                ("o_proj.weight", &["o.weight"]),
+            ],
+        });
+    }
+}
