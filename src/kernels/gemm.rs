@@ -55,9 +55,13 @@ pub struct GemmParams {
 /// (for B, `(t, j)` at `offset + t·row + j·col`).
 #[derive(Clone, Copy, Debug)]
 pub struct Operand<'a> {
+    /// Elements of the operands' dtype.
     pub buffer: &'a wgpu::Buffer,
+    /// Index of element `(0, 0)`.
     pub offset: usize,
+    /// Elements between consecutive rows (0: every row the same).
     pub row: usize,
+    /// Elements between consecutive columns (0: every column the same).
     pub col: usize,
 }
 
@@ -104,14 +108,21 @@ impl<'a> Operand<'a> {
 /// `c = a · b (+ c)`: `a` is `[m, depth]`, `b` `[depth, n]`, `c` dense row-major
 /// `[m, n]`, of f32 when `f32_out`, else of the operands' dtype.
 pub struct Gemm<'a> {
+    /// `[m, depth]`.
     pub a: Operand<'a>,
+    /// `[depth, n]`.
     pub b: Operand<'a>,
+    /// Dense row-major `[m, n]`.
     pub c: &'a wgpu::Buffer,
+    /// Rows of C.
     pub m: usize,
+    /// Columns of C.
     pub n: usize,
+    /// The contraction's length.
     pub depth: usize,
     /// Add to `c`'s previous contents rather than overwrite them.
     pub accumulate: bool,
+    /// C is f32 (else of the operands' dtype).
     pub f32_out: bool,
 }
 
