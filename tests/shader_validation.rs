@@ -293,6 +293,55 @@ fn linear_and_packing_uniforms_match_rust() {
     assert_eq!(wgsl[..named.len()], named[..], "PackParams members before the padding");
 }
 
+#[test]
+fn backward_gemm_and_norm_uniforms_match_rust() {
+    use std::mem::{offset_of, size_of};
+    use wgpu_attention::kernels::gemm::{GemmParams, ELEM_OUT, F32_OUT};
+    use wgpu_attention::kernels::layer_norm_backward::{NormBackwardParams, COLUMNS, ROWS};
+    let gemm = [
+        ("m", offset_of!(GemmParams, m)),
+        ("n", offset_of!(GemmParams, n)),
+        ("t_begin", offset_of!(GemmParams, t_begin)),
+        ("t_end", offset_of!(GemmParams, t_end)),
+        ("a_offset", offset_of!(GemmParams, a_offset)),
+        ("a_row", offset_of!(GemmParams, a_row)),
+        ("a_col", offset_of!(GemmParams, a_col)),
+        ("accumulate", offset_of!(GemmParams, accumulate)),
+        ("b_offset", offset_of!(GemmParams, b_offset)),
+        ("b_row", offset_of!(GemmParams, b_row)),
+        ("b_col", offset_of!(GemmParams, b_col)),
+        ("pad0", offset_of!(GemmParams, pad0)),
+    ];
+    let gemm: Vec<(String, usize)> = gemm.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    for kernel in [F32_OUT, ELEM_OUT] {
+        assert_eq!(
+            wgsl_struct(&kernel, "GemmParams"),
+            (gemm.clone(), size_of::<GemmParams>()),
+            "{}",
+            kernel.variant
+        );
+    }
+    let norm = [
+        ("rows", offset_of!(NormBackwardParams, rows)),
+        ("width", offset_of!(NormBackwardParams, width)),
+        ("eps", offset_of!(NormBackwardParams, eps)),
+        ("accumulate", offset_of!(NormBackwardParams, accumulate)),
+        ("row_begin", offset_of!(NormBackwardParams, row_begin)),
+        ("row_end", offset_of!(NormBackwardParams, row_end)),
+        ("pad0", offset_of!(NormBackwardParams, pad0)),
+        ("pad1", offset_of!(NormBackwardParams, pad1)),
+    ];
+    let norm: Vec<(String, usize)> = norm.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    for kernel in [ROWS, COLUMNS] {
+        assert_eq!(
+            wgsl_struct(&kernel, "NormBackwardParams"),
+            (norm.clone(), size_of::<NormBackwardParams>()),
+            "{}",
+            kernel.entry
+        );
+    }
+}
+
 /// Bytes of workgroup memory a kernel's WGSL declares.
 fn declared_workgroup_bytes(kernel: &wgpu_attention::kernels::Kernel) -> u32 {
     let source = shader_source(kernel, DType::F32);

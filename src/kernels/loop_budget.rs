@@ -303,6 +303,25 @@ pub fn linear_iterations(tiling: LinearTiling, k: usize) -> u64 {
     }
 }
 
+/// Loop iterations of one invocation of the strided GEMM (`gemm_strided.wgsl`) over a
+/// contraction of `depth`: per step of 16, the step, the 4-trip staging loop and the
+/// 16-trip inner loop; then the 4 x 4 stores. Each loop counts its exit check.
+pub fn gemm_iterations(depth: usize) -> u64 {
+    (depth as u64).div_ceil(16) * (1 + 5 + 17) + 1 + 4 * 5 + 1
+}
+
+/// Loop iterations of one invocation of the layer norm's backward row pass: four
+/// passes over the row (mean, variance, the two sums, the gradient).
+pub fn layer_norm_backward_row_iterations(width: usize) -> u64 {
+    4 * (width as u64 + 1)
+}
+
+/// Loop iterations of one invocation of the layer norm's backward column pass over
+/// `rows` rows.
+pub fn layer_norm_backward_column_iterations(rows: usize) -> u64 {
+    rows as u64 + 1
+}
+
 /// Loop iterations of one invocation of the layer norm: three passes over the row.
 pub fn layer_norm_iterations(width: usize) -> u64 {
     3 * width as u64

@@ -11,9 +11,11 @@ pub mod coop_emulation;
 pub mod decode;
 pub mod flash;
 pub mod flash_texel;
+pub mod gemm;
 pub mod kv_append;
 pub mod kv_texels;
 pub mod layer_norm;
+pub mod layer_norm_backward;
 pub mod loop_budget;
 pub mod loop_probe;
 pub mod matmul;
@@ -88,7 +90,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 49] = [
+pub const ALL_KERNELS: [Kernel; 53] = [
     crate::backward::DELTA,
     crate::backward::DQ,
     crate::backward::DKDV,
@@ -100,6 +102,10 @@ pub const ALL_KERNELS: [Kernel; 49] = [
     kv_append::KERNEL,
     kv_append::TEXELS,
     layer_norm::KERNEL,
+    layer_norm_backward::ROWS,
+    layer_norm_backward::COLUMNS,
+    gemm::F32_OUT,
+    gemm::ELEM_OUT,
     mean_heads::KERNEL,
     matmul::TILED,
     matmul::BLOCKED,

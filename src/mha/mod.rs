@@ -6,11 +6,13 @@
 //! Sequences are batch-first `[B, S, width]` tensors, stored as [`Tensor`]s of shape
 //! `[B, 1, S, width]` (one "head"); [`Tensor::sequence`] makes them.
 
+mod backward;
 mod config;
 mod load;
 pub mod reference;
 mod weights;
 
+pub use backward::{MhaGradients, NormWeightGradients, WeightGradients};
 pub use config::{MhaConfig, PostNorm};
 pub use load::{load_safetensors, LoadedMha, WeightNaming};
 pub use weights::{MhaWeights, NormWeights, Projection};
@@ -130,6 +132,9 @@ pub struct MultiHeadAttention {
     input: InProjections,
     output: GpuProjection,
     norm: Option<(Tensor, Tensor)>,
+    /// Which of the Q, K and V projections have a bias (a packed bias holds zeros for
+    /// the others, which get no gradient).
+    input_biases: [bool; 3],
 }
 
 impl MultiHeadAttention {
@@ -169,6 +174,7 @@ impl MultiHeadAttention {
             _ => None,
         };
         Ok(MultiHeadAttention {
+            input_biases: [&weights.q, &weights.k, &weights.v].map(|p| p.bias.is_some()),
             output: projection(ctx, dtype, &weights.o)?,
             config,
             dtype,
@@ -334,6 +340,38 @@ impl MultiHeadAttention {
         ] {
             t.check_context(ctx, what)?;
         }
+        let projected = self.encode_output_projection(ctx, encoder, attended, query, precision)?;
+        let e = self.config.embed_dim;
+        let [batch, _, len_q, _] = attended.shape();
+        let rows = batch * len_q;
+        let (Some((gamma, beta)), Some(post)) = (&self.norm, self.config.post_norm) else {
+            return Ok(projected);
+        };
+        let normed = Tensor::empty(ctx, [batch, 1, len_q, e], Layout::Bhsd, self.dtype)?;
+        let norm = LayerNorm {
+            x: projected.buffer(),
+            residual: Some(query.buffer()),
+            gamma: gamma.buffer(),
+            beta: beta.buffer(),
+            out: normed.buffer(),
+            rows,
+            width: e,
+            eps: post.eps,
+        };
+        encode_layer_norm(ctx, encoder, self.dtype, &norm)?;
+        Ok(normed)
+    }
+
+    /// The output projection alone (what the post-norm reads), after
+    /// [`encode_output`](Self::encode_output)'s checks of the shapes.
+    fn encode_output_projection(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        attended: &Tensor,
+        query: &Tensor,
+        precision: Precision,
+    ) -> Result<Tensor> {
         let e = self.config.embed_dim;
         let [batch, _, len_q, _] = attended.shape();
         let rows = batch * len_q;
@@ -367,22 +405,7 @@ impl MultiHeadAttention {
             ctx.linear_tiling_for(self.dtype, precision),
             &linear,
         )?;
-        let (Some((gamma, beta)), Some(post)) = (&self.norm, self.config.post_norm) else {
-            return Ok(projected);
-        };
-        let normed = Tensor::empty(ctx, [batch, 1, len_q, e], Layout::Bhsd, self.dtype)?;
-        let norm = LayerNorm {
-            x: projected.buffer(),
-            residual: Some(query.buffer()),
-            gamma: gamma.buffer(),
-            beta: beta.buffer(),
-            out: normed.buffer(),
-            rows,
-            width: e,
-            eps: post.eps,
-        };
-        encode_layer_norm(ctx, encoder, self.dtype, &norm)?;
-        Ok(normed)
+        Ok(projected)
     }
 
     /// Checks a `[B, 1, S, width]` sequence tensor; returns `[B, S]`.
