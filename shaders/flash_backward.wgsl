@@ -153,9 +153,10 @@ fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
 
 @compute @workgroup_size(ROWS, 1, 1)
 fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    // wid.y counts (batch, kv head) pairs.
-    let b = wid.y / p.heads_kv;
-    let hk = wid.y % p.heads_kv;
+    // p.bh_start + wid.y counts (batch, kv head) pairs in this pass.
+    let pair = p.bh_start + wid.y;
+    let b = pair / p.heads_kv;
+    let hk = pair % p.heads_kv;
     let key = wid.x * ROWS + lid.x;
     let j = min(key, p.len_k - 1u);
     let d4 = (p.head_dim + 3u) / 4u;

@@ -363,9 +363,10 @@ fn dkdv_quad(hd: Head, i0: u32, s: Quad, dp: Quad, g: Quad) -> RowQuad {
 
 @compute @workgroup_size(ROWS / 4u, 1, 1)
 fn bwd_dkdv_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {
-    // wid.y counts (batch, kv head) pairs.
-    let b = wid.y / p.heads_kv;
-    let hk = wid.y % p.heads_kv;
+    // p.bh_start + wid.y counts (batch, kv head) pairs in this pass.
+    let pair = p.bh_start + wid.y;
+    let b = pair / p.heads_kv;
+    let hk = pair % p.heads_kv;
     let lane = sg_lane % LANES;
     let key0 = wid.x * ROWS;
     let keys = vec4<u32>(key0 + lid.x) + vec4<u32>(0u, 1u, 2u, 3u) * (ROWS / 4u);

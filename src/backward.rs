@@ -12,8 +12,8 @@ use crate::attention::{mask_words, side_words, upload_words, Plan};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::{
-    dispatch, groups_for, loop_budget, pipeline, Kernel, Slot, BACKWARD_PRELUDE, BACKWARD_SUBGROUP_128,
-    BACKWARD_SUBGROUP_64,
+    dispatch, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
+    BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
 };
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice};
 use crate::problem::AttentionShape;
@@ -113,6 +113,18 @@ pub const SUBGROUP_128: PassKernels = PassKernels {
     dq: subgroup_kernel("bwd_dq_subgroup", DQ_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
     dkdv: subgroup_kernel("bwd_dkdv_subgroup", DKDV_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
 };
+
+/// The backward tiling `sdpa_backward` runs for inputs of `dtype` and `shape` with
+/// `options` on this context (for reports).
+pub fn backward_tiling(
+    ctx: &Context,
+    dtype: crate::tensor::DType,
+    options: &AttentionOptions,
+    shape: &AttentionShape,
+) -> Result<BackwardTiling> {
+    let forward = ctx.fused_config_for(options.tiling, dtype, options.precision)?;
+    Ok(BackwardTiling::for_forward(forward.tiling, shape))
+}
 
 /// How the dQ and dK/dV passes are tiled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -312,20 +324,41 @@ pub fn encode_sdpa_backward(
             .collect()
     };
     let rows_groups = |n: usize| groups_for(n, ROWS as usize);
-    let heads = s.batch_heads() as u32;
-    let kv_heads = (s.batch * s.heads_kv) as u32;
+    // A pass over `pairs` (batch, head) pairs ((batch, kv head) for dK/dV) in
+    // dispatches of at most the device's workgroups per dimension, each starting at
+    // p.bh_start.
+    let max_pairs = ctx.capabilities().max_workgroups_per_dim.max(1) as usize;
+    let run = |encoder: &mut wgpu::CommandEncoder,
+               pipeline: &crate::context::CompiledPipeline,
+               slots: &[Slot],
+               params: AttentionParams,
+               groups_x: u32,
+               pairs: usize|
+     -> Result<()> {
+        for start in (0..pairs).step_by(max_pairs) {
+            let count = (pairs - start).min(max_pairs);
+            let chunk = AttentionParams {
+                bh_start: start as u32,
+                bh_count: count as u32,
+                ..params
+            };
+            let uniform = crate::attention::uniform(ctx, "backward params", &chunk)?;
+            let mut entries = bind(slots);
+            entries[0].1 = &uniform;
+            dispatch(ctx, encoder, pipeline, &entries, [groups_x, count as u32, 1])?;
+        }
+        Ok(())
+    };
 
     // D = rowsum(dO ∘ O).
-    let params = crate::attention::uniform(ctx, "backward params", &base)?;
     let delta_pipeline = pipeline(ctx, &DELTA, dtype, &[])?;
-    let mut entries = bind(DELTA.slots);
-    entries[0].1 = &params;
-    dispatch(
-        ctx,
+    run(
         encoder,
         &delta_pipeline,
-        &entries,
-        [groups_for(s.len_q, 64), heads, 1],
+        DELTA.slots,
+        base,
+        groups_for(s.len_q, 64),
+        s.batch_heads(),
     )?;
 
     // dQ, over key ranges that fit the loop cap.
@@ -334,15 +367,13 @@ pub fn encode_sdpa_backward(
     let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &[("ROWS", ROWS)])?;
     let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
-        let range = crate::kernels::AttentionParams {
+        let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_key_range).min(s.len_k) as u32,
             ..base
         };
-        let params = crate::attention::uniform(ctx, "backward dq params", &range)?;
-        let mut entries = bind(kernels.dq.slots);
-        entries[0].1 = &params;
-        dispatch(ctx, encoder, &dq_pipeline, &entries, [rows_groups(s.len_q), heads, 1])?;
+        let groups = rows_groups(s.len_q);
+        run(encoder, &dq_pipeline, kernels.dq.slots, range, groups, s.batch_heads())?;
     }
 
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
@@ -350,20 +381,19 @@ pub fn encode_sdpa_backward(
     let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &[("ROWS", ROWS)])?;
     let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
     for begin in (0..s.len_q).step_by(per_row_range) {
-        let range = crate::kernels::AttentionParams {
+        let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_row_range).min(s.len_q) as u32,
             ..base
         };
-        let params = crate::attention::uniform(ctx, "backward dk/dv params", &range)?;
-        let mut entries = bind(kernels.dkdv.slots);
-        entries[0].1 = &params;
-        dispatch(
-            ctx,
+        let groups = rows_groups(s.len_k);
+        run(
             encoder,
             &dkdv_pipeline,
-            &entries,
-            [rows_groups(s.len_k), kv_heads, 1],
+            kernels.dkdv.slots,
+            range,
+            groups,
+            s.batch * s.heads_kv,
         )?;
     }
     Ok(grads)

@@ -90,7 +90,9 @@ pub use attention::{
     encode_sdpa, encode_sdpa_paged, resolve_kernel, sdpa, sdpa_async, sdpa_paged, sdpa_read_async, AttentionOutput,
     ResolvedKernel,
 };
-pub use backward::{encode_sdpa_backward, sdpa_backward, sdpa_backward_async, BackwardTiling, Gradients};
+pub use backward::{
+    backward_tiling, encode_sdpa_backward, sdpa_backward, sdpa_backward_async, BackwardTiling, Gradients,
+};
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::enumerate_adapters;
 #[doc(hidden)]

@@ -118,3 +118,32 @@ fn the_backward_pass_refuses_a_device_with_webgpus_eight_storage_buffers() {
         other => panic!("expected LimitExceeded, got {other:?}"),
     }
 }
+
+#[test]
+fn the_backward_pass_splits_more_heads_than_a_dispatch_holds() {
+    // 3 workgroups per axis: 2 x 4 query heads (2 x 2 kv heads) take three and two
+    // dispatches per pass, each from its own first pair; the gradients must be the
+    // reference's in both tilings the adapter has.
+    let features = wgpu_attention::wgpu::Features::SHADER_F16 | wgpu_attention::wgpu::Features::SUBGROUP;
+    let Some(ctx) = common::ctx_with_limits(features, |limits| limits.max_compute_workgroups_per_dimension = 3) else {
+        return;
+    };
+    let shape = wgpu_attention::AttentionShape::new(2, 4, 2, 40, 50, 16, 24);
+    for (tiling, seed) in [(FusedTiling::Auto, 3995), (FusedTiling::Registers, 3996)] {
+        let case = wgpu_attention::check::CheckCase {
+            shape,
+            options: AttentionOptions {
+                tiling,
+                causal: Some(wgpu_attention::CausalAlignment::BottomRight),
+                ..Default::default()
+            },
+            dtype: DType::F32,
+            layout: Layout::Bshd,
+            seed,
+            range: 1.0,
+        };
+        let outcome = wgpu_attention::check::run_backward_case(&ctx, &case)
+            .unwrap_or_else(|e| panic!("seed {seed} {tiling:?}: {e}"));
+        assert!(outcome.passed, "seed {seed} {tiling:?}: {}", outcome.summary());
+    }
+}

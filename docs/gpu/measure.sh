@@ -34,10 +34,12 @@ mkdir -p "$out"
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
     mha=1,64,64,4 reps=2 probe=64 tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1)
+    backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
+    backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
 fi
 shape_args=()
 for s in "${attn[@]}"; do shape_args+=(--shape "$s"); done
@@ -85,9 +87,16 @@ else
     step torch echo "skipped: no $torch_script, or no torch with CUDA"
 fi
 
+# The backward pass beside the forward (issue 39), last: on a GPU it runs the portable
+# `rows` tiling until a GPU tiling exists, and may take what time is left.
+backward_args=()
+for s in "${backward[@]}"; do backward_args+=(--shape "$s"); done
+step backward "$bin" bench "${backward_args[@]}" --causal --dtype both --kernel fused+backward \
+    --reps 3 --probe "$probe" --json "$out/backward.json"
+
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
-    for name in fused fused-medium decode window; do
+    for name in fused fused-medium decode window backward; do
         if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
             step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
         fi

@@ -176,17 +176,20 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             Ok((name, Ok((timing, None))))
         }
         BenchKernel::Backward => {
-            let name = "backward".to_string();
+            let options = AttentionOptions {
+                need_lse: true,
+                ..case.options(KernelChoice::Fused)
+            };
+            let name = format!(
+                "backward/{}",
+                crate::backward::backward_tiling(ctx, case.dtype, &options, &shape)?.name()
+            );
             let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
                 Ok(inputs) => inputs,
                 Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {
                     return Ok((name, Err(format!("refused: {e}"))))
                 }
                 Err(e) => return Err(e),
-            };
-            let options = AttentionOptions {
-                need_lse: true,
-                ..case.options(KernelChoice::Fused)
             };
             let forward = crate::attention::sdpa(ctx, &q, &k, &v, &options)?;
             let lse = forward
