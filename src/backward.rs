@@ -75,6 +75,54 @@ pub const DQ: Kernel = backward_kernel("bwd_dq", DQ_SLOTS);
 /// dK and dV: one key per invocation.
 pub const DKDV: Kernel = backward_kernel("bwd_dkdv", DKDV_SLOTS);
 
+const MATERIALIZED_SOURCE: &str = include_str!("../shaders/backward_materialized.wgsl");
+
+const fn materialized_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel {
+    Kernel {
+        file: "backward_materialized.wgsl",
+        source: MATERIALIZED_SOURCE,
+        entry,
+        slots,
+        preludes: BACKWARD_PRELUDE,
+        variant: "",
+    }
+}
+
+/// The materialized backward's dX matrix, from the forward's weights.
+pub const MAT_DS: Kernel = materialized_kernel(
+    "bwd_mat_ds",
+    &[
+        Slot::Params,
+        Slot::Q,
+        Slot::K,
+        Slot::V,
+        Slot::SideWords,
+        Slot::Scores,
+        Slot::DOut,
+        Slot::Probs,
+        Slot::DScores,
+    ],
+);
+/// Its dQ, one query row per invocation.
+pub const MAT_DQ: Kernel = materialized_kernel(
+    "bwd_mat_dq",
+    &[Slot::Params, Slot::K, Slot::SideWords, Slot::DScores, Slot::DQ],
+);
+/// Its dK and dV, one key per invocation.
+pub const MAT_DKDV: Kernel = materialized_kernel(
+    "bwd_mat_dkdv",
+    &[
+        Slot::Params,
+        Slot::Q,
+        Slot::SideWords,
+        Slot::DOut,
+        Slot::Probs,
+        Slot::DScores,
+        Slot::DK,
+        Slot::DV,
+    ],
+);
+
 /// The dQ and dK/dV kernels of one backward tiling.
 #[derive(Clone, Copy, Debug)]
 pub struct PassKernels {
@@ -189,8 +237,11 @@ const ROWS: u32 = 32;
 /// `lse` (`[B, Hq, Lq, 1]` f32, as `need_lse` returns it) and the output's gradient
 /// `d_out` (`out`'s shape, layout and dtype). Every option with a gradient meaning is
 /// honoured: scale, causal in both alignments, key lengths, bool and additive masks
-/// (which get no gradient), window, ALiBi, soft cap, GQA. Waits for nothing: the
-/// gradients are ready once the queue has run.
+/// (which get no gradient), window, ALiBi, soft cap, GQA. `options.kernel` picks the
+/// path: [`KernelChoice::Materialized`] computes the forward's weights and a dX matrix
+/// (memory O(L²); for small problems and as a cross-check), any other choice the
+/// fused passes (memory O(L)) in the tiling [`backward_tiling`] names. Waits for
+/// nothing: the gradients are ready once the queue has run.
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa_backward(
     ctx: &Context,
@@ -300,6 +351,38 @@ pub fn encode_sdpa_backward(
         tensor_usage(),
     )?;
     let base = plan.params(q, k, v, out, &forward);
+    // The materialized path's score matrices: the forward's weights (P) and dX.
+    let matrices = if options.kernel == KernelChoice::Materialized {
+        loop_budget::check(
+            ctx,
+            || "the materialized attention backward".into(),
+            loop_budget::backward_materialized_iterations(&s),
+        )?;
+        let weights = crate::attention::encode_sdpa(
+            ctx,
+            encoder,
+            q,
+            k,
+            v,
+            &AttentionOptions {
+                need_weights: true,
+                average_weights: false,
+                need_lse: false,
+                output_layout: None,
+                ..options.clone()
+            },
+        )?
+        .weights
+        .ok_or_else(|| Error::invalid("materialized attention backward", "no weights"))?;
+        let d_scores = ctx.create_buffer(
+            "attention backward dX",
+            (4 * s.batch_heads() * s.len_q * s.len_k).max(4) as u64,
+            tensor_usage(),
+        )?;
+        Some((weights, d_scores))
+    } else {
+        None
+    };
     let bind = |slots: &[Slot]| -> Vec<(u32, &wgpu::Buffer)> {
         slots
             .iter()
@@ -317,6 +400,8 @@ pub fn encode_sdpa_backward(
                     Slot::DQ => grads.dq.buffer(),
                     Slot::DK => grads.dk.buffer(),
                     Slot::DV => grads.dv.buffer(),
+                    Slot::Probs => matrices.as_ref().map_or(q.buffer(), |m| m.0.buffer()),
+                    Slot::DScores => matrices.as_ref().map_or(q.buffer(), |m| &m.1),
                     _ => q.buffer(), // Params: replaced below
                 };
                 (slot as u32, buffer)
@@ -360,6 +445,31 @@ pub fn encode_sdpa_backward(
         groups_for(s.len_q, 64),
         s.batch_heads(),
     )?;
+
+    if matrices.is_some() {
+        let pipelines = [&MAT_DS, &MAT_DQ, &MAT_DKDV].map(|kernel| pipeline(ctx, kernel, dtype, &[]));
+        let [ds, dq, dkdv] = pipelines;
+        let scores = s.len_q * s.len_k;
+        run(
+            encoder,
+            &ds?,
+            MAT_DS.slots,
+            base,
+            groups_for(scores, 64),
+            s.batch_heads(),
+        )?;
+        run(
+            encoder,
+            &dq?,
+            MAT_DQ.slots,
+            base,
+            groups_for(s.len_q, 64),
+            s.batch_heads(),
+        )?;
+        let kv_pairs = s.batch * s.heads_kv;
+        run(encoder, &dkdv?, MAT_DKDV.slots, base, groups_for(s.len_k, 64), kv_pairs)?;
+        return Ok(grads);
+    }
 
     // dQ, over key ranges that fit the loop cap.
     let tiling = BackwardTiling::for_forward(plan.fused_tiling().unwrap_or(FusedTiling::Auto), &s);

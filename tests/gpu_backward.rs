@@ -7,8 +7,8 @@ mod common;
 
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, CheckCase, Rng};
 use wgpu_attention::{
-    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, Layout,
-    Tensor, Window,
+    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice,
+    Layout, Tensor, Window,
 };
 
 fn assert_passes(ctx: &Context, case: CheckCase) {
@@ -98,8 +98,9 @@ fn gradients_match_the_reference_across_shapes_options_and_dtypes() {
 #[test]
 fn every_backward_tiling_matches_the_reference() {
     // The adapter's own pick (the subgroup tiling on lavapipe, for head dims up to 64
-    // and up to 128) and the rows tiling (forced through the forward's registers
-    // tiling), on masks that reach every rule of both dK/dV orientations.
+    // and up to 128), the rows tiling (forced through the forward's registers tiling)
+    // and the materialized path, on masks that reach every rule of both dK/dV
+    // orientations.
     let Some(ctx) = common::ctx() else { return };
     let mut rng = Rng::new(3994);
     let shapes = [
@@ -109,7 +110,12 @@ fn every_backward_tiling_matches_the_reference() {
     ];
     let mut seed = 39940;
     for s in shapes {
-        for tiling in [FusedTiling::Auto, FusedTiling::Registers] {
+        let paths = [
+            (KernelChoice::Auto, FusedTiling::Auto),
+            (KernelChoice::Auto, FusedTiling::Registers),
+            (KernelChoice::Materialized, FusedTiling::Auto),
+        ];
+        for (kernel, tiling) in paths {
             for variant in 0..3 {
                 seed += 1;
                 let [b, hq, lq, lk] = [s.batch, s.heads_q, s.len_q, s.len_k];
@@ -134,7 +140,11 @@ fn every_backward_tiling_matches_the_reference() {
                         ..Default::default()
                     },
                 };
-                let options = AttentionOptions { tiling, ..options };
+                let options = AttentionOptions {
+                    kernel,
+                    tiling,
+                    ..options
+                };
                 let dtype = if seed % 2 == 0 { DType::F16 } else { DType::F32 };
                 let layout = if seed % 3 == 0 { Layout::Bshd } else { Layout::Bhsd };
                 assert_passes(ctx, case(s, options, dtype, layout, seed));

@@ -28,6 +28,8 @@ pub enum BenchKernel {
     /// The backward pass (dQ, dK, dV from the fused forward's output and lse), its
     /// FLOPs counted as FlashAttention-2 does: 2.5 times the forward's.
     Backward,
+    /// The materialized backward (from the forward's weights; same FLOP count).
+    MaterializedBackward,
 }
 
 impl BenchKernel {
@@ -40,6 +42,11 @@ impl BenchKernel {
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
+            "backward+materialized" => vec![
+                BenchKernel::Fused,
+                BenchKernel::Backward,
+                BenchKernel::MaterializedBackward,
+            ],
             "both" => vec![BenchKernel::Fused, BenchKernel::Materialized],
             "all" => vec![BenchKernel::Fused, BenchKernel::Materialized, BenchKernel::CpuReference],
             _ => return None,
@@ -102,7 +109,7 @@ pub fn run_kernel(
     probe: &Probe,
 ) -> Result<BenchRow> {
     let (name, outcome) = time_kernel(ctx, case, kernel, reps)?;
-    let flops = if kernel == BenchKernel::Backward {
+    let flops = if matches!(kernel, BenchKernel::Backward | BenchKernel::MaterializedBackward) {
         2.5 * case.flops()
     } else {
         case.flops()
@@ -175,15 +182,25 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             })?;
             Ok((name, Ok((timing, None))))
         }
-        BenchKernel::Backward => {
+        BenchKernel::Backward | BenchKernel::MaterializedBackward => {
+            let materialized = kernel == BenchKernel::MaterializedBackward;
+            let choice = if materialized {
+                KernelChoice::Materialized
+            } else {
+                KernelChoice::Fused
+            };
             let options = AttentionOptions {
                 need_lse: true,
-                ..case.options(KernelChoice::Fused)
+                ..case.options(choice)
             };
-            let name = format!(
-                "backward/{}",
-                crate::backward::backward_tiling(ctx, case.dtype, &options, &shape)?.name()
-            );
+            let name = if materialized {
+                "backward/matrices".to_string()
+            } else {
+                format!(
+                    "backward/{}",
+                    crate::backward::backward_tiling(ctx, case.dtype, &options, &shape)?.name()
+                )
+            };
             let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
                 Ok(inputs) => inputs,
                 Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {

@@ -40,8 +40,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "both")]
     dtype: String,
     /// fused, materialized, decode, decode+fused, cpu (the f64 reference), both (fused +
-    /// materialized), all, backward, or fused+backward (the backward pass beside the
-    /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does).
+    /// materialized), all, backward, fused+backward (the backward pass beside the
+    /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does), or
+    /// backward+materialized (those and the materialized backward, row
+    /// `backward/matrices`, for small problems).
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -150,7 +152,7 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward or fused+backward",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward or backward+materialized",
                 args.kernel
             ))
         })?;

@@ -254,6 +254,18 @@ pub fn backward_subgroup_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64
     1 + group * (2 + blocks * per_block) + around
 }
 
+/// `backward_materialized.wgsl`'s longest invocation: dQ walks every key for each
+/// head-dim element, dK/dV every row of the group's heads for each; dX's dot products
+/// are short beside them.
+pub fn backward_materialized_iterations(s: &AttentionShape) -> u64 {
+    let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+    let (d, dv) = (s.head_dim as u64, s.head_dim_v as u64);
+    let dq = 1 + d * (s.len_k as u64 + 2);
+    let dkdv = 1 + d.max(dv) * (2 + group * (s.len_q as u64 + 2));
+    let ds = 2 + d + dv;
+    dq.max(dkdv).max(ds)
+}
+
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
 pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64) -> Option<usize> {

@@ -90,8 +90,11 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 53] = [
+pub const ALL_KERNELS: [Kernel; 56] = [
     crate::backward::DELTA,
+    crate::backward::MAT_DS,
+    crate::backward::MAT_DQ,
+    crate::backward::MAT_DKDV,
     crate::backward::DQ,
     crate::backward::DKDV,
     crate::backward::SUBGROUP_64.dq,
@@ -328,6 +331,10 @@ pub enum Slot {
     DV = 16,
     /// The forward's output, read only (`flash_backward.wgsl`'s `o_in`).
     ForwardOut = 17,
+    /// The forward's attention weights, read by the materialized backward.
+    Probs = 18,
+    /// The materialized backward's dX matrix.
+    DScores = 19,
 }
 
 impl Slot {
@@ -352,6 +359,8 @@ impl Slot {
             Slot::DK => "dk",
             Slot::DV => "dv",
             Slot::ForwardOut => "o_in",
+            Slot::Probs => "probs",
+            Slot::DScores => "d_scores",
         }
     }
 }
@@ -375,7 +384,7 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
-                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV | Slot::ForwardOut => {
+                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV | Slot::ForwardOut | Slot::Probs | Slot::DScores => {
                         return Err(Error::invalid(
                             "attention bindings",
                             "the backward pass binds its gradients itself",
