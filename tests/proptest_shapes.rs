@@ -11,6 +11,10 @@
 //! [`MAX_FILTERED_SHARE`] of them did not run (on lavapipe through Vulkan, CI's adapter,
 //! if any did not), and says so where the adapter lacks f16 or subgroups.
 //!
+//! A second test draws the same way for the backward pass (issue 39): every path's
+//! backward (the fused tilings', the materialized one) against the f64 reference
+//! gradients.
+//!
 //! The run draws from one seed, printed on failure: `WGPU_ATTENTION_TEST_SEED=<seed>`
 //! draws the same cases again.
 
@@ -328,4 +332,66 @@ fn random_problems_match_the_reference() {
             true,
         );
     }
+}
+
+/// Cases per run of the backward test (each runs the forward and the backward, and the
+/// reference of both).
+const BACKWARD_CASES: u32 = 24;
+
+#[test]
+fn random_backward_problems_match_the_reference() {
+    let Some(ctx) = common::ctx() else { return };
+    let seed = run_seed();
+    eprintln!("random_backward_problems_match_the_reference: WGPU_ATTENTION_TEST_SEED={seed}");
+    // Other draws than the forward test's from the same seed.
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&(seed ^ 0xBAC4).to_le_bytes());
+    let config = Config {
+        cases: BACKWARD_CASES,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes));
+    // Up to 120 rows and keys: the materialized backward walks a row of the score
+    // matrix per head-dim element, within Mesa 22's loop cap.
+    let backward_case = |draw: &Draw| {
+        let mut draw = draw.clone();
+        draw.sizes.3 = 1 + draw.sizes.3 % 120;
+        draw.sizes.4 = 1 + draw.sizes.4 % 120;
+        case_of(&draw)
+    };
+    let ran = AtomicUsize::new(0);
+    let result = runner.run(&arb_draw(), |draw| {
+        let (case, path) = backward_case(&draw);
+        let Ok(on) = context_for(ctx, &case, path) else {
+            return Ok(());
+        };
+        ran.fetch_add(1, Ordering::Relaxed);
+        let outcome = wgpu_attention::check::run_backward_case(on, &case)
+            .map_err(|e| TestCaseError::fail(format!("{path:?}: the backward was refused or failed: {e}")))?;
+        if !outcome.passed {
+            return Err(TestCaseError::fail(format!(
+                "{path:?}: backward differs from the reference: {}",
+                outcome.summary()
+            )));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        let detail = match &e {
+            TestError::Fail(_, draw) => {
+                let (case, path) = backward_case(draw);
+                format!(
+                    "\n{path:?} {:?} {:?} {:?}\noptions: {:?}",
+                    case.shape, case.dtype, case.layout, case.options
+                )
+            }
+            TestError::Abort(_) => String::new(),
+        };
+        panic!("WGPU_ATTENTION_TEST_SEED={seed}: {e}{detail}");
+    }
+    assert!(
+        ran.into_inner() > 0,
+        "WGPU_ATTENTION_TEST_SEED={seed}: no backward case ran"
+    );
 }

@@ -1,7 +1,7 @@
 //! Checking the backward pass against the f64 reference gradients: the rule of
 //! docs/design.md ("Backward"), used by `check` and the tests.
 
-use super::{random_qkv, CheckCase, Rng};
+use super::{random_qkv, score_error, sum_error, CheckCase, Rng, Tolerance};
 use crate::attention::sdpa;
 use crate::backward::sdpa_backward;
 use crate::context::Context;
@@ -35,13 +35,30 @@ impl BackwardOutcome {
     }
 }
 
-/// Each gradient's error bound, as a fraction of its magnitude: about 17 f32 epsilons,
-/// or 4 f16 epsilons where the gradients are stored in f16.
-pub fn backward_rel_bound(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 1e-6,
-        DType::F16 => 2e-3,
-    }
+/// Each gradient's error bound, as a fraction of its magnitude (docs/design.md,
+/// "Backward"): the arithmetic's, about 17 f32 epsilons, or 4 f16 epsilons where the
+/// gradients are stored in f16 or the forward they start from may multiply in f16
+/// (`precision` below `Highest`); plus what the inputs every gradient takes in carry,
+/// scaled with the problem's scores as the forward's bounds are (`forward`: the
+/// reference forward): P = exp(s − lse) from a recomputed score (δ, [`score_error`]),
+/// the forward's lse ([`Tolerance::lse_bound`]) and exp's rounding, and D from the
+/// forward's output (`2δ` and the sums' rounding, relative to the terms of dP it
+/// cancels against).
+pub fn backward_rel_bound(
+    dtype: DType,
+    precision: crate::options::Precision,
+    s: &AttentionShape,
+    forward: &crate::reference::ReferenceOutput,
+) -> f64 {
+    let eps = f64::from(f32::EPSILON);
+    let delta = score_error(s, forward.max_abs_product);
+    let probabilities = delta + Tolerance::lse_bound(s, forward) + 2.0 * eps;
+    let output = 2.0 * delta + sum_error(s);
+    let arithmetic = match (dtype, precision) {
+        (DType::F32, crate::options::Precision::Highest) => 1e-6,
+        _ => 2e-3,
+    };
+    arithmetic + probabilities + output
 }
 
 fn max_abs(x: &[f32]) -> f64 {
@@ -158,7 +175,12 @@ pub async fn run_backward_case_async(ctx: &Context, case: &CheckCase) -> Result<
             .fold(0.0f64, f64::max);
         ratios[n] = worst / magnitude[n].max(1e-30);
     }
-    let bound = backward_rel_bound(case.dtype);
+    let bound = backward_rel_bound(
+        case.dtype,
+        case.options.precision,
+        &s,
+        &attention(&q, &k, &v, &s, &options)?,
+    );
     Ok(BackwardOutcome {
         error_over_magnitude: ratios,
         bound,

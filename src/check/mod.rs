@@ -74,7 +74,7 @@ pub fn score_error(s: &AttentionShape, max_abs_product: f64) -> f64 {
 }
 
 /// `2ε(2 + log2 Lk)`: the relative rounding of exp, a row sum over Lk keys and a division.
-fn sum_error(s: &AttentionShape) -> f64 {
+pub(crate) fn sum_error(s: &AttentionShape) -> f64 {
     2.0 * f64::from(f32::EPSILON) * (2.0 + (s.len_k.max(1) as f64).log2())
 }
 
