@@ -6,7 +6,7 @@ use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
 use wgpu_attention::check::{describe, run_backward_case, standard_grid, variants, CheckCase};
-use wgpu_attention::DType;
+use wgpu_attention::{backward_tiling, AttentionOptions, AttentionShape, DType, FusedTiling, KernelChoice};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -75,42 +75,83 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
         }
     }
     // The backward pass on the same grid (its error over the gradients' magnitude,
-    // docs/design.md "Backward"), in each dtype the adapter has.
+    // docs/design.md "Backward"), in each dtype the adapter has, on each of its paths
+    // this adapter runs: the fused pass in the adapter's tiling, the portable `rows`
+    // tiling where that is another, and the materialized one (which refuses, and
+    // skips here, what one invocation cannot walk under llvmpipe's loop cap).
     let dtypes: &[DType] = if ctx.capabilities().f16 {
         &[DType::F32, DType::F16]
     } else {
         &[DType::F32]
     };
-    for &dtype in dtypes {
-        let label = format!("backward {}", dtype.name());
-        for case in standard_grid(args.seed) {
-            let case = CheckCase { dtype, ..case };
-            let started = Instant::now();
-            let outcome = run_backward_case(&ctx, &case);
-            let seconds = started.elapsed().as_secs_f64();
-            let (max_abs_error, bound, status) = match outcome {
-                Ok(o) => (
-                    Some(o.error_over_magnitude.iter().fold(0.0f64, |m, &r| m.max(r))),
-                    Some(o.bound),
-                    if o.passed {
-                        CaseStatus::Ok
-                    } else {
-                        CaseStatus::Failed(o.summary())
-                    },
-                ),
-                Err(e) => (None, None, CaseStatus::Error(e.to_string())),
-            };
-            let row = CaseReport {
-                variant: label.clone(),
-                case: describe(&case),
-                seed: case.seed,
-                max_abs_error,
-                bound,
-                seconds,
-                status,
-            };
-            outln!("{}", row.table_line());
-            report.cases.push(row);
+    let mut paths: Vec<(String, KernelChoice, FusedTiling)> = Vec::new();
+    for tiling in [FusedTiling::Auto, FusedTiling::Registers] {
+        let options = AttentionOptions {
+            tiling,
+            ..Default::default()
+        };
+        let base = AttentionShape::new(1, 1, 1, 1, 1, 64, 64);
+        if let Ok(t) = backward_tiling(&ctx, DType::F32, &options, &base) {
+            let name = format!("backward/{}", t.name());
+            if !paths.iter().any(|(n, ..)| *n == name) {
+                paths.push((name, KernelChoice::Auto, tiling));
+            }
+        }
+    }
+    paths.push((
+        "backward/matrices".into(),
+        KernelChoice::Materialized,
+        FusedTiling::Auto,
+    ));
+    for (name, kernel, tiling) in &paths {
+        for &dtype in dtypes {
+            for case in standard_grid(args.seed) {
+                let options = AttentionOptions {
+                    kernel: *kernel,
+                    tiling: *tiling,
+                    ..case.options.clone()
+                };
+                let case = CheckCase { dtype, options, ..case };
+                // The tiling this case runs (the subgroup one stops at head dim 128).
+                let name = match *kernel {
+                    KernelChoice::Materialized => name.clone(),
+                    _ => backward_tiling(&ctx, dtype, &case.options, &case.shape)
+                        .map_or_else(|_| name.clone(), |t| format!("backward/{}", t.name())),
+                };
+                let label = format!("{name} {}", dtype.name());
+                let started = Instant::now();
+                let outcome = run_backward_case(&ctx, &case);
+                let seconds = started.elapsed().as_secs_f64();
+                let (max_abs_error, bound, status) = match outcome {
+                    Ok(o) => (
+                        Some(o.error_over_magnitude.iter().fold(0.0f64, |m, &r| m.max(r))),
+                        Some(o.bound),
+                        if o.passed {
+                            CaseStatus::Ok
+                        } else {
+                            CaseStatus::Failed(o.summary())
+                        },
+                    ),
+                    Err(e @ wgpu_attention::Error::LimitExceeded { .. }) if *kernel == KernelChoice::Materialized => {
+                        let why = format!("{}: {e}", describe(&case));
+                        outln!("{label:<20} {}", wrap(&format!("skipped: {why}"), 21, TABLE_WIDTH));
+                        report.skipped.push((label.clone(), why));
+                        continue;
+                    }
+                    Err(e) => (None, None, CaseStatus::Error(e.to_string())),
+                };
+                let row = CaseReport {
+                    variant: label.clone(),
+                    case: describe(&case),
+                    seed: case.seed,
+                    max_abs_error,
+                    bound,
+                    seconds,
+                    status,
+                };
+                outln!("{}", row.table_line());
+                report.cases.push(row);
+            }
         }
     }
     let (passed, failed) = report.counts();
