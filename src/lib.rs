@@ -72,6 +72,7 @@ pub mod heatmap;
 #[doc(hidden)]
 pub mod kernels;
 mod kv_cache;
+pub mod merge;
 pub mod mha;
 mod options;
 mod paged_kv;
@@ -102,6 +103,7 @@ pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Conte
 pub use error::checked_product;
 pub use error::{Error, Result};
 pub use kv_cache::{KvCache, KvCacheConfig};
+pub use merge::{encode_merge_attentions, merge_attentions, merge_attentions_async, Merged};
 pub use mha::{
     load_safetensors, HeadWeights, Inputs, LoadedMha, MhaConfig, MhaOptions, MhaOutput, MhaWeights, MultiHeadAttention,
     PostNorm,

@@ -294,6 +294,31 @@ fn linear_and_packing_uniforms_match_rust() {
 }
 
 #[test]
+fn merge_uniforms_match_rust() {
+    use std::mem::{offset_of, size_of};
+    use wgpu_attention::merge::{MergeParams, FOLD, STORE};
+    let fields = [
+        ("rows", offset_of!(MergeParams, rows)),
+        ("heads", offset_of!(MergeParams, heads)),
+        ("len_q", offset_of!(MergeParams, len_q)),
+        ("dv", offset_of!(MergeParams, dv)),
+        ("stride_b", offset_of!(MergeParams, stride_b)),
+        ("stride_h", offset_of!(MergeParams, stride_h)),
+        ("stride_s", offset_of!(MergeParams, stride_s)),
+        ("first", offset_of!(MergeParams, first)),
+    ];
+    let fields: Vec<(String, usize)> = fields.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    for kernel in [FOLD, STORE] {
+        assert_eq!(
+            wgsl_struct(&kernel, "MergeParams"),
+            (fields.clone(), size_of::<MergeParams>()),
+            "{}",
+            kernel.entry
+        );
+    }
+}
+
+#[test]
 fn backward_gemm_and_norm_uniforms_match_rust() {
     use std::mem::{offset_of, size_of};
     use wgpu_attention::kernels::gemm::{GemmParams, ELEM_OUT, F32_OUT};

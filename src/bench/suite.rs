@@ -30,6 +30,9 @@ pub enum BenchKernel {
     Backward,
     /// The materialized backward (from the forward's weights; same FLOP count).
     MaterializedBackward,
+    /// `merge_attentions` of two partials of the case's output shape (the fused
+    /// forward's output twice; no FLOPs counted).
+    Merge,
 }
 
 impl BenchKernel {
@@ -42,6 +45,7 @@ impl BenchKernel {
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
+            "fused+merge" => vec![BenchKernel::Fused, BenchKernel::Merge],
             "backward+materialized" => vec![
                 BenchKernel::Fused,
                 BenchKernel::Backward,
@@ -109,10 +113,10 @@ pub fn run_kernel(
     probe: &Probe,
 ) -> Result<BenchRow> {
     let (name, outcome) = time_kernel(ctx, case, kernel, reps)?;
-    let flops = if matches!(kernel, BenchKernel::Backward | BenchKernel::MaterializedBackward) {
-        2.5 * case.flops()
-    } else {
-        case.flops()
+    let flops = match kernel {
+        BenchKernel::Backward | BenchKernel::MaterializedBackward => 2.5 * case.flops(),
+        BenchKernel::Merge => 0.0,
+        _ => case.flops(),
     };
     let outcome = match outcome {
         Ok((timing, allocated_bytes)) => {
@@ -181,6 +185,26 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 reference::attention(&q, &k, &v, &shape, &options).map(|_| ())
             })?;
             Ok((name, Ok((timing, None))))
+        }
+        BenchKernel::Merge => {
+            let name = "merge(2)".to_string();
+            let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
+            let options = AttentionOptions {
+                need_lse: true,
+                ..case.options(KernelChoice::Fused)
+            };
+            let forward = crate::attention::sdpa(ctx, &q, &k, &v, &options)?;
+            let lse = forward
+                .lse
+                .as_ref()
+                .ok_or_else(|| Error::invalid("merge bench", "no lse"))?;
+            let before = ctx.allocated_bytes();
+            let timing = time_gpu(ctx, reps, |encoder| {
+                crate::merge::encode_merge_attentions(ctx, encoder, &[&forward.out, &forward.out], &[lse, lse])
+                    .map(|_| ())
+            })?;
+            let calls = reps.max(1) as u64 + 2;
+            Ok((name, Ok((timing, Some((ctx.allocated_bytes() - before) / calls)))))
         }
         BenchKernel::Backward | BenchKernel::MaterializedBackward => {
             let materialized = kernel == BenchKernel::MaterializedBackward;

@@ -43,7 +43,8 @@ pub struct BenchArgs {
     /// materialized), all, backward, fused+backward (the backward pass beside the
     /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does), or
     /// backward+materialized (those and the materialized backward, row
-    /// `backward/matrices`, for small problems).
+    /// `backward/matrices`, for small problems), or fused+merge (the forward and
+    /// merge_attentions of two partials of its output shape, no FLOPs counted).
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -152,7 +153,7 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward or backward+materialized",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward, backward+materialized or fused+merge",
                 args.kernel
             ))
         })?;

@@ -90,7 +90,9 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 56] = [
+pub const ALL_KERNELS: [Kernel; 58] = [
+    crate::merge::FOLD,
+    crate::merge::STORE,
     crate::backward::DELTA,
     crate::backward::MAT_DS,
     crate::backward::MAT_DQ,
