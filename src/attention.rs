@@ -455,9 +455,11 @@ impl Plan {
         let (kb, vb) = if self.pages.is_some() { (0, 0) } else { (k_page, v_page) };
         let [ob, oh, os, _] = out.strides();
         // A causal mask is a window's right edge at 0 (docs/design.md, "Masks"); edges
-        // past Lq + Lk reach every key, and clamping them keeps the WGSL's i32 position
-        // arithmetic in range.
-        let reach = s.len_q + s.len_k;
+        // past Lq + Lk (+ |position_offset|, which moves queries that far from the keys)
+        // reach every key, and clamping them keeps the WGSL's i32 position arithmetic in
+        // range (check_options bounds the sum).
+        let moved = options.position_offset.map_or(0, |o| o.unsigned_abs() as usize);
+        let reach = s.len_q + s.len_k + moved;
         let window = options.window.unwrap_or_default();
         let right = match options.causal {
             Some(_) => Some(0), // no window edge is tighter than 0

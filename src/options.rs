@@ -279,6 +279,14 @@ pub struct AttentionOptions {
     /// lengths; flash-attn's `cache_seqlens`). Needs `key_lengths`; no effect under a
     /// top-left causal mask.
     pub align_to_key_lengths: bool,
+    /// Query `i`'s aligned position `p(i) = i + offset` on this call's keys, for the
+    /// causal mask, the window and ALiBi, in place of the causal alignment's offset:
+    /// attention over a partition of the keys that starts at global key `o`, whose
+    /// queries sit at `i + g` on the global axis (`g`: `Lk − Lq` bottom-right, 0
+    /// top-left), takes `g − o` (then [`crate::merge_attentions`] combines the
+    /// partitions). The causal mask, if any, still applies (keys past `p(i)`); its
+    /// alignment is then unused. Not with `align_to_key_lengths`.
+    pub position_offset: Option<i64>,
     /// Which kernel path to use.
     pub kernel: KernelChoice,
     /// Tiling of the fused kernel.
@@ -299,10 +307,12 @@ pub struct AttentionOptions {
 
 impl AttentionOptions {
     /// `o` such that query `i`'s aligned position is `p(i) = i + o`, the position the
-    /// window and ALiBi measure from (docs/design.md, "Masks"): the causal mask's
-    /// alignment if there is one, else bottom-right (`Lk − Lq`), as flash-attn.
+    /// window and ALiBi measure from (docs/design.md, "Masks"): `position_offset` if
+    /// set, else the causal mask's alignment if there is one, else bottom-right
+    /// (`Lk − Lq`), as flash-attn.
     pub fn query_position_offset(&self, len_q: usize, len_k: usize) -> i64 {
-        self.causal.unwrap_or(CausalAlignment::BottomRight).offset(len_q, len_k)
+        self.position_offset
+            .unwrap_or_else(|| self.causal.unwrap_or(CausalAlignment::BottomRight).offset(len_q, len_k))
     }
 
     /// Whether positions come from the key lengths ([`Self::align_to_key_lengths`] and

@@ -171,6 +171,13 @@ impl AttentionShape {
 
     /// Checks options against this shape: scale, key lengths, mask broadcast.
     pub fn check_options(&self, options: &AttentionOptions) -> Result<()> {
+        // How far a set position offset moves queries from this call's keys (saturated:
+        // anything past MAX_POSITIONS is refused below).
+        let offset_magnitude = options.position_offset.map_or(0, |o| {
+            usize::try_from(o.unsigned_abs())
+                .unwrap_or(usize::MAX)
+                .min(MAX_POSITIONS + 1)
+        });
         if let Some(s) = options.scale {
             if !s.is_finite() {
                 return Err(Error::invalid("scale", format!("{s} is not finite")));
@@ -207,7 +214,7 @@ impl AttentionShape {
             }
             // The bias −slope·|p(i) − j| must stay far inside f32's range, or a
             // finite slope (−1e38) gives ±inf biases and NaN rows.
-            let distance = (self.len_q + self.len_k) as f64;
+            let distance = (self.len_q + self.len_k) as f64 + offset_magnitude as f64;
             if let Some((h, x)) = slopes
                 .iter()
                 .enumerate()
@@ -221,6 +228,12 @@ impl AttentionShape {
                     ),
                 ));
             }
+        }
+        if options.position_offset.is_some() && options.align_to_key_lengths {
+            return Err(Error::invalid(
+                "position_offset",
+                "sets positions itself; it cannot be combined with align_to_key_lengths",
+            ));
         }
         if options.align_to_key_lengths && options.key_lengths.is_none() {
             return Err(Error::invalid(
@@ -237,6 +250,13 @@ impl AttentionShape {
             }
         }
         // The kernels measure positions p(i) − j in i32 (attention_common.wgsl).
+        if options.position_offset.is_some() && self.len_q + self.len_k + offset_magnitude > MAX_POSITIONS {
+            return Err(Error::unsupported(
+                "query length + key length + |position_offset|",
+                self.len_q + self.len_k + offset_magnitude,
+                format!("at most {MAX_POSITIONS}"),
+            ));
+        }
         if (options.window.is_some() || options.alibi_slopes.is_some()) && self.len_q + self.len_k > MAX_POSITIONS {
             return Err(Error::unsupported(
                 "query length + key length with a window or ALiBi",

@@ -1,13 +1,16 @@
 //! `merge_attentions` (issue 41 item 1): attention over random partitions of the keys,
 //! merged by log-sum-exp, equals attention over all keys (against the f64 reference,
 //! within the forward's bound widened by what the partial lses' errors move the merge
-//! weights by); rows no partition saw; mixed layouts; f16; bad inputs refused.
+//! weights by), with key lengths and masks cut to each partition and the causal mask,
+//! windows and ALiBi measured from each partition's `position_offset`; rows no partition
+//! saw; mixed layouts; f16; bad inputs refused.
 
 mod common;
 
 use wgpu_attention::check::{Rng, Tolerance};
 use wgpu_attention::{
-    merge_attentions, sdpa, AttentionOptions, AttentionShape, Context, DType, Error, Layout, Mask, Tensor,
+    merge_attentions, sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, Layout, Mask,
+    Tensor, Window,
 };
 
 /// Keys `0 .. len_k` cut at `parts - 1` random places (empty parts allowed).
@@ -33,12 +36,17 @@ struct Problem {
     key_lengths: Option<Vec<u32>>,
     /// `[B, 1, Lq, Lk]` may-attend flags, or none.
     mask: Option<Vec<bool>>,
+    /// The rules measured from positions: each partition takes its key offset.
+    positions: AttentionOptions,
 }
 
 impl Problem {
     fn options(&self) -> AttentionOptions {
         let s = self.shape;
         AttentionOptions {
+            causal: self.positions.causal,
+            window: self.positions.window,
+            alibi_slopes: self.positions.alibi_slopes.clone(),
             key_lengths: self.key_lengths.clone(),
             mask: self
                 .mask
@@ -54,7 +62,13 @@ impl Problem {
         let s = self.shape;
         let shape = AttentionShape { len_k: b - a, ..s };
         let rows = |x: &[f32], d: usize| columns(x, s.len_k * d, (a * d, b * d));
+        // Queries sit at i + g on the whole key axis: at i + g − a on the part's.
+        let global = self.options().query_position_offset(s.len_q, s.len_k);
         let options = AttentionOptions {
+            causal: self.positions.causal,
+            window: self.positions.window,
+            alibi_slopes: self.positions.alibi_slopes.clone(),
+            position_offset: Some(global - a as i64),
             key_lengths: self.key_lengths.as_ref().map(|lens| {
                 lens.iter()
                     .map(|&l| (l as usize).clamp(a, b) as u32 - a as u32)
@@ -80,6 +94,38 @@ fn random_problem(rng: &mut Rng, shape: AttentionShape, key_lengths: bool, mask:
         v: rng.vec(s.batch * s.heads_kv * s.len_k * s.head_dim_v, -1.0, 1.0),
         key_lengths: key_lengths.then(|| (0..s.batch).map(|_| rng.below(s.len_k + 1) as u32).collect()),
         mask: mask.then(|| (0..s.batch * s.len_q * s.len_k).map(|_| rng.below(10) < 7).collect()),
+        positions: AttentionOptions::default(),
+    }
+}
+
+/// The position rules of case `n`: none, causal either way, a window, ALiBi.
+fn positions(rng: &mut Rng, s: &AttentionShape, n: usize) -> AttentionOptions {
+    match n % 5 {
+        0 => AttentionOptions::default(),
+        1 => AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            ..Default::default()
+        },
+        2 => AttentionOptions {
+            causal: Some(CausalAlignment::TopLeft),
+            window: Some(Window {
+                left: Some(rng.below(s.len_k / 2 + 2)),
+                right: None,
+            }),
+            ..Default::default()
+        },
+        3 => AttentionOptions {
+            window: Some(Window {
+                left: Some(rng.below(s.len_k / 2 + 2)),
+                right: Some(rng.below(s.len_k / 4 + 2)),
+            }),
+            ..Default::default()
+        },
+        _ => AttentionOptions {
+            alibi_slopes: Some(wgpu_attention::check::alibi_slopes(s.heads_q)),
+            causal: Some(CausalAlignment::BottomRight),
+            ..Default::default()
+        },
     }
 }
 
@@ -139,7 +185,8 @@ fn merged_partitions_equal_attention_over_all_keys() {
             for parts in [1, 2, 3, 5] {
                 seed += 1;
                 let mut rng_case = Rng::new(seed);
-                let p = random_problem(&mut rng_case, s, key_lengths, mask);
+                let mut p = random_problem(&mut rng_case, s, key_lengths, mask);
+                p.positions = positions(&mut rng_case, &s, seed as usize);
                 let cuts = random_cuts(&mut rng, s.len_k, parts);
                 let (got, got_lse) = merged(ctx, &p, &cuts, DType::F32);
                 let want = wgpu_attention::reference::attention(&p.q, &p.k, &p.v, &s, &p.options()).expect("reference");
@@ -155,7 +202,8 @@ fn merged_partitions_equal_attention_over_all_keys() {
                     .fold(0.0f64, f64::max);
                 assert!(
                     err <= bound,
-                    "seed {seed} {s:?} cuts {cuts:?} lengths {key_lengths} mask {mask}: error {err:.3e} > {bound:.3e}"
+                    "seed {seed} {s:?} cuts {cuts:?} lengths {key_lengths} mask {mask} {:?}: error {err:.3e} > {bound:.3e}",
+                    p.positions
                 );
                 for (n, (a, b)) in got_lse.iter().zip(&want.lse).enumerate() {
                     if b.is_finite() {
@@ -226,6 +274,38 @@ fn bad_partials_are_refused() {
     for (n, (outs, lses)) in cases.iter().enumerate() {
         match merge_attentions(ctx, outs, lses) {
             Err(Error::Invalid { .. } | Error::Shape { .. }) => {}
+            other => panic!("case {n}: expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn position_offsets_that_cannot_be_honoured_are_refused() {
+    let Some(ctx) = common::ctx() else { return };
+    let t = |shape: [usize; 4]| {
+        Tensor::from_f32(ctx, shape, Layout::Bhsd, &vec![0.5; shape.iter().product()]).expect("tensor")
+    };
+    let (q, k, v) = (t([1, 1, 2, 4]), t([1, 1, 3, 4]), t([1, 1, 3, 4]));
+    let refused = [
+        AttentionOptions {
+            position_offset: Some(1),
+            key_lengths: Some(vec![3]),
+            align_to_key_lengths: true,
+            ..Default::default()
+        },
+        AttentionOptions {
+            position_offset: Some(1 << 31),
+            ..Default::default()
+        },
+        AttentionOptions {
+            position_offset: Some(i64::MIN),
+            causal: Some(CausalAlignment::TopLeft),
+            ..Default::default()
+        },
+    ];
+    for (n, options) in refused.iter().enumerate() {
+        match sdpa(ctx, &q, &k, &v, options) {
+            Err(Error::Invalid { .. } | Error::Unsupported { .. }) => {}
             other => panic!("case {n}: expected a refusal, got {other:?}"),
         }
     }

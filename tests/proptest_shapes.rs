@@ -73,6 +73,8 @@ struct Draw {
     scale: bool,
     weights: u8,
     output_layout: u8,
+    /// 0: no position offset; else one drawn around the alignments' (below, inside, past).
+    offset: u8,
     seed: u64,
 }
 
@@ -96,14 +98,14 @@ fn arb_draw() -> impl Strategy<Value = Draw> {
             any::<bool>(),
             any::<bool>(),
         ),
-        (0u8..3, 0u8..3, any::<u64>()),
+        (0u8..3, 0u8..3, 0u8..4, any::<u64>()),
     )
         .prop_map(
             |(
                 sizes,
                 (path, f16, bshd, causal, mask),
                 (key_lengths, align, window, alibi, softcap, scale),
-                (weights, output_layout, seed),
+                (weights, output_layout, offset, seed),
             )| Draw {
                 sizes,
                 path,
@@ -119,6 +121,7 @@ fn arb_draw() -> impl Strategy<Value = Draw> {
                 scale,
                 weights,
                 output_layout,
+                offset,
                 seed,
             },
         )
@@ -166,8 +169,15 @@ fn case_of(d: &Draw) -> (CheckCase, Path) {
             _ => Some(random_additive_mask(&mut rng, [b, 1, 1, lk])),
         },
         // Positions from the key lengths need key lengths: drawn together, never
-        // refused.
-        align_to_key_lengths: d.align && key_lengths.is_some(),
+        // refused (and never with a position offset, which sets positions itself).
+        align_to_key_lengths: d.align && key_lengths.is_some() && d.offset == 0,
+        // A partition's view of the keys: queries before, among or past them.
+        position_offset: match d.offset {
+            0 => None,
+            1 => Some(-(rng.below(lk + lq) as i64)),
+            2 => Some(rng.below(lk + 1) as i64 - lq as i64),
+            _ => Some((lk + rng.below(2 * lk + 2)) as i64),
+        },
         key_lengths,
         window: match d.window {
             0 => None,
@@ -175,8 +185,10 @@ fn case_of(d: &Draw) -> (CheckCase, Path) {
                 left: Some(rng.below(lk / 2 + 2)),
                 right: Some(rng.below(lk / 4 + 2)),
             }),
+            // Up to three times the keys: past Lq + Lk, which reaches every key unless a
+            // position offset moved the queries further away.
             2 => Some(Window {
-                left: Some(rng.below(lk + 2)),
+                left: Some(rng.below(3 * lk + 2)),
                 right: None,
             }),
             _ => Some(Window {
