@@ -208,6 +208,15 @@ impl Input<'_> {
         result.map_err(crate::to_py)
     }
 
+    /// The shape of this query's scores (for masks).
+    pub(crate) fn scores(&self) -> crate::options::Scores {
+        crate::options::Scores {
+            batch_axes: self.batch_axes().to_vec(),
+            heads: (self.shape.len() >= 3).then_some(self.logical[1]),
+            len_q: self.logical[2],
+        }
+    }
+
     /// The batch axes: every axis before the heads (`(..., H, L, E)` or `(..., L, H, E)`).
     pub(crate) fn batch_axes(&self) -> &[usize] {
         &self.shape[..self.shape.len().saturating_sub(3)]
@@ -267,4 +276,31 @@ pub(crate) fn output<'py>(
 /// An f32 array of `shape` over `values` in C order.
 pub(crate) fn f32_array<'py>(py: Python<'py>, values: Vec<f32>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
     Ok(PyArray1::from_vec(py, values).reshape(shape.to_vec())?.into_any())
+}
+
+/// [`read_input`] converting float32 to float16 or back where the array is not
+/// `dtype` already (rows appended to a cache of that dtype, a layer's inputs).
+pub(crate) fn read_input_as<'py>(
+    ctx: &Context,
+    name: &'static str,
+    obj: &Bound<'py, PyAny>,
+    axes: Layout,
+    dtype: DType,
+) -> PyResult<Input<'py>> {
+    let array = as_array(name, obj)?;
+    if dtype_of(name, &array)? == dtype {
+        return read_input(ctx, name, obj, axes);
+    }
+    check_size(ctx, name, array.shape(), dtype.size())?;
+    let cast = array.call_method1("astype", (dtype_name(dtype),))?;
+    read_input(ctx, name, &cast, axes)
+}
+
+/// Parses `"float32"` or `"float16"` (NumPy's names; `"f32"`/`"f16"` too).
+pub(crate) fn parse_dtype(text: &str) -> PyResult<DType> {
+    match text.trim().to_lowercase().as_str() {
+        "float32" | "f32" => Ok(DType::F32),
+        "float16" | "f16" | "half" => Ok(DType::F16),
+        _ => Err(value_error("dtype", format!("'{text}' is not float32 or float16"))),
+    }
 }

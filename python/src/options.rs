@@ -1,12 +1,20 @@
 //! The keyword arguments every attention call takes, as the library's
 //! `AttentionOptions`.
 
-use crate::arrays::{as_array, Input};
+use crate::arrays::as_array;
 use crate::value_error;
 use numpy::{PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use wgpu_attention::{AttentionOptions, CausalAlignment, Context, KernelChoice, Layout, Mask, Precision, Window};
+
+/// The scores' shape in the caller's terms, which a mask broadcasts to: batch axes,
+/// heads (none for a 2-D query), query rows (then keys).
+pub(crate) struct Scores {
+    pub batch_axes: Vec<usize>,
+    pub heads: Option<usize>,
+    pub len_q: usize,
+}
 
 /// The options of one call as Python gave them.
 pub(crate) struct Raw<'py> {
@@ -88,7 +96,7 @@ fn sequence<T>(
 
 impl Raw<'_> {
     /// The library's options for query `q` against `len_k` keys.
-    pub(crate) fn to_options(&self, ctx: &Context, q: &Input<'_>, len_k: usize) -> PyResult<AttentionOptions> {
+    pub(crate) fn to_options(&self, ctx: &Context, q: &Scores, len_k: usize) -> PyResult<AttentionOptions> {
         if self.dropout_p != 0.0 {
             return Err(value_error(
                 "dropout_p",
@@ -180,7 +188,7 @@ fn window(obj: &Bound<'_, PyAny>) -> PyResult<Window> {
 /// then heads, query rows, keys), as PyTorch's: bool = may attend, float = added to
 /// the scores. Folded to the library's rank-4 mask: the batch axes become one where
 /// the mask has all of them or none, and are expanded otherwise.
-fn mask(obj: &Bound<'_, PyAny>, ctx: &Context, q: &Input<'_>, len_k: usize) -> PyResult<Mask> {
+fn mask(obj: &Bound<'_, PyAny>, ctx: &Context, q: &Scores, len_k: usize) -> PyResult<Mask> {
     let py = obj.py();
     let array = as_array("attn_mask", obj)?;
     let dtype = array.dtype();
@@ -196,13 +204,10 @@ fn mask(obj: &Bound<'_, PyAny>, ctx: &Context, q: &Input<'_>, len_k: usize) -> P
     }
     // The scores' shape in the caller's terms: batch axes, heads (absent for a 2-D
     // query), rows, keys.
-    let batch_axes = q.batch_axes().to_vec();
-    let [_, heads, len_q, _] = q.logical;
+    let batch_axes = q.batch_axes.clone();
     let mut target = batch_axes.clone();
-    if q.shape.len() >= 3 {
-        target.push(heads);
-    }
-    target.extend([len_q, len_k]);
+    target.extend(q.heads);
+    target.extend([q.len_q, len_k]);
     let shape = array.shape().to_vec();
     if shape.is_empty() || shape.len() > target.len() {
         return Err(value_error(

@@ -64,14 +64,14 @@ pub(crate) fn prepare<'py>(
             ),
         ));
     }
-    let options = raw.to_options(ctx, &q, k.logical[2])?;
+    let options = raw.to_options(ctx, &q.scores(), k.logical[2])?;
     Ok(Prepared { q, k, v, options })
 }
 
 /// The shape of the attention weights `(..., Hq, Lq, Lk)`, or without `Lk` of the
 /// log-sum-exp, in the caller's terms: q's batch axes, its heads unless it has none
 /// (a 2-D query), the rows (and the keys).
-fn score_shape(q: &Input<'_>, len_k: Option<usize>) -> Vec<usize> {
+pub(crate) fn score_shape(q: &Input<'_>, len_k: Option<usize>) -> Vec<usize> {
     let mut shape = q.batch_axes().to_vec();
     if q.shape.len() >= 3 {
         shape.push(q.logical[1]);
@@ -82,7 +82,7 @@ fn score_shape(q: &Input<'_>, len_k: Option<usize>) -> Vec<usize> {
 }
 
 /// The output's shape: q's with the value's head dim last.
-fn out_shape(q: &Input<'_>, head_dim_v: usize) -> Vec<usize> {
+pub(crate) fn out_shape(q: &Input<'_>, head_dim_v: usize) -> Vec<usize> {
     let mut shape = q.shape.clone();
     if let Some(last) = shape.last_mut() {
         *last = head_dim_v;

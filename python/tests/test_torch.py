@@ -109,3 +109,42 @@ def test_swapped_in(ctx):
         got = F.scaled_dot_product_attention(q, k, v)
     assert F.scaled_dot_product_attention is not wat.scaled_dot_product_attention
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-4, msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_mha_matches_torch_forward_and_backward(ctx, post_norm):
+    """A TransformerEncoderLayer's attention (and norm1) from its state_dict, against
+    PyTorch's autograd in float64."""
+    import wgpu_attention as wa
+
+    seed = 2400 + post_norm
+    torch.manual_seed(seed)
+    e, heads = 16, 4
+    block = torch.nn.TransformerEncoderLayer(e, heads, dim_feedforward=8, dropout=0.0, batch_first=True)
+    state = {k: v.numpy() for k, v in block.state_dict().items() if k.startswith(("self_attn.", "norm1."))}
+    layer = wa.MultiHeadAttention(state, heads, post_norm=post_norm)
+    x = torch.randn(2, 5, e, dtype=torch.float64, requires_grad=True)
+    mha = block.self_attn.double()
+    norm = block.norm1.double()
+    ref, _ = mha(x, x, x, need_weights=False, is_causal=False)
+    if post_norm:
+        ref = norm(ref + x)
+    d_out = torch.randn(ref.shape, dtype=torch.float64)
+    ref.backward(d_out)
+    xs = x.detach().float().numpy()
+    msg = f"seed {seed}"
+    torch.testing.assert_close(torch.from_numpy(layer.forward(xs)).double(), ref.detach(), atol=5e-5, rtol=5e-4,
+                               msg=msg)
+    grads = layer.backward(d_out.float().numpy(), xs)
+    close = lambda got, want, what: torch.testing.assert_close(torch.from_numpy(got).double(), want, atol=2e-4,
+                                                              rtol=2e-3, msg=f"{what}: {msg}")
+    close(grads["query"], x.grad, "d query")
+    packed = np.concatenate([grads["q_proj.weight"], grads["k_proj.weight"], grads["v_proj.weight"]])
+    close(packed, mha.in_proj_weight.grad, "in_proj_weight")
+    close(np.concatenate([grads["q_proj.bias"], grads["k_proj.bias"], grads["v_proj.bias"]]),
+          mha.in_proj_bias.grad, "in_proj_bias")
+    close(grads["out_proj.weight"], mha.out_proj.weight.grad, "out_proj.weight")
+    close(grads["out_proj.bias"], mha.out_proj.bias.grad, "out_proj.bias")
+    if post_norm:
+        close(grads["norm.weight"], norm.weight.grad, "norm weight")
+        close(grads["norm.bias"], norm.bias.grad, "norm bias")
