@@ -78,7 +78,7 @@ pub(crate) fn dtype_of(name: &str, array: &Bound<'_, PyUntypedArray>) -> PyResul
 
 /// `obj` as a NumPy array, or a `TypeError` naming the argument.
 pub(crate) fn as_array<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyUntypedArray>> {
-    obj.cast::<PyUntypedArray>().map(|a| a.clone()).map_err(|_| {
+    obj.cast::<PyUntypedArray>().cloned().map_err(|_| {
         let kind = obj
             .get_type()
             .name()

@@ -132,6 +132,13 @@ fn sequence<'py>(
     })
 }
 
+/// The query as read, the key and value tensors of a cross-attention call, the query
+/// tensor and the attention options.
+type Prepared<'py> = (Sequence<'py>, Option<(Tensor, Tensor)>, Tensor, AttentionOptions);
+
+/// A gradient read back: its name, values and tensor shape.
+type NamedValues = (&'static str, (Vec<f32>, [usize; 4]));
+
 impl PyMultiHeadAttention {
     /// The uploaded inputs and the options of a forward or backward call.
     #[allow(clippy::too_many_arguments)]
@@ -145,7 +152,7 @@ impl PyMultiHeadAttention {
         key_lengths: Option<Bound<'py, PyAny>>,
         scale: Option<f64>,
         kernel: &str,
-    ) -> PyResult<(Sequence<'py>, Option<(Tensor, Tensor)>, Tensor, AttentionOptions)> {
+    ) -> PyResult<Prepared<'py>> {
         let c = &self.config;
         let q = sequence(&self.ctx, "query", query, c.embed_dim, self.dtype)?;
         let cross = match (key, value) {
@@ -388,29 +395,27 @@ impl PyMultiHeadAttention {
         let (ctx, layer) = (&*self.ctx, &self.layer);
         let read = |t: &Tensor| t.to_f32_vec(ctx).map(|v| (v, t.shape()));
         let grads = py
-            .detach(
-                || -> wgpu_attention::Result<Vec<(&'static str, (Vec<f32>, [usize; 4]))>> {
-                    let g = layer.backward(ctx, inputs, &dt, &options)?;
-                    let mut all = vec![("query", read(&g.d_query)?)];
-                    if let Some(t) = &g.d_key {
-                        all.push(("key", read(t)?));
+            .detach(|| -> wgpu_attention::Result<Vec<NamedValues>> {
+                let g = layer.backward(ctx, inputs, &dt, &options)?;
+                let mut all = vec![("query", read(&g.d_query)?)];
+                if let Some(t) = &g.d_key {
+                    all.push(("key", read(t)?));
+                }
+                if let Some(t) = &g.d_value {
+                    all.push(("value", read(t)?));
+                }
+                for (name, w) in [("q_proj", &g.q), ("k_proj", &g.k), ("v_proj", &g.v), ("out_proj", &g.o)] {
+                    all.push((weight_name(name), read(&w.weight)?));
+                    if let Some(b) = &w.bias {
+                        all.push((bias_name(name), read(b)?));
                     }
-                    if let Some(t) = &g.d_value {
-                        all.push(("value", read(t)?));
-                    }
-                    for (name, w) in [("q_proj", &g.q), ("k_proj", &g.k), ("v_proj", &g.v), ("out_proj", &g.o)] {
-                        all.push((weight_name(name), read(&w.weight)?));
-                        if let Some(b) = &w.bias {
-                            all.push((bias_name(name), read(b)?));
-                        }
-                    }
-                    if let Some(n) = &g.norm {
-                        all.push(("norm.weight", read(&n.weight)?));
-                        all.push(("norm.bias", read(&n.bias)?));
-                    }
-                    Ok(all)
-                },
-            )
+                }
+                if let Some(n) = &g.norm {
+                    all.push(("norm.weight", read(&n.weight)?));
+                    all.push(("norm.bias", read(&n.bias)?));
+                }
+                Ok(all)
+            })
             .py_err()?;
         let dict = PyDict::new(py);
         for (name, (values, shape)) in grads {
