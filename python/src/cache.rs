@@ -1,0 +1,482 @@
+//! `KvCache` and `PagedKvCache`: keys and values kept on the device between calls, for
+//! generating tokens (docs/design.md, "KV cache", "Paged KV").
+
+use crate::arrays::{dtype_name, output, parse_dtype, read_input_as, Input, Values};
+use crate::context::{resolve, PyContext};
+use crate::options::{parse_layout, Raw};
+use crate::sdpa::{attention_result, out_shape};
+use crate::{value_error, OrPy};
+use pyo3::prelude::*;
+use std::sync::Arc;
+use wgpu_attention::{
+    AttentionOptions, Context, DType, KvCache, KvCacheConfig, Layout, PagedKvCache, PagedKvConfig, SequenceId, Tensor,
+};
+
+/// Reads a 4-D array of rows `(B, H, n, D)` (or `(B, n, H, D)` under a BSHD cache).
+fn rows<'py>(
+    ctx: &Context,
+    name: &'static str,
+    obj: &Bound<'py, PyAny>,
+    axes: Layout,
+    dtype: DType,
+) -> PyResult<Input<'py>> {
+    let input = read_input_as(ctx, name, obj, axes, dtype)?;
+    if input.shape.len() != 4 {
+        let order = match axes {
+            Layout::Bhsd => "(B, H, n, D)",
+            Layout::Bshd => "(B, n, H, D)",
+        };
+        return Err(value_error(name, format!("shape {:?} is not 4-D {order}", input.shape)));
+    }
+    Ok(input)
+}
+
+/// Counts per sequence, from a Python sequence of ints.
+fn counts(obj: Option<Bound<'_, PyAny>>) -> PyResult<Option<Vec<u32>>> {
+    obj.map(|c| {
+        c.extract::<Vec<i64>>()
+            .map_err(|_| value_error("counts", "must be a sequence of integers"))?
+            .into_iter()
+            .map(|n| u32::try_from(n).map_err(|_| value_error("counts", format!("{n} is not a row count"))))
+            .collect()
+    })
+    .transpose()
+}
+
+/// The attention options of a cache's `attend` (the cache supplies key lengths).
+#[allow(clippy::too_many_arguments)]
+fn attend_options<'py>(
+    ctx: &Context,
+    q: &Input<'py>,
+    len_k: usize,
+    attn_mask: Option<Bound<'py, PyAny>>,
+    is_causal: bool,
+    scale: Option<f64>,
+    window: Option<Bound<'py, PyAny>>,
+    alibi_slopes: Option<Bound<'py, PyAny>>,
+    softcap: Option<f64>,
+    need_weights: bool,
+    return_lse: bool,
+    kernel: &str,
+    precision: &str,
+) -> PyResult<AttentionOptions> {
+    Raw {
+        attn_mask,
+        dropout_p: 0.0,
+        is_causal,
+        scale,
+        // The cache aligns positions to each sequence's length.
+        causal_alignment: "bottom_right".into(),
+        key_lengths: None,
+        window,
+        alibi_slopes,
+        softcap,
+        need_weights,
+        return_lse,
+        kernel: kernel.to_string(),
+        precision: precision.to_string(),
+    }
+    .to_options(ctx, &q.scores(), len_k)
+}
+
+/// Runs `attend` without the GIL and returns what `scaled_dot_product_attention` would.
+fn finish<'py>(
+    py: Python<'py>,
+    ctx: &Context,
+    q: &Input<'py>,
+    axes: Layout,
+    head_dim_v: usize,
+    len_k: usize,
+    run: impl FnOnce() -> wgpu_attention::Result<(wgpu_attention::AttentionOutput, Vec<f32>)> + Send,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (memory, values, weights, lse) = py
+        .detach(|| -> wgpu_attention::Result<_> {
+            let (result, values) = run()?;
+            let weights = result.weights.as_ref().map(|w| w.to_f32_vec(ctx)).transpose()?;
+            let lse = result.lse.as_ref().map(|l| l.to_f32_vec(ctx)).transpose()?;
+            Ok((result.out.layout(), values, weights, lse))
+        })
+        .py_err()?;
+    let out = output(py, Values::of(q.dtype, values), &out_shape(q, head_dim_v), axes, memory)?;
+    attention_result(py, out, weights, lse, q, len_k)
+}
+
+/// One layer's keys and values for a batch of sequences, kept on the device with room
+/// to grow (``wgpu_attention::KvCache``).
+///
+/// ``KvCache(batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32",
+/// layout="bhsd", context=None)``. Rows are appended as ``(B, Hkv, n, D)`` arrays
+/// (``(B, n, Hkv, D)`` with ``layout="bshd"``), converted to the cache's dtype;
+/// ``attend`` runs a query ``(B, Hq, Lq, D)`` against what each sequence holds, its
+/// positions aligned to the sequence's end (a causal mask is bottom-right), with
+/// split-K decode for few query rows.
+#[pyclass(name = "KvCache", module = "wgpu_attention")]
+pub struct PyKvCache {
+    ctx: Arc<Context>,
+    cache: KvCache,
+    axes: Layout,
+    dtype: DType,
+    head_dim_v: usize,
+}
+
+#[pymethods]
+impl PyKvCache {
+    #[new]
+    #[pyo3(signature = (batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32", layout="bhsd", context=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        batch: usize,
+        heads_kv: usize,
+        capacity: usize,
+        head_dim: usize,
+        head_dim_v: Option<usize>,
+        dtype: &str,
+        layout: &str,
+        context: Option<Bound<'_, PyContext>>,
+    ) -> PyResult<Self> {
+        let ctx = resolve(py, context.as_ref())?;
+        let (dtype, axes) = (parse_dtype(dtype)?, parse_layout(layout)?);
+        let head_dim_v = head_dim_v.unwrap_or(head_dim);
+        let config = KvCacheConfig {
+            batch,
+            heads_kv,
+            capacity,
+            head_dim,
+            head_dim_v,
+            layout: axes,
+            dtype,
+        };
+        let cache = KvCache::new(&ctx, config).py_err()?;
+        Ok(PyKvCache {
+            ctx,
+            cache,
+            axes,
+            dtype,
+            head_dim_v,
+        })
+    }
+
+    /// Appends rows: all ``n`` rows of ``key`` ``(B, Hkv, n, D)`` and ``value``
+    /// ``(B, Hkv, n, Dv)`` to every sequence, or the first ``counts[b]`` to sequence b.
+    #[pyo3(signature = (key, value, counts=None))]
+    fn append(
+        &mut self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        counts: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let k = rows(&self.ctx, "key", key, self.axes, self.dtype)?.upload(&self.ctx)?;
+        let v = rows(&self.ctx, "value", value, self.axes, self.dtype)?.upload(&self.ctx)?;
+        let counts = self::counts(counts)?;
+        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        py.detach(|| match counts {
+            None => cache.append(ctx, &k, &v),
+            Some(c) => cache.append_rows(ctx, &k, &v, &c),
+        })
+        .py_err()
+    }
+
+    /// Attention of ``query`` ``(B, Hq, Lq, D)`` (Hq a multiple of Hkv) against the rows
+    /// each sequence holds; options and return value as
+    /// :func:`scaled_dot_product_attention` (a mask spans the capacity's keys).
+    #[pyo3(signature = (query, attn_mask=None, is_causal=false, scale=None, *, window=None, alibi_slopes=None,
+        softcap=None, need_weights=false, return_lse=false, kernel="auto", precision="highest"))]
+    #[allow(clippy::too_many_arguments)]
+    fn attend<'py>(
+        &self,
+        py: Python<'py>,
+        query: &Bound<'py, PyAny>,
+        attn_mask: Option<Bound<'py, PyAny>>,
+        is_causal: bool,
+        scale: Option<f64>,
+        window: Option<Bound<'py, PyAny>>,
+        alibi_slopes: Option<Bound<'py, PyAny>>,
+        softcap: Option<f64>,
+        need_weights: bool,
+        return_lse: bool,
+        kernel: &str,
+        precision: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let q = rows(&self.ctx, "query", query, self.axes, self.dtype)?;
+        let len_k = self.cache.capacity();
+        let options = attend_options(
+            &self.ctx,
+            &q,
+            len_k,
+            attn_mask,
+            is_causal,
+            scale,
+            window,
+            alibi_slopes,
+            softcap,
+            need_weights,
+            return_lse,
+            kernel,
+            precision,
+        )?;
+        let qt = q.upload(&self.ctx)?;
+        let (ctx, cache) = (&*self.ctx, &self.cache);
+        finish(py, ctx, &q, self.axes, self.head_dim_v, len_k, || {
+            cache.attend_read(ctx, &qt, &options)
+        })
+    }
+
+    /// Reallocates to hold ``capacity`` rows per sequence, keeping every row held.
+    fn grow(&mut self, py: Python<'_>, capacity: usize) -> PyResult<()> {
+        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        py.detach(|| cache.grow(ctx, capacity)).py_err()
+    }
+
+    /// Forgets every row (the memory is kept).
+    fn clear(&mut self, py: Python<'_>) -> PyResult<()> {
+        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        py.detach(|| cache.clear(ctx)).py_err()
+    }
+
+    /// Rows each sequence holds.
+    #[getter]
+    fn lengths(&self) -> Vec<u32> {
+        self.cache.lengths().to_vec()
+    }
+
+    /// Rows each sequence can hold before ``grow``.
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// ``"float32"`` or ``"float16"``.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.dtype)
+    }
+
+    /// The keys held, ``(B, Hkv, capacity, D)`` in the cache's dtype (a copy).
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        read_back(py, &self.ctx, self.cache.keys(), self.axes)
+    }
+
+    /// The values held, ``(B, Hkv, capacity, Dv)`` (a copy).
+    fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        read_back(py, &self.ctx, self.cache.values(), self.axes)
+    }
+
+    fn __repr__(&self) -> String {
+        let [b, h, cap, d] = self.cache.keys().shape();
+        format!(
+            "KvCache(batch={b}, heads_kv={h}, capacity={cap}, head_dim={d}, head_dim_v={}, dtype={:?}, lengths={:?})",
+            self.head_dim_v,
+            dtype_name(self.dtype),
+            self.cache.lengths()
+        )
+    }
+}
+
+/// A cache tensor as an array in the caller's axis order.
+fn read_back<'py>(py: Python<'py>, ctx: &Context, t: &Tensor, axes: Layout) -> PyResult<Bound<'py, PyAny>> {
+    let values = py.detach(|| t.to_f32_vec(ctx)).py_err()?;
+    let [b, h, s, d] = t.shape();
+    let shape = match axes {
+        Layout::Bhsd => [b, h, s, d],
+        Layout::Bshd => [b, s, h, d],
+    };
+    output(py, Values::of(t.dtype(), values), &shape, axes, t.layout())
+}
+
+/// One sequence of a :class:`PagedKvCache`.
+#[pyclass(name = "SequenceId", module = "wgpu_attention", frozen, eq, hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PySequenceId {
+    id: SequenceId,
+}
+
+#[pymethods]
+impl PySequenceId {
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.id)
+    }
+}
+
+/// Keys and values of many sequences in one pool of fixed-size pages, vLLM-style
+/// (``wgpu_attention::PagedKvCache``).
+///
+/// ``PagedKvCache(pages, page_size, heads_kv, head_dim, head_dim_v=None, *,
+/// dtype="float32", layout="bhsd", context=None)``. ``add_sequence()`` gives a
+/// :class:`SequenceId`; ``append(ids, key, value)`` writes rows ``(N, Hkv, n, D)`` to
+/// the N sequences ``ids``, taking free pages as they grow; ``attend(ids, query)``
+/// runs ``(N, Hq, Lq, D)`` against what each holds; ``remove_sequence`` frees its pages.
+#[pyclass(name = "PagedKvCache", module = "wgpu_attention")]
+pub struct PyPagedKvCache {
+    ctx: Arc<Context>,
+    cache: PagedKvCache,
+    axes: Layout,
+    dtype: DType,
+    head_dim_v: usize,
+}
+
+fn ids_of(ids: &Bound<'_, PyAny>) -> PyResult<Vec<SequenceId>> {
+    let ids = ids
+        .try_iter()
+        .map_err(|_| value_error("ids", "must be a sequence of SequenceId"))?;
+    ids.map(|id| {
+        let id = id?;
+        id.cast::<PySequenceId>()
+            .map(|s| s.get().id)
+            .map_err(|_| value_error("ids", "must be a sequence of SequenceId (from add_sequence)"))
+    })
+    .collect()
+}
+
+#[pymethods]
+impl PyPagedKvCache {
+    #[new]
+    #[pyo3(signature = (pages, page_size, heads_kv, head_dim, head_dim_v=None, *, dtype="float32", layout="bhsd", context=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        pages: usize,
+        page_size: usize,
+        heads_kv: usize,
+        head_dim: usize,
+        head_dim_v: Option<usize>,
+        dtype: &str,
+        layout: &str,
+        context: Option<Bound<'_, PyContext>>,
+    ) -> PyResult<Self> {
+        let ctx = resolve(py, context.as_ref())?;
+        let (dtype, axes) = (parse_dtype(dtype)?, parse_layout(layout)?);
+        let head_dim_v = head_dim_v.unwrap_or(head_dim);
+        let config = PagedKvConfig {
+            pages,
+            page_size,
+            heads_kv,
+            head_dim,
+            head_dim_v,
+            layout: axes,
+            dtype,
+        };
+        let cache = PagedKvCache::new(&ctx, config).py_err()?;
+        Ok(PyPagedKvCache {
+            ctx,
+            cache,
+            axes,
+            dtype,
+            head_dim_v,
+        })
+    }
+
+    /// A new, empty sequence.
+    fn add_sequence(&mut self) -> PySequenceId {
+        PySequenceId {
+            id: self.cache.add_sequence(),
+        }
+    }
+
+    /// Frees the sequence's pages; its id names nothing afterwards.
+    fn remove_sequence(&mut self, id: &Bound<'_, PySequenceId>) -> PyResult<()> {
+        self.cache.remove_sequence(id.get().id).py_err()
+    }
+
+    /// Rows the sequence holds.
+    fn sequence_length(&self, id: &Bound<'_, PySequenceId>) -> PyResult<usize> {
+        self.cache.len(id.get().id).py_err()
+    }
+
+    /// Pages no sequence holds.
+    #[getter]
+    fn free_pages(&self) -> usize {
+        self.cache.free_pages()
+    }
+
+    /// Rows per page.
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.cache.page_size()
+    }
+
+    /// Appends all ``n`` rows of ``key`` ``(N, Hkv, n, D)`` and ``value`` to the N
+    /// sequences ``ids`` in order, or the first ``counts[i]`` to ``ids[i]``. An append
+    /// the free pages cannot hold raises ``ValueError`` and changes nothing.
+    #[pyo3(signature = (ids, key, value, counts=None))]
+    fn append(
+        &mut self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        counts: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = ids_of(ids)?;
+        let k = rows(&self.ctx, "key", key, self.axes, self.dtype)?.upload(&self.ctx)?;
+        let v = rows(&self.ctx, "value", value, self.axes, self.dtype)?.upload(&self.ctx)?;
+        let counts = self::counts(counts)?;
+        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        py.detach(|| match counts {
+            None => cache.append(ctx, &ids, &k, &v),
+            Some(c) => cache.append_rows(ctx, &ids, &k, &v, &c),
+        })
+        .py_err()
+    }
+
+    /// Attention of ``query`` ``(N, Hq, Lq, D)`` against what the N sequences ``ids``
+    /// hold; options and return value as :meth:`KvCache.attend` (keys span the
+    /// longest sequence's pages).
+    #[pyo3(signature = (ids, query, attn_mask=None, is_causal=false, scale=None, *, window=None, alibi_slopes=None,
+        softcap=None, need_weights=false, return_lse=false, kernel="auto", precision="highest"))]
+    #[allow(clippy::too_many_arguments)]
+    fn attend<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        query: &Bound<'py, PyAny>,
+        attn_mask: Option<Bound<'py, PyAny>>,
+        is_causal: bool,
+        scale: Option<f64>,
+        window: Option<Bound<'py, PyAny>>,
+        alibi_slopes: Option<Bound<'py, PyAny>>,
+        softcap: Option<f64>,
+        need_weights: bool,
+        return_lse: bool,
+        kernel: &str,
+        precision: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = ids_of(ids)?;
+        let q = rows(&self.ctx, "query", query, self.axes, self.dtype)?;
+        let table = self.cache.table(&ids).py_err()?;
+        let len_k = table.pages_per_sequence() * self.cache.page_size();
+        let options = attend_options(
+            &self.ctx,
+            &q,
+            len_k,
+            attn_mask,
+            is_causal,
+            scale,
+            window,
+            alibi_slopes,
+            softcap,
+            need_weights,
+            return_lse,
+            kernel,
+            precision,
+        )?;
+        let qt = q.upload(&self.ctx)?;
+        let (ctx, cache) = (&*self.ctx, &self.cache);
+        finish(py, ctx, &q, self.axes, self.head_dim_v, len_k, || {
+            let out = cache.attend(ctx, &ids, &qt, &options)?;
+            let values = out.out.to_f32_vec(ctx)?;
+            Ok((out, values))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let [p, h, size, d] = self.cache.keys().shape();
+        format!(
+            "PagedKvCache(pages={p}, page_size={size}, heads_kv={h}, head_dim={d}, head_dim_v={}, dtype={:?}, free_pages={})",
+            self.head_dim_v,
+            dtype_name(self.dtype),
+            self.cache.free_pages()
+        )
+    }
+}

@@ -1,0 +1,37 @@
+"""Scaled dot-product attention on any GPU wgpu reaches (Vulkan, Metal, DX12, GL, and
+Mesa's software drivers), with PyTorch's ``scaled_dot_product_attention`` signature on
+NumPy arrays.
+
+>>> import numpy as np, wgpu_attention as wa
+>>> q = np.random.default_rng(0).standard_normal((2, 8, 128, 64), dtype=np.float32)
+>>> out = wa.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+Everything runs on ``default_context()`` (the adapter ``WGPU_ADAPTER_NAME`` and
+``WGPU_BACKEND`` name, else wgpu's default) unless ``context=Context(...)`` is given.
+``wgpu_attention.torch`` wraps the functions for torch tensors, with autograd;
+``python -m wgpu_attention.bench`` times them against PyTorch's.
+"""
+
+from ._native import (
+    Context,
+    KvCache,
+    MultiHeadAttention,
+    PagedKvCache,
+    SequenceId,
+    __version__,
+    default_context,
+    scaled_dot_product_attention,
+    sdpa_backward,
+)
+
+__all__ = [
+    "Context",
+    "KvCache",
+    "MultiHeadAttention",
+    "PagedKvCache",
+    "SequenceId",
+    "__version__",
+    "default_context",
+    "scaled_dot_product_attention",
+    "sdpa_backward",
+]
