@@ -80,6 +80,8 @@ mod problem;
 pub mod reference;
 #[doc(hidden)]
 pub mod sentence_example;
+#[cfg(not(target_arch = "wasm32"))]
+mod sharded;
 mod staging;
 mod tensor;
 pub mod tune;
@@ -114,6 +116,8 @@ pub use options::{
 };
 pub use paged_kv::{PageTable, PagedKvCache, PagedKvConfig, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
+#[cfg(not(target_arch = "wasm32"))]
+pub use sharded::{sdpa_sharded, KeyShard};
 pub use tensor::{relayout, DType, Layout, Tensor};
 // One Context serves many threads (docs/design.md): this stops compiling if it no
 // longer can. Not on wasm32, where wgpu's WebGPU objects belong to the browser's one
