@@ -78,6 +78,7 @@ mod options;
 mod paged_kv;
 mod problem;
 pub mod reference;
+pub mod rotary;
 #[doc(hidden)]
 pub mod sentence_example;
 #[cfg(not(target_arch = "wasm32"))]
@@ -116,6 +117,7 @@ pub use options::{
 };
 pub use paged_kv::{PageTable, PagedKvCache, PagedKvConfig, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
+pub use rotary::{apply_rotary, encode_apply_rotary, Rotary, RotaryStyle};
 #[cfg(not(target_arch = "wasm32"))]
 pub use sharded::{sdpa_sharded, KeyShard};
 pub use tensor::{relayout, DType, Layout, Tensor};

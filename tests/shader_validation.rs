@@ -294,6 +294,31 @@ fn linear_and_packing_uniforms_match_rust() {
 }
 
 #[test]
+fn rotary_uniforms_match_rust() {
+    use std::mem::{offset_of, size_of};
+    use wgpu_attention::rotary::{RotaryParams, KERNEL};
+    let fields = [
+        ("heads", offset_of!(RotaryParams, heads)),
+        ("len", offset_of!(RotaryParams, len)),
+        ("head_dim", offset_of!(RotaryParams, head_dim)),
+        ("dim", offset_of!(RotaryParams, dim)),
+        ("stride_b", offset_of!(RotaryParams, stride_b)),
+        ("stride_h", offset_of!(RotaryParams, stride_h)),
+        ("stride_s", offset_of!(RotaryParams, stride_s)),
+        ("interleaved", offset_of!(RotaryParams, interleaved)),
+        ("out_stride_b", offset_of!(RotaryParams, out_stride_b)),
+        ("out_stride_h", offset_of!(RotaryParams, out_stride_h)),
+        ("out_stride_s", offset_of!(RotaryParams, out_stride_s)),
+        ("bh_start", offset_of!(RotaryParams, bh_start)),
+    ];
+    let fields: Vec<(String, usize)> = fields.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    assert_eq!(
+        wgsl_struct(&KERNEL, "RotaryParams"),
+        (fields, size_of::<RotaryParams>())
+    );
+}
+
+#[test]
 fn merge_uniforms_match_rust() {
     use std::mem::{offset_of, size_of};
     use wgpu_attention::merge::{MergeParams, FOLD, STORE};

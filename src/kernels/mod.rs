@@ -90,7 +90,8 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 58] = [
+pub const ALL_KERNELS: [Kernel; 59] = [
+    crate::rotary::KERNEL,
     crate::merge::FOLD,
     crate::merge::STORE,
     crate::backward::DELTA,

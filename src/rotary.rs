@@ -1,0 +1,219 @@
+//! Rotary position embeddings (RoPE; docs/design.md, "Rotary embeddings";
+//! `shaders/rotary.wgsl`): the first `dim` elements of each head's row are rotated in
+//! pairs by angles `position / scaling · theta^(−2i/dim)`, in the NeoX (`rotate_half`,
+//! Hugging Face LLaMA) or GPT-J (interleaved) pairing, before attention. The host
+//! computes cos and sin in f64 for the positions a call uses; the kernel only rotates.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::{dispatch, groups_for, pipeline, Kernel};
+use crate::tensor::Tensor;
+use bytemuck::{Pod, Zeroable};
+
+/// How a rotation pairs the rotated elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RotaryStyle {
+    /// Element `i` with `i + dim/2` (GPT-NeoX, Hugging Face's `rotate_half`, LLaMA).
+    #[default]
+    NeoX,
+    /// Element `2i` with `2i + 1` (GPT-J, the original RoFormer).
+    GptJ,
+}
+
+/// A rotary embedding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rotary {
+    /// The frequency base (10000 in most models).
+    pub theta: f64,
+    /// Rotated elements of each head (even, at most the head dim; the rest pass).
+    pub dim: usize,
+    /// The pairing.
+    pub style: RotaryStyle,
+    /// Positions are divided by this (linear position interpolation; 1 = none).
+    pub scaling: f64,
+}
+
+impl Rotary {
+    /// NeoX pairing over `dim` elements, theta 10000, no scaling.
+    pub fn new(dim: usize) -> Self {
+        Rotary {
+            theta: 10000.0,
+            dim,
+            style: RotaryStyle::NeoX,
+            scaling: 1.0,
+        }
+    }
+
+    /// Refuses an embedding that does not fit heads of `head_dim`.
+    pub fn check(&self, head_dim: usize) -> Result<()> {
+        if self.dim == 0 || self.dim % 2 != 0 || self.dim > head_dim {
+            return Err(Error::invalid(
+                "rotary dim",
+                format!("{} is not an even number from 2 to the head dim {head_dim}", self.dim),
+            ));
+        }
+        for (what, x) in [("rotary theta", self.theta), ("rotary scaling", self.scaling)] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(Error::invalid(what, format!("{x} is not a finite number above 0")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The angle of pair `i` at `position`, in f64.
+    pub fn angle(&self, position: u32, i: usize) -> f64 {
+        let inv_freq = self.theta.powf(-2.0 * i as f64 / self.dim as f64);
+        f64::from(position) / self.scaling * inv_freq
+    }
+
+    /// `(cos, sin)` of every pair at each of `positions`, rows of `dim / 2`.
+    pub fn table(&self, positions: &[u32]) -> Vec<[f32; 2]> {
+        positions
+            .iter()
+            .flat_map(|&p| {
+                (0..self.dim / 2).map(move |i| {
+                    let a = self.angle(p, i);
+                    [a.cos() as f32, a.sin() as f32]
+                })
+            })
+            .collect()
+    }
+
+    /// The rotation of one head row `x` (its head dim long) at `position`, in f64: the
+    /// reference the kernel is checked against.
+    pub fn rotate_row(&self, x: &[f32], position: u32) -> Vec<f64> {
+        let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let half = self.dim / 2;
+        for i in 0..half {
+            let (a, b) = match self.style {
+                RotaryStyle::NeoX => (i, i + half),
+                RotaryStyle::GptJ => (2 * i, 2 * i + 1),
+            };
+            let (c, s) = (self.angle(position, i).cos(), self.angle(position, i).sin());
+            let (xa, xb) = (f64::from(x[a]), f64::from(x[b]));
+            out[a] = xa * c - xb * s;
+            out[b] = xb * c + xa * s;
+        }
+        out
+    }
+}
+
+const SOURCE: &str = include_str!("../shaders/rotary.wgsl");
+
+/// The rotation kernel.
+pub const KERNEL: Kernel = Kernel {
+    file: "rotary.wgsl",
+    source: SOURCE,
+    entry: "rotary",
+    slots: &[],
+    preludes: &[],
+    variant: "",
+};
+
+/// Mirror of WGSL `RotaryParams`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct RotaryParams {
+    /// H.
+    pub heads: u32,
+    /// S.
+    pub len: u32,
+    /// D.
+    pub head_dim: u32,
+    /// Rotated elements.
+    pub dim: u32,
+    /// Input strides (elements) of batch, head and position.
+    pub stride_b: u32,
+    /// Of the head axis.
+    pub stride_h: u32,
+    /// Of the position axis.
+    pub stride_s: u32,
+    /// 1 for GPT-J pairs.
+    pub interleaved: u32,
+    /// Output strides of batch, head and position.
+    pub out_stride_b: u32,
+    /// Of the head axis.
+    pub out_stride_h: u32,
+    /// Of the position axis.
+    pub out_stride_s: u32,
+    /// First (batch, head) pair of the dispatch.
+    pub bh_start: u32,
+}
+
+/// `x` (`[B, H, S, D]`, any layout and dtype) with rows rotated: row `s` of batch
+/// element `b` at position `positions[b·S + s]` (positions may differ per batch
+/// element, as a batch of sequences at different offsets has them). A new tensor of
+/// `x`'s shape, layout and dtype. Waits for nothing.
+pub fn apply_rotary(ctx: &Context, x: &Tensor, positions: &[u32], rotary: &Rotary) -> Result<Tensor> {
+    ctx.record_and_submit("submitting a rotary embedding", |encoder| {
+        encode_apply_rotary(ctx, encoder, x, positions, rotary)
+    })
+}
+
+/// Like [`apply_rotary`], recording into the caller's encoder.
+pub fn encode_apply_rotary(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &Tensor,
+    positions: &[u32],
+    rotary: &Rotary,
+) -> Result<Tensor> {
+    x.check_context(ctx, "x of apply_rotary")?;
+    let [b, h, s, d] = x.shape();
+    rotary.check(d)?;
+    if positions.len() != b * s {
+        return Err(Error::shape(
+            "positions of apply_rotary",
+            format!("{} (batch x sequence length)", b * s),
+            positions.len(),
+        ));
+    }
+    let out = Tensor::empty(ctx, x.shape(), x.layout(), x.dtype())?;
+    if x.is_empty() {
+        return Ok(out);
+    }
+    let table = ctx.create_buffer_init(
+        "rotary cos and sin",
+        bytemuck::cast_slice(&rotary.table(positions)),
+        crate::tensor::tensor_usage(),
+    )?;
+    let [sb, sh, ss, _] = x.strides();
+    let [ob, oh, os, _] = out.strides();
+    let base = RotaryParams {
+        heads: h as u32,
+        len: s as u32,
+        head_dim: d as u32,
+        dim: rotary.dim as u32,
+        stride_b: sb as u32,
+        stride_h: sh as u32,
+        stride_s: ss as u32,
+        interleaved: u32::from(rotary.style == RotaryStyle::GptJ),
+        out_stride_b: ob as u32,
+        out_stride_h: oh as u32,
+        out_stride_s: os as u32,
+        bh_start: 0,
+    };
+    let pipeline = pipeline(ctx, &KERNEL, x.dtype(), &[])?;
+    let max_pairs = ctx.capabilities().max_workgroups_per_dim.max(1) as usize;
+    for start in (0..b * h).step_by(max_pairs) {
+        let count = (b * h - start).min(max_pairs);
+        let params = RotaryParams {
+            bh_start: start as u32,
+            ..base
+        };
+        let params = ctx.create_buffer_init(
+            "rotary params",
+            bytemuck::bytes_of(&params),
+            wgpu::BufferUsages::UNIFORM,
+        )?;
+        let bindings = [(0, &params), (1, x.buffer()), (2, &table), (3, out.buffer())];
+        dispatch(
+            ctx,
+            encoder,
+            &pipeline,
+            &bindings,
+            [groups_for(s * d, 64), count as u32, 1],
+        )?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,163 @@
+//! Rotary embeddings (issue 41 item 4a): the kernel against the f64 rotation and
+//! against the Hugging Face formula (`rotate_half` with cos and sin computed in f32, as
+//! transformers' LLaMA does), both pairings, rotary dim below the head dim, positions
+//! that differ per batch element, both layouts, f16, bad inputs refused.
+
+mod common;
+
+use half::f16;
+use wgpu_attention::check::Rng;
+use wgpu_attention::{apply_rotary, relayout, DType, Error, Layout, Rotary, RotaryStyle, Tensor};
+
+/// Positions `start_b + s` with a different start per batch element.
+fn positions(rng: &mut Rng, batch: usize, len: usize, most: usize) -> Vec<u32> {
+    (0..batch)
+        .flat_map(|_| {
+            let start = rng.below(most);
+            (0..len).map(move |s| (start + s) as u32)
+        })
+        .collect()
+}
+
+/// Hugging Face's LLaMA rotation of one row (NeoX pairing) in f32:
+/// `inv_freq = 1 / theta^(2i/dim)`, `freqs = (position / scaling) · inv_freq`,
+/// `x · cos + rotate_half(x) · sin`.
+fn hugging_face_row(x: &[f32], position: u32, r: &Rotary) -> Vec<f32> {
+    let half = r.dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (r.theta as f32).powf((2 * i) as f32 / r.dim as f32))
+        .collect();
+    let t = position as f32 / r.scaling as f32;
+    let mut out = x.to_vec();
+    for d in 0..r.dim {
+        let f = t * inv_freq[d % half];
+        let rotated_half = if d < half { -x[d + half] } else { x[d - half] };
+        out[d] = x[d] * f.cos() + rotated_half * f.sin();
+    }
+    out
+}
+
+#[test]
+fn rotations_match_the_f64_rotation_and_hugging_faces_formula() {
+    let Some(ctx) = common::ctx() else { return };
+    let mut seed = 4140;
+    for (shape, dim, style, layout, scaling) in [
+        ([2, 3, 17, 64], 64, RotaryStyle::NeoX, Layout::Bhsd, 1.0),
+        ([3, 2, 9, 40], 24, RotaryStyle::NeoX, Layout::Bshd, 4.0),
+        ([1, 4, 33, 32], 32, RotaryStyle::GptJ, Layout::Bhsd, 1.0),
+        ([2, 1, 5, 10], 6, RotaryStyle::GptJ, Layout::Bshd, 2.0),
+    ] {
+        seed += 1;
+        let mut rng = Rng::new(seed);
+        let [b, h, s, d] = shape;
+        let x = rng.vec(b * h * s * d, -1.0, 1.0);
+        let pos = positions(&mut rng, b, s, 5000);
+        let rotary = Rotary {
+            theta: 10000.0,
+            dim,
+            style,
+            scaling,
+        };
+        let xt = Tensor::from_f32(ctx, shape, layout, &relayout(&x, shape, Layout::Bhsd, layout)).expect("upload");
+        let yt = apply_rotary(ctx, &xt, &pos, &rotary).expect("rotary");
+        assert_eq!((yt.shape(), yt.layout(), yt.dtype()), (shape, layout, DType::F32));
+        let y = relayout(&yt.to_f32_vec(ctx).expect("read"), shape, layout, Layout::Bhsd);
+        let eps = f64::from(f32::EPSILON);
+        // cos and sin rounded to f32, two products and a sum: under 4 epsilons of the
+        // pair's magnitude (at most 2).
+        let bound = 8.0 * eps;
+        // HF's angle is t · inv_freq in f32: off by about 3 epsilons of the angle, which
+        // moves the result by that times the pair's magnitude.
+        let max_angle = f64::from(*pos.iter().max().expect("positions")) / scaling;
+        let hf_bound = bound + 2.0 * 4.0 * eps * max_angle;
+        for (row, chunk) in x.chunks(d).enumerate() {
+            let (bi, si) = (row / (h * s), row % s);
+            let position = pos[bi * s + si];
+            let want = rotary.rotate_row(chunk, position);
+            let got = &y[row * d..(row + 1) * d];
+            for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(*g) - w).abs() <= bound,
+                    "seed {seed} {style:?} row {row} element {e}: {g} vs {w}"
+                );
+            }
+            if style == RotaryStyle::NeoX {
+                let hf = hugging_face_row(chunk, position, &rotary);
+                for (e, (g, w)) in got.iter().zip(&hf).enumerate() {
+                    assert!(
+                        f64::from((g - w).abs()) <= hf_bound,
+                        "seed {seed} row {row} element {e}: {g} vs Hugging Face's {w}"
+                    );
+                }
+            }
+            // Elements past the rotary dim pass unchanged.
+            assert_eq!(&got[dim..], &chunk[dim..], "seed {seed} row {row}");
+        }
+    }
+}
+
+#[test]
+fn f16_rotations_round_once() {
+    let Some(ctx) = common::ctx() else { return };
+    if !ctx.capabilities().f16 {
+        common::skip_lacking(ctx, "f16", false);
+        return;
+    }
+    let mut rng = Rng::new(4149);
+    let shape = [2, 2, 11, 16];
+    let x: Vec<f16> = rng
+        .vec(2 * 2 * 11 * 16, -1.0, 1.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let pos = positions(&mut rng, 2, 11, 300);
+    let rotary = Rotary::new(16);
+    let xt = Tensor::from_f16(ctx, shape, Layout::Bhsd, &x).expect("upload");
+    let y = apply_rotary(ctx, &xt, &pos, &rotary)
+        .expect("rotary")
+        .to_f32_vec(ctx)
+        .expect("read");
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    for (row, chunk) in xf.chunks(16).enumerate() {
+        let want = rotary.rotate_row(chunk, pos[(row / (2 * 11)) * 11 + row % 11]);
+        for (g, w) in y[row * 16..(row + 1) * 16].iter().zip(&want) {
+            // One f16 rounding of a value below 2 in magnitude, plus the f32 arithmetic.
+            assert!(
+                (f64::from(*g) - w).abs() <= 2f64.powi(-10) + 1e-6,
+                "row {row}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn embeddings_that_do_not_fit_are_refused() {
+    let Some(ctx) = common::ctx() else { return };
+    let x = Tensor::from_f32(ctx, [1, 1, 3, 8], Layout::Bhsd, &[0.5; 24]).expect("upload");
+    let cases = [
+        (Rotary::new(7), vec![0, 1, 2]),
+        (Rotary::new(10), vec![0, 1, 2]),
+        (Rotary::new(0), vec![0, 1, 2]),
+        (
+            Rotary {
+                theta: 0.0,
+                ..Rotary::new(8)
+            },
+            vec![0, 1, 2],
+        ),
+        (
+            Rotary {
+                scaling: f64::NAN,
+                ..Rotary::new(8)
+            },
+            vec![0, 1, 2],
+        ),
+        (Rotary::new(8), vec![0, 1]),
+    ];
+    for (n, (rotary, pos)) in cases.iter().enumerate() {
+        match apply_rotary(ctx, &x, pos, rotary) {
+            Err(Error::Invalid { .. } | Error::Shape { .. }) => {}
+            other => panic!("case {n}: expected a refusal, got {other:?}"),
+        }
+    }
+}
