@@ -46,7 +46,7 @@ impl Rotary {
 
     /// Refuses an embedding that does not fit heads of `head_dim`.
     pub fn check(&self, head_dim: usize) -> Result<()> {
-        if self.dim == 0 || self.dim % 2 != 0 || self.dim > head_dim {
+        if self.dim == 0 || !self.dim.is_multiple_of(2) || self.dim > head_dim {
             return Err(Error::invalid(
                 "rotary dim",
                 format!("{} is not an even number from 2 to the head dim {head_dim}", self.dim),
