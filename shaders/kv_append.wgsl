@@ -1,4 +1,5 @@
-// Appends new key or value rows to a KV cache in place (src/kv_cache.rs): row s of
+// Appends new key or value rows to a KV cache in place (src/kv_cache.rs), after
+// rotary_common.wgsl (keys may be rotated as they are written): row s of
 // (batch element b, kv head h) of the new rows becomes row starts[b] + s of the cache,
 // for s < counts[b] (rows past a batch element's count are not written). Source and
 // cache are addressed by strides, so either may be BHSD or BSHD; both hold `elem`.
@@ -32,6 +33,13 @@ struct AppendParams {
     dst_s: u32,
     page_size: u32,
     table_stride: u32,
+    // Rotary embedding of the rows appended (keys): rows' first rot_dim elements are
+    // rotated (rotary_common.wgsl) with row s of element b at rot[(b · new_len + s) ·
+    // rot_dim / 2 + pair]; 0: copied as they are.
+    rot_dim: u32,
+    rot_interleaved: u32,
+    rot_pad0: u32,
+    rot_pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> ap: AppendParams;
@@ -68,13 +76,24 @@ fn pair_rows(gid: vec3<u32>, groups: vec3<u32>) -> PairRows {
     return PairRows(b, pair % ap.heads, rows_of[b], min(rows_of[ap.batch + b], ap.new_len));
 }
 
+// cos and sin of each appended row's pairs, when ap.rot_dim > 0.
+@group(0) @binding(6) var<storage, read> rot: array<vec2<f32>>;
+
 @compute @workgroup_size(64, 1, 1)
 fn kv_append(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let pr = pair_rows(gid, groups);
     for (var x = gid.x; x < pr.count * ap.dim; x += groups.x * 64u) {
         let s = x / ap.dim;
         let d = x % ap.dim;
-        dst[dst_row(pr.b, pr.start + s) + pr.h * ap.dst_h + d] = src[pr.b * ap.src_b + pr.h * ap.src_h + s * ap.src_s + d];
+        let row = pr.b * ap.src_b + pr.h * ap.src_h + s * ap.src_s;
+        let at = dst_row(pr.b, pr.start + s) + pr.h * ap.dst_h + d;
+        if d < ap.rot_dim {
+            let rp = rotary_pair(d, ap.rot_dim, ap.rot_interleaved != 0u);
+            let cs = rot[(pr.b * ap.new_len + s) * (ap.rot_dim / 2u) + rp.pair];
+            dst[at] = elem(rotated(f32(src[row + d]), f32(src[row + rp.partner]), cs, rp.first));
+        } else {
+            dst[at] = src[row + d];
+        }
     }
 }
 

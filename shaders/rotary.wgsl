@@ -1,14 +1,13 @@
 // Rotary position embeddings (RoPE), applied out of place to a [B, H, S, D] tensor in
-// any layout (docs/design.md, "Rotary embeddings"). The host computes the angles in f64
-// for every (batch element, position) the call uses and uploads cos and sin as f32
+// any layout, after rotary_common.wgsl (docs/design.md, "Rotary embeddings"). The host
+// computes the angles in f64 for every (batch element, position) the call uses and
+// uploads cos and sin as f32
 // (`table`, [B·S, dim / 2] vec2 rows), so large positions lose nothing to an f32 angle
 // or to sin/cos accuracy far from zero; the kernel only rotates.
 //
 // One invocation per element: gid.x walks the S·D elements of one (batch, head) row
-// block, workgroup_id.y = b·H + h. Element d < dim is rotated with its partner, pair i:
-//   NeoX (rotate_half): pairs (i, i + dim/2);  GPT-J (interleaved): pairs (2i, 2i + 1);
-//   first of a pair: x·cos − partner·sin; second: x·cos + partner·sin.
-// Elements d >= dim are copied.
+// block, workgroup_id.y = b·H + h. Element d < dim is rotated with its partner
+// (rotary_common.wgsl); elements d >= dim are copied.
 
 struct RotaryParams {
     heads: u32,
@@ -47,21 +46,8 @@ fn rotary(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) 
         y[out] = elem(value);
         return;
     }
-    let half = r.dim / 2u;
-    var pair: u32;
-    var partner: u32;
-    var first: bool;
-    if r.interleaved != 0u {
-        pair = d / 2u;
-        first = d % 2u == 0u;
-        partner = select(d - 1u, d + 1u, first);
-    } else {
-        pair = d % half;
-        first = d < half;
-        partner = select(d - half, d + half, first);
-    }
-    let cs = table[(b * r.len + s) * half + pair];
-    let other = f32(x[row + partner]);
-    let rotated = select(value * cs.x + other * cs.y, value * cs.x - other * cs.y, first);
-    y[out] = elem(rotated);
+    let rp = rotary_pair(d, r.dim, r.interleaved != 0u);
+    let cs = table[(b * r.len + s) * (r.dim / 2u) + rp.pair];
+    let value_rotated = rotated(value, f32(x[row + rp.partner]), cs, rp.first);
+    y[out] = elem(value_rotated);
 }

@@ -9,6 +9,7 @@ use crate::kernels::kv_append;
 use crate::kernels::kv_texels::{self, KvTexels};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
+use crate::rotary::Rotary;
 use crate::tensor::{DType, Layout, Tensor};
 
 /// Keys `[B, Hkv, capacity, D]` and values `[B, Hkv, capacity, Dv]` in one layout and
@@ -33,6 +34,8 @@ pub struct KvCache {
     v: Tensor,
     lengths: Vec<u32>,
     texels: Option<KvTexels>,
+    /// Keys are rotated as they are appended, queries as they attend.
+    rotary: Option<Rotary>,
 }
 
 /// What a [`KvCache`] holds: sizes by name, so that none can be given for another.
@@ -126,6 +129,7 @@ impl KvCache {
             v,
             lengths: vec![0; batch],
             texels,
+            rotary: None,
         })
     }
 
@@ -221,8 +225,17 @@ impl KvCache {
             }
         }
         ctx.record_and_submit("submitting a KV cache append", |encoder| {
-            kv_append::encode(ctx, encoder, k_new, &self.k, &self.lengths, counts, None)?;
-            kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None)?;
+            kv_append::encode(
+                ctx,
+                encoder,
+                k_new,
+                &self.k,
+                &self.lengths,
+                counts,
+                None,
+                self.rotary.as_ref(),
+            )?;
+            kv_append::encode(ctx, encoder, v_new, &self.v, &self.lengths, counts, None, None)?;
             match &self.texels {
                 Some(texels) => texels.record_copy(ctx, encoder, &self.k, &self.v, &self.lengths, counts, None),
                 None => Ok(()),
@@ -249,16 +262,41 @@ impl KvCache {
         let mut grown = KvCache::allocate(ctx, [b, h, capacity, d], dv, self.k.layout(), self.k.dtype(), mirror)?;
         let from_start = vec![0; b];
         ctx.record_and_submit("submitting a KV cache growth", |encoder| {
-            kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None)?;
-            kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None)?;
+            kv_append::encode(ctx, encoder, &self.k, &grown.k, &from_start, &self.lengths, None, None)?;
+            kv_append::encode(ctx, encoder, &self.v, &grown.v, &from_start, &self.lengths, None, None)?;
             match &grown.texels {
                 Some(texels) => texels.record_copy(ctx, encoder, &grown.k, &grown.v, &from_start, &self.lengths, None),
                 None => Ok(()),
             }
         })?;
         grown.lengths = std::mem::take(&mut self.lengths);
+        grown.rotary = self.rotary;
         *self = grown;
         Ok(())
+    }
+
+    /// Sets the rotary embedding (or none) of an empty cache: from then on appended
+    /// keys are rotated as they are written, row s of batch element b at its position
+    /// `len[b] + s` (one kernel: the append's copy), and [`KvCache::attend`] rotates
+    /// the queries, row i at `len[b] − Lq + i` (saturating at 0), before attending.
+    /// Refused while the cache holds rows (they would be rotated otherwise, or not).
+    pub fn set_rotary(&mut self, rotary: Option<Rotary>) -> Result<()> {
+        if let Some(r) = &rotary {
+            r.check(self.k.shape()[3])?;
+        }
+        if self.lengths.iter().any(|&l| l > 0) {
+            return Err(Error::invalid(
+                "KvCache::set_rotary",
+                "the cache holds rows; set the rotary embedding while it is empty (KvCache::clear)",
+            ));
+        }
+        self.rotary = rotary;
+        Ok(())
+    }
+
+    /// The rotary embedding appends and attention apply, if any.
+    pub fn rotary(&self) -> Option<&Rotary> {
+        self.rotary.as_ref()
     }
 
     /// Forgets every row: the buffers are kept and zeroed again, so rows past a length
@@ -311,6 +349,20 @@ impl KvCache {
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
         let options = self.attend_options(options)?;
+        let rotated;
+        let q = match &self.rotary {
+            Some(rotary) => {
+                let [_, _, lq, _] = q.shape();
+                let positions: Vec<u32> = self
+                    .lengths
+                    .iter()
+                    .flat_map(|&len| (0..lq as u32).map(move |i| (len + i).saturating_sub(lq as u32)))
+                    .collect();
+                rotated = crate::rotary::encode_apply_rotary(ctx, encoder, q, &positions, rotary)?;
+                &rotated
+            }
+            None => q,
+        };
         encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, None, self.texels.as_ref(), &options)
     }
 

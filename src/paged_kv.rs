@@ -420,8 +420,8 @@ impl PagedKvCache {
                     encoder.clear_buffer(pool.buffer(), u64::from(page) * page_bytes, Some(page_bytes));
                 }
             }
-            kv_append::encode(ctx, encoder, k_new, &self.k, &starts, counts, Some(&table))?;
-            kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table))?;
+            kv_append::encode(ctx, encoder, k_new, &self.k, &starts, counts, Some(&table), None)?;
+            kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table), None)?;
             if let Some(texels) = &self.texels {
                 // Cleared pages enter the mirror whole, so no former owner's rows stay
                 // there past a length; then the appended rows (again where they lie in

@@ -106,7 +106,7 @@ pub const KERNEL: Kernel = Kernel {
     source: SOURCE,
     entry: "rotary",
     slots: &[],
-    preludes: &[],
+    preludes: &[crate::kernels::ROTARY_COMMON],
     variant: "",
 };
 

@@ -161,3 +161,128 @@ fn embeddings_that_do_not_fit_are_refused() {
         }
     }
 }
+
+#[test]
+fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
+    use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, KvCache, KvCacheConfig};
+    let Some(ctx) = common::ctx() else { return };
+    let (b, hkv, hq, d, cap) = (2, 2, 4, 16, 24);
+    for (seed, style) in [(4150, RotaryStyle::NeoX), (4151, RotaryStyle::GptJ)] {
+        let mut rng = Rng::new(seed);
+        let rotary = Rotary {
+            theta: 500.0,
+            dim: 12,
+            style,
+            scaling: 1.0,
+        };
+        let config = KvCacheConfig {
+            batch: b,
+            heads_kv: hkv,
+            capacity: cap,
+            head_dim: d,
+            head_dim_v: d,
+            layout: Layout::Bshd,
+            dtype: DType::F32,
+        };
+        let mut cache = KvCache::new(ctx, config).expect("cache");
+        cache.set_rotary(Some(rotary)).expect("rotary");
+        // The cache's contents as the host expects them: rotated keys, plain values.
+        let mut k_host = vec![0.0f32; b * hkv * cap * d];
+        let mut v_host = vec![0.0f32; b * hkv * cap * d];
+        for (n, counts) in [(5, [5u32, 3]), (2, [2, 2])] {
+            let k = rng.vec(b * hkv * n * d, -1.0, 1.0);
+            let v = rng.vec(b * hkv * n * d, -1.0, 1.0);
+            let starts = cache.lengths().to_vec();
+            let shape = [b, hkv, n, d];
+            cache
+                .append_rows(
+                    ctx,
+                    &Tensor::from_f32(ctx, shape, Layout::Bhsd, &k).expect("k"),
+                    &Tensor::from_f32(ctx, shape, Layout::Bhsd, &v).expect("v"),
+                    &counts,
+                )
+                .expect("append");
+            for bi in 0..b {
+                for h in 0..hkv {
+                    for s in 0..counts[bi] as usize {
+                        let src = ((bi * hkv + h) * n + s) * d;
+                        let dst = ((bi * hkv + h) * cap + starts[bi] as usize + s) * d;
+                        let row = rotary.rotate_row(&k[src..src + d], starts[bi] + s as u32);
+                        for e in 0..d {
+                            k_host[dst + e] = row[e] as f32;
+                        }
+                        v_host[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                    }
+                }
+            }
+        }
+        assert_eq!(cache.lengths(), &[7, 5]);
+        let held = relayout(
+            &cache.keys().to_f32_vec(ctx).expect("keys"),
+            [b, hkv, cap, d],
+            Layout::Bshd,
+            Layout::Bhsd,
+        );
+        let worst = held
+            .iter()
+            .zip(&k_host)
+            .map(|(a, w)| (a - w).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst <= 4.0 * f32::EPSILON * 2.0,
+            "seed {seed} {style:?}: stored keys off by {worst}"
+        );
+        // Two query rows per sequence, rotated at len − 2 and len − 1.
+        let lq = 2;
+        let q = rng.vec(b * hq * lq * d, -1.0, 1.0);
+        let options = AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            ..Default::default()
+        };
+        let out = cache
+            .attend(
+                ctx,
+                &Tensor::from_f32(ctx, [b, hq, lq, d], Layout::Bhsd, &q).expect("q"),
+                &options,
+            )
+            .expect("attend")
+            .out;
+        let got = relayout(
+            &out.to_f32_vec(ctx).expect("read"),
+            out.shape(),
+            out.layout(),
+            Layout::Bhsd,
+        );
+        let mut q_rot = q.clone();
+        for (row, chunk) in q.chunks(d).enumerate() {
+            let (bi, i) = (row / (hq * lq), row % lq);
+            let position = cache.lengths()[bi] - lq as u32 + i as u32;
+            for (e, x) in rotary.rotate_row(chunk, position).into_iter().enumerate() {
+                q_rot[row * d + e] = x as f32;
+            }
+        }
+        let shape = AttentionShape::new(b, hq, hkv, lq, cap, d, d);
+        let want = wgpu_attention::reference::attention(
+            &q_rot,
+            &k_host,
+            &v_host,
+            &shape,
+            &AttentionOptions {
+                key_lengths: Some(cache.lengths().to_vec()),
+                align_to_key_lengths: true,
+                ..options
+            },
+        )
+        .expect("reference");
+        let bound = wgpu_attention::check::Tolerance::F32.bound(&shape, &want, 0.0) + 1e-6;
+        let err = got
+            .iter()
+            .zip(&want.out)
+            .map(|(a, w)| (f64::from(*a) - w).abs())
+            .fold(0.0f64, f64::max);
+        assert!(
+            err <= bound,
+            "seed {seed} {style:?}: attention off by {err:.3e} (bound {bound:.3e})"
+        );
+    }
+}

@@ -13,7 +13,7 @@ pub const KERNEL: Kernel = Kernel {
     source: include_str!("../../shaders/kv_append.wgsl"),
     entry: "kv_append",
     slots: &[],
-    preludes: &[],
+    preludes: &[super::ROTARY_COMMON],
     variant: "",
 };
 
@@ -41,12 +41,21 @@ pub struct AppendParams {
     pub page_size: u32,
     /// Block table entries per batch element.
     pub table_stride: u32,
+    /// Elements of each appended row rotated (a rotary embedding; 0: none).
+    pub rot_dim: u32,
+    /// 1 for GPT-J pairs.
+    pub rot_interleaved: u32,
+    pub rot_pad0: u32,
+    pub rot_pad1: u32,
 }
 
 /// Records: rows `0 .. counts[b]` of `src` (`[B, H, n, dim]`, any layout) become rows
 /// `starts[b] ..` of `dst` (`[B, H, capacity, dim]`, any layout, the same dtype), or,
 /// with a block table, of batch element `b`'s pages in the pool `dst` (`[P, H,
-/// page_size, dim]`). The caller has checked shapes and that every row fits.
+/// page_size, dim]`). With `rotary`, each row's first elements are rotated as they
+/// are written, row s of element b at position `starts[b] + s`. The caller has checked
+/// shapes and that every row fits.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -55,6 +64,7 @@ pub(crate) fn encode(
     starts: &[u32],
     counts: &[u32],
     pages: Option<&PageTable>,
+    rotary: Option<&crate::rotary::Rotary>,
 ) -> Result<()> {
     src.check_context(ctx, "new KV rows")?;
     dst.check_context(ctx, "KV cache")?;
@@ -74,15 +84,36 @@ pub(crate) fn encode(
         dst_s: ds as u32,
         page_size: pages.map_or(0, |_| dst.shape()[2] as u32),
         table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
+        rot_dim: rotary.map_or(0, |r| r.dim as u32),
+        rot_interleaved: u32::from(rotary.is_some_and(|r| r.style == crate::rotary::RotaryStyle::GptJ)),
+        ..AppendParams::default()
     };
     let table = pages.map_or(&[][..], PageTable::entries);
     let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
     let up = Uploaded::new(ctx, &params, starts, counts, table)?;
+    // cos and sin of row s of element b at position starts[b] + s (a stand-in pair
+    // without a rotation: the binding is always there).
+    let cos_sin = match rotary {
+        Some(r) => {
+            let positions: Vec<u32> = starts
+                .iter()
+                .flat_map(|&start| (0..new_len as u32).map(move |s| start.saturating_add(s)))
+                .collect();
+            r.table(&positions)
+        }
+        None => vec![[1.0, 0.0]],
+    };
+    let cos_sin = ctx.create_buffer_init(
+        "kv append rotary",
+        bytemuck::cast_slice(&cos_sin),
+        wgpu::BufferUsages::STORAGE,
+    )?;
     let entries = [
         entry(0, up.params.as_entire_binding()),
         entry(1, src.buffer().as_entire_binding()),
         entry(2, dst.buffer().as_entire_binding()),
         entry(3, up.rows_of.as_entire_binding()),
+        entry(6, cos_sin.as_entire_binding()),
     ];
     ctx.scoped("recording a KV cache append", || {
         dispatch_entries(ctx, encoder, &pipeline, &entries, up.groups)
