@@ -75,6 +75,7 @@ fn attend_options<'py>(
         return_lse,
         kernel: kernel.to_string(),
         precision: precision.to_string(),
+        position_offset: None,
     }
     .to_options(ctx, &q.scores(), len_k)
 }

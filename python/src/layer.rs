@@ -192,6 +192,7 @@ impl PyMultiHeadAttention {
             return_lse: false,
             kernel: kernel.to_string(),
             precision: "highest".into(),
+            position_offset: None,
         }
         .to_options(&self.ctx, &scores, len_k)?;
         let qt = q.input.upload(&self.ctx)?;

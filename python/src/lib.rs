@@ -5,12 +5,13 @@
 //!
 //! Rooms: `context` (adapters, the default context, `info`), `arrays` (NumPy arrays in
 //! and out), `options` (keyword arguments to `AttentionOptions`), `sdpa` (the two
-//! functions), `cache` (`KvCache`, `PagedKvCache`) and `layer` (`MultiHeadAttention`).
+//! functions), `merge` (`merge_attentions`), `cache` (`KvCache`, `PagedKvCache`) and `layer` (`MultiHeadAttention`).
 
 mod arrays;
 mod cache;
 mod context;
 mod layer;
+mod merge;
 mod options;
 mod sdpa;
 
@@ -62,6 +63,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(context::default_context, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::scaled_dot_product_attention, m)?)?;
     m.add_function(wrap_pyfunction!(sdpa::sdpa_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(merge::merge_attentions, m)?)?;
     m.add_class::<cache::PyKvCache>()?;
     m.add_class::<cache::PyPagedKvCache>()?;
     m.add_class::<cache::PySequenceId>()?;

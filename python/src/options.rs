@@ -31,6 +31,8 @@ pub(crate) struct Raw<'py> {
     pub return_lse: bool,
     pub kernel: String,
     pub precision: String,
+    /// Queries' aligned position `i + offset` (`AttentionOptions::position_offset`).
+    pub position_offset: Option<i64>,
 }
 
 /// `"bhsd"` or `"bshd"`.
@@ -160,6 +162,7 @@ impl Raw<'_> {
             precision,
             need_weights: self.need_weights,
             need_lse: self.return_lse,
+            position_offset: self.position_offset,
             ..Default::default()
         })
     }

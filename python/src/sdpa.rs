@@ -121,6 +121,13 @@ pub(crate) fn out_shape(q: &Input<'_>, head_dim_v: usize) -> Vec<usize> {
 ///     kernel: ``"auto"``, ``"fused"``, ``"materialized"`` or ``"decode"``.
 ///     precision: ``"highest"`` (f32 products) or ``"high"``/``"medium"`` (f32 inputs may
 ///         be multiplied in f16 on tensor cores), as ``torch.set_float32_matmul_precision``.
+///     position_offset: query i sits at position ``i + position_offset`` on this call's
+///         keys, for ``is_causal`` (keys past it are masked; ``causal_alignment`` is
+///         then unused), ``window`` and ALiBi, in place of the alignment's offset. For
+///         attention over a block of keys starting at global key ``o``, with queries at
+///         global rows ``r0, r0 + 1, ...``: top-left causal takes ``r0 - o``
+///         (bottom-right: ``r0 + Lk_total - Lq_total - o``); then :func:`merge_attentions`
+///         combines the blocks. Not past 2^30 in size.
 ///     context: the ``Context`` to run on; default ``default_context()``.
 ///
 /// Returns:
@@ -136,7 +143,8 @@ pub(crate) fn out_shape(q: &Input<'_>, head_dim_v: usize) -> Vec<usize> {
 #[pyo3(signature = (
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=false, scale=None, enable_gqa=false, *,
     causal_alignment="top_left", key_lengths=None, window=None, alibi_slopes=None, softcap=None,
-    need_weights=false, return_lse=false, kernel="auto", precision="highest", layout="bhsd", context=None
+    need_weights=false, return_lse=false, kernel="auto", precision="highest", layout="bhsd", position_offset=None,
+    context=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_dot_product_attention<'py>(
@@ -159,6 +167,7 @@ pub fn scaled_dot_product_attention<'py>(
     kernel: &str,
     precision: &str,
     layout: &str,
+    position_offset: Option<i64>,
     context: Option<Bound<'py, PyContext>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let ctx = resolve(py, context.as_ref())?;
@@ -177,6 +186,7 @@ pub fn scaled_dot_product_attention<'py>(
         return_lse,
         kernel: kernel.to_string(),
         precision: precision.to_string(),
+        position_offset,
     };
     let p = prepare(&ctx, query, key, value, &raw, enable_gqa, axes)?;
     // Uploading copies the arrays' memory into the device's buffers, with the GIL held
@@ -230,7 +240,7 @@ pub(crate) fn attention_result<'py>(
 /// and the output's gradient ``d_out`` (``out``'s shape and dtype).
 ///
 /// Pass the forward's options: every option with a gradient meaning is honoured
-/// (scale, causal in both alignments, key lengths, masks, window, ALiBi, soft cap,
+/// (scale, causal in both alignments, ``position_offset``, key lengths, masks, window, ALiBi, soft cap,
 /// GQA: dk and dv are summed over the query heads sharing a kv head). Masks get no
 /// gradient.
 ///
@@ -240,7 +250,7 @@ pub(crate) fn attention_result<'py>(
 #[pyo3(signature = (
     query, key, value, out, lse, d_out, attn_mask=None, dropout_p=0.0, is_causal=false, scale=None,
     enable_gqa=false, *, causal_alignment="top_left", key_lengths=None, window=None, alibi_slopes=None,
-    softcap=None, kernel="auto", precision="highest", layout="bhsd", context=None
+    softcap=None, kernel="auto", precision="highest", layout="bhsd", position_offset=None, context=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn sdpa_backward<'py>(
@@ -264,6 +274,7 @@ pub fn sdpa_backward<'py>(
     kernel: &str,
     precision: &str,
     layout: &str,
+    position_offset: Option<i64>,
     context: Option<Bound<'py, PyContext>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
     let ctx = resolve(py, context.as_ref())?;
@@ -282,6 +293,7 @@ pub fn sdpa_backward<'py>(
         return_lse: false,
         kernel: kernel.to_string(),
         precision: precision.to_string(),
+        position_offset,
     };
     let p = prepare(&ctx, query, key, value, &raw, enable_gqa, axes)?;
     let want = out_shape(&p.q, p.v.logical[3]);

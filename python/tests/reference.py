@@ -24,13 +24,17 @@ def _fold_mask(mask, q, lk):
     return full.reshape(_fold(q).shape[:3] + (lk,))
 
 
-def _visible_and_bias(q_shape, k_shape, attn_mask, is_causal, causal_alignment, key_lengths, window, alibi_slopes):
-    """(B, Hq, Lq, Lk) bool visibility and additive bias (ALiBi + float mask)."""
+def _visible_and_bias(q_shape, k_shape, attn_mask, is_causal, causal_alignment, key_lengths, window, alibi_slopes,
+                      position_offset=None):
+    """(B, Hq, Lq, Lk) bool visibility and additive bias (ALiBi + float mask); query i
+    sits at i + position_offset where given, else at the alignment's offset."""
     b, hq, lq, _ = q_shape
     lk = k_shape[2]
     i = np.arange(lq)[:, None]
     j = np.arange(lk)[None, :]
     offset = 0 if (is_causal and causal_alignment == "top_left") else lk - lq
+    if position_offset is not None:
+        offset = position_offset
     pos = i + offset
     visible = np.ones((b, hq, lq, lk), dtype=bool)
     if is_causal:
@@ -59,7 +63,7 @@ def _visible_and_bias(q_shape, k_shape, attn_mask, is_causal, causal_alignment, 
 
 
 def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, causal_alignment="top_left",
-              key_lengths=None, window=None, alibi_slopes=None, softcap=None):
+              key_lengths=None, window=None, alibi_slopes=None, softcap=None, position_offset=None):
     """Returns (out, weights, lse) in float64; out in q's leading shape."""
     lead = np.shape(q)[:-1]
     qf, kf, vf = _fold(q), _fold(k), _fold(v)
@@ -70,7 +74,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, causal_align
     vf = np.repeat(vf, group, axis=1)
     attn_mask = _fold_mask(attn_mask, q, kf.shape[2])
     visible, bias = _visible_and_bias(qf.shape, kf.shape, attn_mask, is_causal, causal_alignment,
-                                      key_lengths, window, alibi_slopes)
+                                      key_lengths, window, alibi_slopes, position_offset)
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     x = np.einsum("bhid,bhjd->bhij", qf, kf) * scale
     s = softcap * np.tanh(x / softcap) if softcap is not None else x
@@ -88,7 +92,7 @@ def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, causal_align
 
 
 def attention_backward(q, k, v, d_out, attn_mask=None, is_causal=False, scale=None, causal_alignment="top_left",
-                       key_lengths=None, window=None, alibi_slopes=None, softcap=None):
+                       key_lengths=None, window=None, alibi_slopes=None, softcap=None, position_offset=None):
     """(dq, dk, dv) in float64, each in its input's shape."""
     qf, kf0, vf0 = _fold(q), _fold(k), _fold(v)
     b, hq, lq, d = qf.shape
@@ -98,7 +102,7 @@ def attention_backward(q, k, v, d_out, attn_mask=None, is_causal=False, scale=No
     vf = np.repeat(vf0, group, axis=1)
     attn_mask = _fold_mask(attn_mask, q, kf.shape[2])
     visible, bias = _visible_and_bias(qf.shape, kf.shape, attn_mask, is_causal, causal_alignment,
-                                      key_lengths, window, alibi_slopes)
+                                      key_lengths, window, alibi_slopes, position_offset)
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     x = np.einsum("bhid,bhjd->bhij", qf, kf) * scale
     if softcap is not None:

@@ -8,7 +8,10 @@ NumPy arrays.
 
 Everything runs on ``default_context()`` (the adapter ``WGPU_ADAPTER_NAME`` and
 ``WGPU_BACKEND`` name, else wgpu's default) unless ``context=Context(...)`` is given.
-``wgpu_attention.torch`` wraps the functions for torch tensors, with autograd;
+``merge_attentions`` combines attention over blocks of the keys by their log-sum-exp
+(``position_offset=`` places each block); ``wgpu_attention.ring`` runs ring attention
+over ``torch.distributed``. ``wgpu_attention.torch`` wraps the functions for torch
+tensors, with autograd;
 ``python -m wgpu_attention.bench`` times them against PyTorch's.
 """
 
@@ -20,6 +23,7 @@ from ._native import (
     SequenceId,
     __version__,
     default_context,
+    merge_attentions,
     scaled_dot_product_attention,
     sdpa_backward,
 )
@@ -32,6 +36,7 @@ __all__ = [
     "SequenceId",
     "__version__",
     "default_context",
+    "merge_attentions",
     "scaled_dot_product_attention",
     "sdpa_backward",
 ]

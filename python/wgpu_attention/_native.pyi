@@ -48,6 +48,7 @@ def scaled_dot_product_attention(
     kernel: _Kernel = "auto",
     precision: _Precision = "highest",
     layout: _Layout = "bhsd",
+    position_offset: Optional[int] = None,
     context: Optional[Context] = None,
 ) -> Union[_Float, Tuple[_Float, ...]]: ...
 
@@ -72,8 +73,17 @@ def sdpa_backward(
     kernel: _Kernel = "auto",
     precision: _Precision = "highest",
     layout: _Layout = "bhsd",
+    position_offset: Optional[int] = None,
     context: Optional[Context] = None,
 ) -> Tuple[_Float, _Float, _Float]: ...
+
+def merge_attentions(
+    outputs: Sequence[_Float],
+    lses: Sequence[npt.NDArray[np.floating[Any]]],
+    *,
+    layout: _Layout = "bhsd",
+    context: Optional[Context] = None,
+) -> Tuple[_Float, npt.NDArray[np.float32]]: ...
 
 class KvCache:
     def __init__(

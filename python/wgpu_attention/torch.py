@@ -59,7 +59,8 @@ class _Attention(torch.autograd.Function):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False, *, causal_alignment="top_left", key_lengths=None, window=None,
-                                 alibi_slopes=None, softcap=None, kernel="auto", precision="highest", context=None):
+                                 alibi_slopes=None, softcap=None, kernel="auto", precision="highest",
+                                 position_offset=None, context=None):
     """``torch.nn.functional.scaled_dot_product_attention`` on the wgpu-attention kernels.
 
     Same arguments and semantics as PyTorch's (bool mask = may attend, float mask =
@@ -73,7 +74,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"invalid dropout_p: {dropout_p} is not supported: wgpu-attention has no dropout (pass 0.0)")
     options = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, causal_alignment=causal_alignment,
                    key_lengths=_plain(key_lengths), window=window, alibi_slopes=_plain(alibi_slopes),
-                   softcap=softcap, kernel=kernel, precision=precision, context=context)
+                   softcap=softcap, kernel=kernel, precision=precision, position_offset=position_offset,
+                   context=context)
     return _Attention.apply(query, key, value, attn_mask, options)
 
 

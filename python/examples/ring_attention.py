@@ -1,0 +1,178 @@
+"""Ring attention across processes with torch.distributed (gloo), each process on its
+own wgpu_attention.Context, checked against one process over the whole sequence.
+
+    python python/examples/ring_attention.py --world-size 4 --causal --order zigzag
+    torchrun --nproc-per-node 4 python/examples/ring_attention.py --causal
+
+Launched directly, it starts --world-size processes with torch.multiprocessing.spawn
+on MASTER_ADDR:MASTER_PORT (default 127.0.0.1 and a free port). Under torchrun (RANK
+and WORLD_SIZE set) it joins the group torchrun made; across machines give torchrun
+--nnodes, --node-rank and a reachable --master-addr (gloo runs over TCP).
+
+Every rank draws the whole q, k, v from one seed and keeps its shard
+(wgpu_attention.ring.shard); rank 0 gathers the outputs, computes the same attention in
+one call over the whole sequence (and in float64 NumPy), prints the largest difference
+and the timings, and exits 1 if the difference is beyond the tolerance (below).
+"""
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import wgpu_attention as wa
+from wgpu_attention.ring import ORDERS, ring_attention, shard, unshard
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-size", type=int, default=2, help="processes to spawn (ignored under torchrun)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads-kv", type=int, default=None, help="key/value heads (GQA); default --heads")
+    p.add_argument("--seq", type=int, default=512, help="global sequence length")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--window", type=int, nargs=2, default=None, metavar=("LEFT", "RIGHT"))
+    p.add_argument("--order", choices=ORDERS, default="contiguous", help="how the sequence is sharded")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions (after one warm-up)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a collective gives up")
+    return p.parse_args(argv)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inputs(args):
+    rng = np.random.default_rng(args.seed)
+    hkv = args.heads_kv or args.heads
+    q = rng.standard_normal((args.batch, args.heads, args.seq, args.dim)).astype(np.float32)
+    k = rng.standard_normal((args.batch, hkv, args.seq, args.dim)).astype(np.float32)
+    v = rng.standard_normal((args.batch, hkv, args.seq, args.dim)).astype(np.float32)
+    return q, k, v
+
+
+def reference64(q, k, v, causal, window):
+    """Float64 attention over the whole sequence (self-attention, one axis)."""
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k.astype(np.float64), group, axis=1)
+    v = np.repeat(v.astype(np.float64), group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k) / np.sqrt(q.shape[-1])
+    i, j = np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :]
+    visible = np.ones_like(s, dtype=bool) & True
+    if causal:
+        visible &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= j >= i - left
+        if right >= 0:
+            visible &= j <= i + right
+    s = np.where(visible, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    return np.einsum("bhij,bhjd->bhid", e / e.sum(-1, keepdims=True), v), (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
+
+
+def run(rank, world, args):
+    ctx = wa.Context()
+    q, k, v = inputs(args)
+    mine = [shard(x, rank, world, args.order) for x in (q, k, v)]
+    window = tuple(args.window) if args.window else None
+    options = dict(is_causal=args.causal, window=window, order=args.order, context=ctx)
+    ring_attention(*mine, **options)  # warm-up: every process compiles its pipelines
+    dist.barrier()
+    ring_times, comm_times, stats = [], [], {}
+    for _ in range(args.reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        out, lse = ring_attention(*mine, stats=stats, **options)
+        dist.barrier()  # the ring is done when its slowest rank is
+        ring_times.append(time.perf_counter() - t0)
+        comm_times.append(stats["communication_s"])
+    # Rank 0 gathers every rank's output and its timings.
+    gathered = [torch.empty_like(torch.from_numpy(out)) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.from_numpy(out), gathered, dst=0)
+    timing = torch.tensor([min(ring_times), float(np.median(comm_times)), float(stats["calls"]),
+                           float(stats["skipped"])], dtype=torch.float64)
+    timings = [torch.empty_like(timing) for _ in range(world)] if rank == 0 else None
+    dist.gather(timing, timings, dst=0)
+    if rank != 0:
+        return True
+    ring = unshard([g.numpy() for g in gathered], args.order)
+    sdpa_options = dict(is_causal=args.causal, window=window, enable_gqa=q.shape[1] != k.shape[1], context=ctx)
+    single, single_lse = wa.scaled_dot_product_attention(q, k, v, return_lse=True, **sdpa_options)  # warm-up
+    single_times = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        single = wa.scaled_dot_product_attention(q, k, v, **sdpa_options)
+        single_times.append(time.perf_counter() - t0)
+    exact, exact_lse = reference64(q, k, v, args.causal, window)
+    err = float(np.abs(ring - single).max())
+    err_single = float(np.abs(single - exact).max())
+    err_ring = float(np.abs(ring - exact).max())
+    # Tolerance: the ring's partials round as the single call does (each at most its
+    # error against float64), and the merge scales each by exp(lse_n - lse), whose
+    # argument carries about 2 ulp of |lse| (relative error 2 eps (1 + |lse|) per weight,
+    # up to 2P merges per row chain), times the largest |v|.
+    eps = float(np.finfo(np.float32).eps)
+    lse_max = float(np.abs(exact_lse[np.isfinite(exact_lse)]).max())
+    tol = 2 * err_single + 2 * (2 * world + 1) * eps * (1 + lse_max) * float(np.abs(v).max())
+    t_ring = max(t[0].item() for t in timings)
+    comm = [t[1].item() for t in timings]
+    calls = int(sum(t[2].item() for t in timings))
+    skipped = int(sum(t[3].item() for t in timings))
+    t_single = min(single_times)
+    print(f"ring attention: {world} processes, order {args.order}, causal {args.causal}, window {window}, "
+          f"shape (B={args.batch}, H={args.heads}, L={args.seq}, E={args.dim}), adapter {ctx.adapter_name}")
+    print(f"  max |ring - one call| = {err:.3g} (tolerance {tol:.3g}); against float64: ring {err_ring:.3g}, "
+          f"one call {err_single:.3g}")
+    print(f"  time: ring {t_ring * 1e3:.1f} ms (best of {args.reps}), one process {t_single * 1e3:.1f} ms "
+          f"({t_single / t_ring:.2f}x); communication {np.mean(comm) * 1e3:.1f} ms per rank on average "
+          f"({100 * np.mean(comm) / t_ring:.0f}% of the ring's time; per rank: "
+          f"{', '.join(f'{100 * c / t_ring:.0f}%' for c in comm)}); {calls} attention calls, {skipped} chunk pairs "
+          f"skipped")
+    ok = err <= tol
+    print("  PASS" if ok else "  FAIL: beyond the tolerance")
+    return ok
+
+
+def worker(rank, world, args):
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout))
+    try:
+        ok = run(rank, world, args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if not ok:
+        sys.exit(1)
+
+
+def main():
+    args = parse()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    try:
+        mp.spawn(worker, args=(args.world_size, args), nprocs=args.world_size, join=True)
+    except mp.ProcessExitedException as e:
+        print(f"ring attention failed: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
