@@ -78,6 +78,8 @@ mod options;
 mod paged_kv;
 mod problem;
 pub mod reference;
+#[cfg(feature = "json")]
+pub mod report;
 pub mod rotary;
 #[doc(hidden)]
 pub mod sentence_example;

@@ -4,7 +4,7 @@
 use crate::OrPy;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
-use wgpu_attention::{AdapterSelector, Capabilities, Context};
+use wgpu_attention::{AdapterSelector, Context};
 
 /// A GPU context: one adapter, its device and the compiled kernels.
 ///
@@ -89,74 +89,16 @@ pub(crate) fn resolve(py: Python<'_>, context: Option<&Bound<'_, PyContext>>) ->
     }
 }
 
-/// `wgpu-attention info --json`'s entry for this context's adapter, built as
-/// `src/cli/info.rs` (`adapter_json`) builds it, from the device's features and limits
-/// (the context asked for the adapter's own limits and every feature the library uses,
-/// so those the JSON reports are the adapter's). The tests compare it with the CLI's.
+/// `wgpu-attention info --json`'s entry for this context's adapter, from the library's
+/// one builder (`wgpu_attention::report`) and the device's features and limits (the
+/// context asked for the adapter's own limits and every feature the library uses, so
+/// those the JSON reports are the adapter's). The tests compare it with the CLI's.
 fn adapter_json(ctx: &Context) -> serde_json::Value {
-    let info = ctx.adapter_info();
-    let features = ctx.device().features();
-    let limits = ctx.device().limits();
-    let coop = &ctx.capabilities().cooperative_matrix;
-    let subgroups = features
-        .contains(wgpu_attention::wgpu::Features::SUBGROUP)
-        .then(|| serde_json::json!([info.subgroup_min_size, info.subgroup_max_size]));
-    use wgpu_attention::wgpu::Features;
-    serde_json::json!({
-        "name": info.name,
-        "backend": format!("{:?}", info.backend),
-        "device_type": format!("{:?}", info.device_type),
-        "vendor": format!("0x{:04x}", info.vendor),
-        "device": format!("0x{:04x}", info.device),
-        "driver": info.driver,
-        "driver_info": info.driver_info,
-        "f16": features.contains(Features::SHADER_F16),
-        "subgroup_sizes": subgroups,
-        "timestamp_query": features.contains(Features::TIMESTAMP_QUERY),
-        "timestamp_query_inside_encoders": features.contains(Features::TIMESTAMP_QUERY_INSIDE_ENCODERS),
-        "cooperative_matrix": coop.iter().map(|c| c.label()).collect::<Vec<_>>(),
-        "fused_tilings": tilings_json(info, features, &limits, coop),
-        "limits": {
-            "max_compute_workgroup_storage_size": limits.max_compute_workgroup_storage_size,
-            "max_compute_invocations_per_workgroup": limits.max_compute_invocations_per_workgroup,
-            "max_compute_workgroups_per_dimension": limits.max_compute_workgroups_per_dimension,
-            "max_storage_buffer_binding_size": limits.max_storage_buffer_binding_size,
-            "max_storage_buffers_per_shader_stage": limits.max_storage_buffers_per_shader_stage,
-            "max_buffer_size": limits.max_buffer_size,
-        },
-    })
-}
-
-/// Every registered fused tiling: available or why not, and for which inputs the
-/// picker takes it (as `src/cli/info.rs`'s `tilings_json`).
-fn tilings_json(
-    info: &wgpu_attention::wgpu::AdapterInfo,
-    features: wgpu_attention::wgpu::Features,
-    limits: &wgpu_attention::wgpu::Limits,
-    coop: &[wgpu_attention::CoopConfig],
-) -> serde_json::Value {
-    use wgpu_attention::kernels::flash::{default_tiling, AdapterClass, FUSED_TILINGS};
-    let mut caps = Capabilities::of(info, features, limits);
-    caps.cooperative_matrix = coop.to_vec();
-    let class = AdapterClass::of(info);
-    let picked = [
-        ("f32", default_tiling(class, &caps, false)),
-        ("f16", default_tiling(class, &caps, true)),
-    ];
-    FUSED_TILINGS
-        .iter()
-        .map(|spec| {
-            let default_for: Vec<&str> = picked
-                .iter()
-                .filter(|&&(_, tiling)| tiling == spec.tiling)
-                .map(|&(inputs, _)| inputs)
-                .collect();
-            serde_json::json!({
-                "name": spec.name,
-                "about": spec.about,
-                "default_for": default_for,
-                "unavailable": spec.unmet(&info.name, &caps).map(|e| e.to_string()),
-            })
-        })
-        .collect()
+    let device = ctx.device();
+    wgpu_attention::report::adapter_json(
+        ctx.adapter_info(),
+        device.features(),
+        &device.limits(),
+        &ctx.capabilities().cooperative_matrix,
+    )
 }

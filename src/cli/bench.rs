@@ -2,7 +2,6 @@
 //! table and optionally written as JSON (schema in docs/bench-json.md), with the
 //! roofline probe measured in the same process. `--compare` reads two JSON files instead.
 
-use super::info::adapter_json;
 use super::output::write_all;
 use super::{AdapterArgs, CliError};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -13,6 +12,7 @@ use wgpu_attention::bench::probe::Probe;
 use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
 use wgpu_attention::bench::{gflops, Clock};
 use wgpu_attention::mha::MhaConfig;
+use wgpu_attention::report::adapter_json;
 use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision, Window};
 
 /// Version tag of the JSON this command writes.

@@ -4,7 +4,6 @@
 //! tensor-core variant per head-dim class written into a tuning table the library reads
 //! (`wgpu_attention::tune`).
 
-use super::info::adapter_json;
 use super::output::write_all;
 use super::{write_stdout, AdapterArgs, CliError};
 use serde_json::{json, Value};
@@ -12,6 +11,7 @@ use std::path::PathBuf;
 use wgpu_attention::bench::{bench_inputs, gflops, time_gpu};
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::flash::{spec, CoopVariant, FUSED_TILINGS};
+use wgpu_attention::report::adapter_json;
 use wgpu_attention::tune::{coop_candidates, TuneEntry, TuneTable};
 use wgpu_attention::{
     encode_sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, FusedTiling, KernelChoice,
