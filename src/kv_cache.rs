@@ -352,13 +352,7 @@ impl KvCache {
         let rotated;
         let q = match &self.rotary {
             Some(rotary) => {
-                let [_, _, lq, _] = q.shape();
-                let positions: Vec<u32> = self
-                    .lengths
-                    .iter()
-                    .flat_map(|&len| (0..lq as u32).map(move |i| (len + i).saturating_sub(lq as u32)))
-                    .collect();
-                rotated = crate::rotary::encode_apply_rotary(ctx, encoder, q, &positions, rotary)?;
+                rotated = crate::rotary::encode_rotate_queries(ctx, encoder, q, &self.lengths, rotary)?;
                 &rotated
             }
             None => q,

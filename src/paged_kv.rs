@@ -14,6 +14,7 @@ use crate::kernels::kv_texels::{self, KvTexels};
 use crate::kv_cache::{check_attendable, check_new_rows};
 use crate::options::AttentionOptions;
 use crate::problem::AttentionShape;
+use crate::rotary::Rotary;
 use crate::tensor::{DType, Layout, Tensor};
 
 /// Which pages of a pool hold each batch element's keys: `[B, pages_per_sequence]`
@@ -164,6 +165,8 @@ pub struct PagedKvCache {
     sequences: Vec<Option<Sequence>>,
     /// Generations handed out so far.
     generations: u64,
+    /// Keys are rotated as they are appended, queries as they attend.
+    rotary: Option<Rotary>,
 }
 
 /// What a [`PagedKvCache`] holds: sizes by name, so that none can be given for another.
@@ -232,6 +235,7 @@ impl PagedKvCache {
             free: (0..pages as u32).rev().collect(),
             sequences: Vec::new(),
             generations: 0,
+            rotary: None,
         })
     }
 
@@ -420,7 +424,16 @@ impl PagedKvCache {
                     encoder.clear_buffer(pool.buffer(), u64::from(page) * page_bytes, Some(page_bytes));
                 }
             }
-            kv_append::encode(ctx, encoder, k_new, &self.k, &starts, counts, Some(&table), None)?;
+            kv_append::encode(
+                ctx,
+                encoder,
+                k_new,
+                &self.k,
+                &starts,
+                counts,
+                Some(&table),
+                self.rotary.as_ref(),
+            )?;
             kv_append::encode(ctx, encoder, v_new, &self.v, &starts, counts, Some(&table), None)?;
             if let Some(texels) = &self.texels {
                 // Cleared pages enter the mirror whole, so no former owner's rows stay
@@ -458,17 +471,25 @@ impl PagedKvCache {
                 "the cache supplies them (its sequences' lengths); leave AttentionOptions::key_lengths unset",
             ));
         }
-        let lengths = ids
+        let lengths: Vec<u32> = ids
             .iter()
             .map(|&id| self.len(id).map(|n| n as u32))
             .collect::<Result<_>>()?;
-        let options = AttentionOptions {
-            key_lengths: Some(lengths),
-            align_to_key_lengths: true,
-            ..options.clone()
-        };
         let table = self.table(ids)?;
         ctx.record_and_submit("submitting attention", |encoder| {
+            let rotated;
+            let q = match &self.rotary {
+                Some(rotary) => {
+                    rotated = crate::rotary::encode_rotate_queries(ctx, encoder, q, &lengths, rotary)?;
+                    &rotated
+                }
+                None => q,
+            };
+            let options = AttentionOptions {
+                key_lengths: Some(lengths.clone()),
+                align_to_key_lengths: true,
+                ..options.clone()
+            };
             encode_sdpa_with_texels(
                 ctx,
                 encoder,
@@ -480,6 +501,29 @@ impl PagedKvCache {
                 &options,
             )
         })
+    }
+
+    /// Sets the rotary embedding (or none) while no sequence holds a row: appended keys
+    /// are then rotated as they are written (row s of a sequence at its position
+    /// `len + s`) and [`PagedKvCache::attend`] rotates the queries at `len − Lq + i`,
+    /// as [`crate::KvCache::set_rotary`] does.
+    pub fn set_rotary(&mut self, rotary: Option<Rotary>) -> Result<()> {
+        if let Some(r) = &rotary {
+            r.check(self.k.shape()[3])?;
+        }
+        if self.sequences.iter().flatten().any(|seq| seq.len > 0) {
+            return Err(Error::invalid(
+                "PagedKvCache::set_rotary",
+                "a sequence holds rows; set the rotary embedding before anything is appended",
+            ));
+        }
+        self.rotary = rotary;
+        Ok(())
+    }
+
+    /// The rotary embedding appends and attention apply, if any.
+    pub fn rotary(&self) -> Option<&Rotary> {
+        self.rotary.as_ref()
     }
 
     fn sequence(&self, id: SequenceId) -> Result<&Sequence> {

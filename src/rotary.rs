@@ -217,3 +217,21 @@ pub fn encode_apply_rotary(
     }
     Ok(out)
 }
+
+/// Records `q` (`[B, Hq, Lq, D]`) rotated for attention against caches whose sequences
+/// hold `lengths[b]` rows: query `i` of sequence `b` at `len[b] − Lq + i` (0 where that
+/// is negative), the position a cache aligns it to (`KvCache`, `PagedKvCache`).
+pub(crate) fn encode_rotate_queries(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    q: &Tensor,
+    lengths: &[u32],
+    rotary: &Rotary,
+) -> Result<Tensor> {
+    let lq = q.shape()[2] as u32;
+    let positions: Vec<u32> = lengths
+        .iter()
+        .flat_map(|&len| (0..lq).map(move |i| (len + i).saturating_sub(lq)))
+        .collect();
+    encode_apply_rotary(ctx, encoder, q, &positions, rotary)
+}

@@ -163,8 +163,10 @@ fn embeddings_that_do_not_fit_are_refused() {
 }
 
 #[test]
-fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
-    use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, KvCache, KvCacheConfig};
+fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
+    use wgpu_attention::{
+        AttentionOptions, AttentionShape, CausalAlignment, KvCache, KvCacheConfig, PagedKvCache, PagedKvConfig,
+    };
     let Some(ctx) = common::ctx() else { return };
     let (b, hkv, hq, d, cap) = (2, 2, 4, 16, 24);
     for (seed, style) in [(4150, RotaryStyle::NeoX), (4151, RotaryStyle::GptJ)] {
@@ -186,6 +188,22 @@ fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
         };
         let mut cache = KvCache::new(ctx, config).expect("cache");
         cache.set_rotary(Some(rotary)).expect("rotary");
+        // The same rows through a paged cache (pages of 4 rows), which must attend alike.
+        let mut paged = PagedKvCache::new(
+            ctx,
+            PagedKvConfig {
+                pages: 16,
+                page_size: 4,
+                heads_kv: hkv,
+                head_dim: d,
+                head_dim_v: d,
+                layout: Layout::Bhsd,
+                dtype: DType::F32,
+            },
+        )
+        .expect("paged cache");
+        paged.set_rotary(Some(rotary)).expect("paged rotary");
+        let ids = [paged.add_sequence(), paged.add_sequence()];
         // The cache's contents as the host expects them: rotated keys, plain values.
         let mut k_host = vec![0.0f32; b * hkv * cap * d];
         let mut v_host = vec![0.0f32; b * hkv * cap * d];
@@ -194,14 +212,12 @@ fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
             let v = rng.vec(b * hkv * n * d, -1.0, 1.0);
             let starts = cache.lengths().to_vec();
             let shape = [b, hkv, n, d];
-            cache
-                .append_rows(
-                    ctx,
-                    &Tensor::from_f32(ctx, shape, Layout::Bhsd, &k).expect("k"),
-                    &Tensor::from_f32(ctx, shape, Layout::Bhsd, &v).expect("v"),
-                    &counts,
-                )
-                .expect("append");
+            let (kt, vt) = (
+                Tensor::from_f32(ctx, shape, Layout::Bhsd, &k).expect("k"),
+                Tensor::from_f32(ctx, shape, Layout::Bhsd, &v).expect("v"),
+            );
+            cache.append_rows(ctx, &kt, &vt, &counts).expect("append");
+            paged.append_rows(ctx, &ids, &kt, &vt, &counts).expect("paged append");
             for bi in 0..b {
                 for h in 0..hkv {
                     for s in 0..counts[bi] as usize {
@@ -239,20 +255,17 @@ fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
             causal: Some(CausalAlignment::BottomRight),
             ..Default::default()
         };
-        let out = cache
-            .attend(
-                ctx,
-                &Tensor::from_f32(ctx, [b, hq, lq, d], Layout::Bhsd, &q).expect("q"),
-                &options,
+        let qt = Tensor::from_f32(ctx, [b, hq, lq, d], Layout::Bhsd, &q).expect("q");
+        let read = |out: Tensor| {
+            relayout(
+                &out.to_f32_vec(ctx).expect("read"),
+                out.shape(),
+                out.layout(),
+                Layout::Bhsd,
             )
-            .expect("attend")
-            .out;
-        let got = relayout(
-            &out.to_f32_vec(ctx).expect("read"),
-            out.shape(),
-            out.layout(),
-            Layout::Bhsd,
-        );
+        };
+        let got = read(cache.attend(ctx, &qt, &options).expect("attend").out);
+        let got_paged = read(paged.attend(ctx, &ids, &qt, &options).expect("paged attend").out);
         let mut q_rot = q.clone();
         for (row, chunk) in q.chunks(d).enumerate() {
             let (bi, i) = (row / (hq * lq), row % lq);
@@ -275,14 +288,16 @@ fn a_kv_cache_rotates_keys_as_it_appends_and_queries_as_it_attends() {
         )
         .expect("reference");
         let bound = wgpu_attention::check::Tolerance::F32.bound(&shape, &want, 0.0) + 1e-6;
-        let err = got
-            .iter()
-            .zip(&want.out)
-            .map(|(a, w)| (f64::from(*a) - w).abs())
-            .fold(0.0f64, f64::max);
-        assert!(
-            err <= bound,
-            "seed {seed} {style:?}: attention off by {err:.3e} (bound {bound:.3e})"
-        );
+        for (name, values) in [("cache", &got), ("paged cache", &got_paged)] {
+            let err = values
+                .iter()
+                .zip(&want.out)
+                .map(|(a, w)| (f64::from(*a) - w).abs())
+                .fold(0.0f64, f64::max);
+            assert!(
+                err <= bound,
+                "seed {seed} {style:?}: {name} attention off by {err:.3e} (bound {bound:.3e})"
+            );
+        }
     }
 }
