@@ -33,6 +33,9 @@ pub enum BenchKernel {
     /// `merge_attentions` of two partials of the case's output shape (the fused
     /// forward's output twice; no FLOPs counted).
     Merge,
+    /// Split-K decode from a cache with a rotary embedding over the whole head dim
+    /// (keys rotated when the cache was filled, the query at every call).
+    DecodeRotary,
 }
 
 impl BenchKernel {
@@ -46,6 +49,7 @@ impl BenchKernel {
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
             "fused+merge" => vec![BenchKernel::Fused, BenchKernel::Merge],
+            "decode+rope" => vec![BenchKernel::Decode, BenchKernel::DecodeRotary],
             "backward+materialized" => vec![
                 BenchKernel::Fused,
                 BenchKernel::Backward,
@@ -253,14 +257,18 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 Err(e) => Err(e),
             }
         }
-        BenchKernel::Fused | BenchKernel::Materialized | BenchKernel::Decode => {
+        BenchKernel::Fused | BenchKernel::Materialized | BenchKernel::Decode | BenchKernel::DecodeRotary => {
             let choice = match kernel {
                 BenchKernel::Fused => KernelChoice::Fused,
-                BenchKernel::Decode => KernelChoice::Decode,
+                BenchKernel::Decode | BenchKernel::DecodeRotary => KernelChoice::Decode,
                 _ => KernelChoice::Materialized,
             };
             let options = case.options(choice);
-            let name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
+            let rotary = (kernel == BenchKernel::DecodeRotary).then(|| crate::rotary::Rotary::new(shape.head_dim & !1));
+            let mut name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
+            if rotary.is_some() {
+                name.push_str("+rope");
+            }
             let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
                 Ok(inputs) => inputs,
                 Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. })) => {
@@ -275,10 +283,11 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             // copies K and V into a new mirror each call, at (1,32,8,32768,128) f32 on
             // lavapipe about a third of its time (page faults of fresh memory). A cache
             // aligns positions bottom-right, so top-left causal cases read the tensors.
-            let from_cache = !case.causal && (kernel == BenchKernel::Decode || shape.len_q == 1);
+            let from_cache =
+                !case.causal && (matches!(kernel, BenchKernel::Decode | BenchKernel::DecodeRotary) || shape.len_q == 1);
             let timed = (|| {
                 let cache = if from_cache {
-                    Some(filled_cache(ctx, &shape, case.dtype, &k, &v)?)
+                    Some(filled_cache(ctx, &shape, case.dtype, &k, &v, rotary)?)
                 } else {
                     None
                 };
@@ -307,9 +316,17 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
     }
 }
 
-/// A KV cache of capacity Lk holding all of `k` and `v`.
-fn filled_cache(ctx: &Context, shape: &AttentionShape, dtype: DType, k: &Tensor, v: &Tensor) -> Result<KvCache> {
+/// A KV cache of capacity Lk holding all of `k` and `v` (rotated by `rotary`).
+fn filled_cache(
+    ctx: &Context,
+    shape: &AttentionShape,
+    dtype: DType,
+    k: &Tensor,
+    v: &Tensor,
+    rotary: Option<crate::rotary::Rotary>,
+) -> Result<KvCache> {
     let mut cache = KvCache::for_shape(ctx, shape, Layout::Bhsd, dtype)?;
+    cache.set_rotary(rotary)?;
     cache.append(ctx, k, v)?;
     Ok(cache)
 }

@@ -44,7 +44,8 @@ pub struct BenchArgs {
     /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does), or
     /// backward+materialized (those and the materialized backward, row
     /// `backward/matrices`, for small problems), or fused+merge (the forward and
-    /// merge_attentions of two partials of its output shape, no FLOPs counted).
+    /// merge_attentions of two partials of its output shape, no FLOPs counted), or
+    /// decode+rope (split-K decode from a cache without and with a rotary embedding).
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -153,7 +154,7 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward, backward+materialized or fused+merge",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward, backward+materialized, fused+merge or decode+rope",
                 args.kernel
             ))
         })?;
