@@ -70,7 +70,10 @@ step() {
 
 step info "$bin" info
 step check "$bin" check --json "$out/check.json"
-step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
+# tune opts into the tensor-core attention kernel, which the library does not run on
+# real tensor cores until a GPU run shows it right (docs/design.md, "Tensor cores"):
+# its rows say whether it is right yet; a table is written only if every row is.
+step tune env WGPU_ATTENTION_UNVERIFIED_COOP=1 "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \

@@ -232,9 +232,11 @@ impl Context {
     /// Lets an adapter without tensor cores run the cooperative-matrix kernels with each
     /// coop operation emulated per subgroup in plain WGSL (`kernels::coop_emulation`):
     /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
-    /// `SUBGROUP` with a fixed subgroup size; a device with real tensor cores keeps them.
+    /// `SUBGROUP` with a fixed subgroup size of at most 16 lanes; a device with real
+    /// tensor cores keeps them where its attention kernel is opted into
+    /// ([`Capabilities::coop_attention_unverified`]).
     pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
-        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated {
+        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated && self.caps.coop_attention_unverified {
             return Ok(()); // real tensor cores the kernels can use
         }
         let mut caps = self.caps.clone();
@@ -249,6 +251,14 @@ impl Context {
             return Err(Error::MissingFeature {
                 adapter: self.info.name.clone(),
                 feature: "SHADER_F16, SUBGROUP with a fixed subgroup size and SUBGROUP_BARRIER",
+                needed_for: "emulating cooperative matrices".into(),
+            });
+        }
+        // A lane holds 16 / SG elements of a tile row (kernels::coop_emulation).
+        if caps.coop_subgroup_size().is_some_and(|sg| 16 % sg != 0) {
+            return Err(Error::MissingFeature {
+                adapter: self.info.name.clone(),
+                feature: "subgroups of at most 16 lanes",
                 needed_for: "emulating cooperative matrices".into(),
             });
         }

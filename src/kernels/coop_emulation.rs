@@ -225,29 +225,40 @@ fn rewrite_call(s: &str) -> Result<(String, String, usize)> {
 /// parameter, where it declares one) and stores it in `em_lane` first thing.
 fn add_lane_builtin(body: &str) -> Result<String> {
     let marker = "@builtin(subgroup_id) sg: u32,";
-    let at = body
-        .find(marker)
-        .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "no subgroup_id parameter"))?;
-    let open = body[at..]
-        .find(") {\n")
-        .map(|i| at + i + 4)
-        .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "no entry-point body"))?;
-    let lane_marker = "@builtin(subgroup_invocation_id)";
-    if let Some(own) = body[at..open].find(lane_marker).map(|i| at + i + lane_marker.len()) {
-        let name = body[own..]
-            .split(':')
-            .next()
-            .map(str::trim)
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "unnamed lane parameter"))?;
-        return Ok(format!("{}    em_lane = {name};\n{}", &body[..open], &body[open..]));
+    if !body.contains(marker) {
+        return Err(Error::invalid(
+            "cooperative-matrix emulation",
+            "no subgroup_id parameter",
+        ));
     }
-    Ok(format!(
-        "{}{marker}\n    @builtin(subgroup_invocation_id) em_lane_in: u32,{}    em_lane = em_lane_in;\n{}",
-        &body[..at],
-        &body[at + marker.len()..open],
-        &body[open..]
-    ))
+    // Every entry point (a module may have several) sets the lane for its helpers.
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some(at) = rest.find(marker) {
+        let open = rest[at..]
+            .find(") {\n")
+            .map(|i| at + i + 4)
+            .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "no entry-point body"))?;
+        let lane_marker = "@builtin(subgroup_invocation_id)";
+        if let Some(own) = rest[at..open].find(lane_marker).map(|i| at + i + lane_marker.len()) {
+            let name = rest[own..]
+                .split(':')
+                .next()
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .ok_or_else(|| Error::invalid("cooperative-matrix emulation", "unnamed lane parameter"))?;
+            out.push_str(&format!("{}    em_lane = {name};\n", &rest[..open]));
+        } else {
+            out.push_str(&format!(
+                "{}{marker}\n    @builtin(subgroup_invocation_id) em_lane_in: u32,{}    em_lane = em_lane_in;\n",
+                &rest[..at],
+                &rest[at + marker.len()..open],
+            ));
+        }
+        rest = &rest[open..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 #[cfg(test)]

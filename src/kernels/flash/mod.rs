@@ -79,6 +79,8 @@ mod tests {
         }
     }
 
+    /// Tensor cores whose attention kernel the context may run (opted in: no GPU run has
+    /// shown it right yet; `without_opt_in` is what users get).
     fn with_tensor_cores(mut caps: Capabilities) -> Capabilities {
         caps.cooperative_matrix = vec![crate::context::CoopConfig {
             m: 16,
@@ -87,6 +89,12 @@ mod tests {
             ab: "f16",
             c: "f32",
         }];
+        caps.coop_attention_unverified = true;
+        caps
+    }
+
+    fn without_opt_in(mut caps: Capabilities) -> Capabilities {
+        caps.coop_attention_unverified = false;
         caps
     }
 
@@ -100,6 +108,11 @@ mod tests {
         assert_eq!(default_tiling(AdapterClass::Gpu, &h100_coop, true), FusedTiling::Coop);
         assert_eq!(
             default_tiling(AdapterClass::Gpu, &h100_coop, false),
+            FusedTiling::Blocked
+        );
+        // Real tensor cores without the opt-in: the attention kernel is not trusted there.
+        assert_eq!(
+            default_tiling(AdapterClass::Gpu, &without_opt_in(h100_coop.clone()), true),
             FusedTiling::Blocked
         );
         // Tensor cores but no fixed subgroup size (the kernel's SG): not coop.
@@ -145,6 +158,10 @@ mod tests {
         assert!(matches!(spec.unmet("gpu", &small), Some(Error::LimitExceeded { .. })));
         let wide = with_tensor_cores(caps(Some((128, 128)), 48 * 1024));
         assert!(matches!(spec.unmet("gpu", &wide), Some(Error::LimitExceeded { .. })));
+        assert!(matches!(
+            spec.unmet("gpu", &without_opt_in(with_tensor_cores(plain.clone()))),
+            Some(Error::MissingFeature { .. })
+        ));
         assert!(spec.unmet("gpu", &with_tensor_cores(plain)).is_none());
     }
 
