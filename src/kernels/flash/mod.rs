@@ -102,23 +102,23 @@ mod tests {
     fn picker_chooses_gpu_tilings_for_gpus_and_cpu_tilings_for_cpu_adapters() {
         // An NVIDIA H100 through Vulkan without tensor cores enabled: 48 KiB, subgroups of 32.
         let h100 = caps(Some((32, 32)), 48 * 1024);
-        assert_eq!(default_tiling(AdapterClass::Gpu, &h100, true), FusedTiling::Blocked);
+        assert_eq!(default_tiling(AdapterClass::Gpu, &h100, true), FusedTiling::Shared);
         // With them: tensor cores where f16 products are allowed, else exact f32.
         let h100_coop = with_tensor_cores(h100);
         assert_eq!(default_tiling(AdapterClass::Gpu, &h100_coop, true), FusedTiling::Coop);
         assert_eq!(
             default_tiling(AdapterClass::Gpu, &h100_coop, false),
-            FusedTiling::Blocked
+            FusedTiling::Shared
         );
         // Real tensor cores without the opt-in: the attention kernel is not trusted there.
         assert_eq!(
             default_tiling(AdapterClass::Gpu, &without_opt_in(h100_coop.clone()), true),
-            FusedTiling::Blocked
+            FusedTiling::Shared
         );
         // Tensor cores but no fixed subgroup size (the kernel's SG): not coop.
         let varying = with_tensor_cores(caps(Some((32, 64)), 64 * 1024));
-        assert_eq!(default_tiling(AdapterClass::Gpu, &varying, true), FusedTiling::Blocked);
-        // A GPU at WebGPU's default 16 KiB: the small shared tiling.
+        assert_eq!(default_tiling(AdapterClass::Gpu, &varying, true), FusedTiling::Shared);
+        // A GPU at WebGPU's default 16 KiB: shared too.
         let webgpu = caps(Some((4, 128)), 16 * 1024);
         assert_eq!(default_tiling(AdapterClass::Gpu, &webgpu, true), FusedTiling::Shared);
         // Less than that: registers, which runs anywhere.

@@ -139,10 +139,11 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     TilingSpec {
         tiling: FusedTiling::Blocked,
         name: "blocked",
-        about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (GPUs; CPU adapters without subgroups)",
-        // Also the CPU pick without subgroups: on llvmpipe GL 2.3x registers at D 64 and
-        // 128, 1.3x at 256 (docs/design.md, "Tilings").
-        default_on: &[AdapterClass::Gpu, AdapterClass::Cpu],
+        about: "FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory, register micro-tiles of S and O (CPU adapters without subgroups)",
+        // The CPU pick without subgroups: on llvmpipe GL 2.3x registers at D 64 and 128,
+        // 1.3x at 256 (docs/design.md, "Tilings"). Not the GPU pick: on an NVIDIA H200
+        // `shared` ran 1.8x faster at D 64, 1.65x at 128 and 1.4x at 256.
+        default_on: &[AdapterClass::Cpu],
         needs: Needs::WorkgroupBytes(BLOCKED_MIN_BYTES),
         f16_products: false,
         launch: |d, dv, caps| {
@@ -171,7 +172,10 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
     TilingSpec {
         tiling: FusedTiling::Shared,
         name: "shared",
-        about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs with little workgroup memory; CPU adapters in a browser)",
+        about: "one query row per invocation, K/V tiles in 16 KiB of workgroup memory (GPUs; CPU adapters in a browser)",
+        // The fastest non-tensor-core tiling measured on a GPU (an NVIDIA H200: 7.2, 5.5
+        // and 1.9 TFLOP/s at D 64, 128 and 256 against blocked's 3.9, 3.2 and 1.4;
+        // docs/design.md, "Measured on a GPU").
         default_on: &[AdapterClass::Gpu, AdapterClass::BrowserCpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
