@@ -207,3 +207,85 @@ fn from_storage(
     }
     finish(lane);
 }
+
+// flash_coop.wgsl's core for one band and one tile of 16 keys, unpipelined: Q·Kᵀ with Q
+// fragments in an array and Kᵀ column-major (K = B's rows 0-15), the scores through
+// workgroup memory to a softmax split across LPR lanes per row (subgroup shuffles for
+// maxima and sums), P as f16 through workgroup memory, P·V (V = B's rows 16-31) into an
+// accumulator array, normalised by the lanes. `out` is softmax(Q·Kᵀ / 8)·V.
+const LDP: u32 = 16u + 8u; // halves per row of P
+var<workgroup> sp: array<f16, 16u * LDP>;
+var<workgroup> row_sums: array<f32, 16>;
+
+@compute @workgroup_size(SG)
+fn attention_one_band(
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    stage(lane);
+    var qf: array<coop_mat16x16<f16, A>, 4>;
+    for (var dc = 0u; dc < 4u; dc++) {
+        qf[dc] = load_a(dc);
+    }
+    var s = coop_mat16x16<f32, C>();
+    for (var dc = 0u; dc < 4u; dc++) {
+        let ib = dc * 16u;
+        let kt = coopLoad<coop_mat16x16<f16, B>>(&sb[ib], LDB);
+        s = coopMultiplyAdd(qf[dc], kt, s);
+    }
+    coopStoreT(s, &sc[0], LDC);
+    workgroupBarrier();
+
+    let lpr = max(SG / 16u, 1u); // lanes per row
+    let rpl = 16u * lpr / SG; // rows per lane
+    let quads = 4u / lpr; // column quads per lane and row
+    for (var rr = 0u; rr < rpl; rr++) {
+        let r = lane / lpr + rr * (SG / lpr);
+        var m = -3.0e38;
+        for (var u = 0u; u < quads; u++) {
+            let j = r * LDC + 4u * (lane % lpr + lpr * u);
+            m = max(m, max(max(sc[j], sc[j + 1u]), max(sc[j + 2u], sc[j + 3u])) * 0.125);
+        }
+        for (var x = 1u; x < lpr; x *= 2u) {
+            m = max(m, subgroupShuffleXor(m, x));
+        }
+        var sum = 0.0;
+        for (var u = 0u; u < quads; u++) {
+            let c = 4u * (lane % lpr + lpr * u);
+            let j = r * LDC + c;
+            let p4 = exp(vec4<f32>(sc[j], sc[j + 1u], sc[j + 2u], sc[j + 3u]) * 0.125 - m);
+            let e = vec4<f16>(p4);
+            sp[r * LDP + c] = e.x;
+            sp[r * LDP + c + 1u] = e.y;
+            sp[r * LDP + c + 2u] = e.z;
+            sp[r * LDP + c + 3u] = e.w;
+            sum += dot(vec4<f32>(e), vec4<f32>(1.0));
+        }
+        for (var x = 1u; x < lpr; x *= 2u) {
+            sum += subgroupShuffleXor(sum, x);
+        }
+        if lane % lpr == 0u {
+            row_sums[r] = sum;
+        }
+    }
+    workgroupBarrier();
+
+    var o: array<coop_mat16x16<f32, C>, 4>;
+    for (var c = 0u; c < 4u; c++) {
+        o[c] = coop_mat16x16<f32, C>();
+    }
+    let fp = coopLoadT<coop_mat16x16<f16, A>>(&sp[0], LDP);
+    for (var c = 0u; c < 4u; c++) {
+        let ib = 16u * LDB + c * 16u;
+        let fv = coopLoadT<coop_mat16x16<f16, B>>(&sb[ib], LDB);
+        o[c] = coopMultiplyAdd(fp, fv, o[c]);
+    }
+    workgroupBarrier();
+    for (var c = 0u; c < 4u; c++) {
+        store_c(o[c], c);
+    }
+    workgroupBarrier();
+    for (var x = lane; x < M * N; x += SG) {
+        out[x] = sc[(x / N) * LDC + x % N] / row_sums[x / N];
+    }
+}

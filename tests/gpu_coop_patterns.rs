@@ -15,15 +15,50 @@ const M: usize = 16;
 const K: usize = 64;
 const N: usize = 64;
 
-/// (entry point, how many times A·B `out` holds).
-const PATTERNS: [(&str, f64); 6] = [
-    ("named", 1.0),
-    ("accumulator_array", 1.0),
-    ("accumulator_array_by_pointer", 1.0),
-    ("operand_array_and_column_major", 1.0),
-    ("accumulator_reload", 2.0),
-    ("from_storage", 1.0),
+/// What an entry point leaves in `out`.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// This many times A·B.
+    Product(f64),
+    /// softmax(Q·Kᵀ / 8)·V for Q = A, K = B's rows 0-15, V = B's rows 16-31, with the
+    /// probabilities rounded to f16 as the kernel stages them.
+    Attention,
+}
+
+const PATTERNS: [(&str, Expect); 7] = [
+    ("named", Expect::Product(1.0)),
+    ("accumulator_array", Expect::Product(1.0)),
+    ("accumulator_array_by_pointer", Expect::Product(1.0)),
+    ("operand_array_and_column_major", Expect::Product(1.0)),
+    ("accumulator_reload", Expect::Product(2.0)),
+    ("from_storage", Expect::Product(1.0)),
+    ("attention_one_band", Expect::Attention),
 ];
+
+/// softmax(Q·Kᵀ / 8)·V as [`Expect::Attention`] describes it, in f64.
+fn one_band_attention(a: &[f32], b: &[f32]) -> Vec<f64> {
+    let mut out = vec![0.0; M * N];
+    for i in 0..M {
+        let scores: Vec<f64> = (0..16)
+            .map(|j| {
+                (0..K)
+                    .map(|d| f64::from(a[i * K + d]) * f64::from(b[j * N + d]))
+                    .sum::<f64>()
+                    / 8.0
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = scores
+            .iter()
+            .map(|s| f64::from(f16::from_f64(((s - max) as f32).exp().into()).to_f32()))
+            .collect();
+        let sum: f64 = p.iter().sum();
+        for d in 0..N {
+            out[i * N + d] = (0..16).map(|j| p[j] * f64::from(b[(16 + j) * N + d])).sum::<f64>() / sum;
+        }
+    }
+    out
+}
 
 /// The context and the subgroup size the module runs with: real cooperative matrices
 /// where the adapter has them, else emulated ones.
@@ -52,7 +87,7 @@ fn source(ctx: &Context, sg: u32) -> String {
 }
 
 #[test]
-fn every_cooperative_matrix_pattern_the_kernels_use_computes_a_product() {
+fn every_cooperative_matrix_pattern_the_kernels_use_agrees_with_the_cpu() {
     let Some((ctx, sg)) = context() else { return };
     let seed = 20261126;
     let mut rng = Rng::new(seed);
@@ -60,13 +95,14 @@ fn every_cooperative_matrix_pattern_the_kernels_use_computes_a_product() {
     let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| f16::from_f32(rng.uniform(-1.0, 1.0)).to_f32()).collect() };
     let a = draw(M * K);
     let b = draw(K * N);
-    let expected: Vec<f64> = (0..M * N)
+    let product: Vec<f64> = (0..M * N)
         .map(|x| {
             (0..K)
                 .map(|k| f64::from(a[(x / N) * K + k]) * f64::from(b[k * N + x % N]))
                 .sum()
         })
         .collect();
+    let attention = one_band_attention(&a, &b);
     let upload = |rows: usize, cols: usize, data: &[f32]| {
         Tensor::from_f32(&ctx, [1, 1, rows, cols], Layout::Bhsd, data).expect("upload")
     };
@@ -82,7 +118,7 @@ fn every_cooperative_matrix_pattern_the_kernels_use_computes_a_product() {
     });
     let mut report = Vec::new();
     let mut wrong = Vec::new();
-    for (entry, times) in PATTERNS {
+    for (entry, expect) in PATTERNS {
         let out = upload(M, N, &vec![f32::NAN; M * N]);
         let pipeline = ctx.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),
@@ -118,13 +154,19 @@ fn every_cooperative_matrix_pattern_the_kernels_use_computes_a_product() {
         }
         ctx.queue().submit([encoder.finish()]);
         let got = out.to_f32_vec(&ctx).expect("readback");
+        let expected: Vec<f64> = match expect {
+            Expect::Product(times) => product.iter().map(|e| times * e).collect(),
+            Expect::Attention => attention.clone(),
+        };
         let err = got
             .iter()
             .zip(&expected)
-            .map(|(&g, &e)| (f64::from(g) - times * e).abs())
+            .map(|(&g, &e)| (f64::from(g) - e).abs())
             .fold(0.0, |m: f64, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
         // Exact products of values in [-1, 1], 64 per sum (128 reloaded) in f32: a sum's
-        // rounding stays below 128 · 2^-24 · 128; a wrong layout errs by O(1).
+        // rounding stays below 128 · 2^-24 · 128; the attention's f32 exp may round a
+        // probability to the neighbouring f16 (2^-11 of it, of an output below 1); a
+        // wrong layout errs by O(1).
         let ok = err <= 1e-3;
         report.push(format!(
             "{entry:<32} max |err| {err:.2e} {}",
