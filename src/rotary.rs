@@ -60,6 +60,14 @@ impl Rotary {
         Ok(())
     }
 
+    /// The elements pair `i` rotates, by the style's pairing.
+    pub fn pair(&self, i: usize) -> (usize, usize) {
+        match self.style {
+            RotaryStyle::NeoX => (i, i + self.dim / 2),
+            RotaryStyle::GptJ => (2 * i, 2 * i + 1),
+        }
+    }
+
     /// The angle of pair `i` at `position`, in f64.
     pub fn angle(&self, position: u32, i: usize) -> f64 {
         let inv_freq = self.theta.powf(-2.0 * i as f64 / self.dim as f64);
@@ -68,12 +76,19 @@ impl Rotary {
 
     /// `(cos, sin)` of every pair at each of `positions`, rows of `dim / 2`.
     pub fn table(&self, positions: &[u32]) -> Vec<[f32; 2]> {
+        self.table_for(positions, false)
+    }
+
+    /// [`Rotary::table`], or with `inverse` that of the opposite angles (sin negated):
+    /// the transpose of the rotation, which carries a gradient back through it.
+    fn table_for(&self, positions: &[u32], inverse: bool) -> Vec<[f32; 2]> {
+        let sign = if inverse { -1.0 } else { 1.0 };
         positions
             .iter()
             .flat_map(|&p| {
                 (0..self.dim / 2).map(move |i| {
                     let a = self.angle(p, i);
-                    [a.cos() as f32, a.sin() as f32]
+                    [a.cos() as f32, (sign * a.sin()) as f32]
                 })
             })
             .collect()
@@ -82,15 +97,26 @@ impl Rotary {
     /// The rotation of one head row `x` (its head dim long) at `position`, in f64: the
     /// reference the kernel is checked against.
     pub fn rotate_row(&self, x: &[f32], position: u32) -> Vec<f64> {
-        let mut out: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        let half = self.dim / 2;
-        for i in 0..half {
-            let (a, b) = match self.style {
-                RotaryStyle::NeoX => (i, i + half),
-                RotaryStyle::GptJ => (2 * i, 2 * i + 1),
-            };
-            let (c, s) = (self.angle(position, i).cos(), self.angle(position, i).sin());
-            let (xa, xb) = (f64::from(x[a]), f64::from(x[b]));
+        self.rotate_row64(&x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), position)
+    }
+
+    /// [`Rotary::rotate_row`] of an f64 row (the multi-head layer's reference).
+    pub fn rotate_row64(&self, x: &[f64], position: u32) -> Vec<f64> {
+        self.turn_row64(x, position, 1.0)
+    }
+
+    /// The inverse (transposed) rotation of an f64 row: a gradient carried back
+    /// through [`Rotary::rotate_row64`].
+    pub fn unrotate_row64(&self, x: &[f64], position: u32) -> Vec<f64> {
+        self.turn_row64(x, position, -1.0)
+    }
+
+    fn turn_row64(&self, x: &[f64], position: u32, sign: f64) -> Vec<f64> {
+        let mut out = x.to_vec();
+        for i in 0..self.dim / 2 {
+            let (a, b) = self.pair(i);
+            let (c, s) = (self.angle(position, i).cos(), sign * self.angle(position, i).sin());
+            let (xa, xb) = (x[a], x[b]);
             out[a] = xa * c - xb * s;
             out[b] = xb * c + xa * s;
         }
@@ -158,6 +184,29 @@ pub fn encode_apply_rotary(
     positions: &[u32],
     rotary: &Rotary,
 ) -> Result<Tensor> {
+    encode_turn(ctx, encoder, x, positions, rotary, false)
+}
+
+/// The inverse rotation of [`encode_apply_rotary`] (its transpose): what carries the
+/// gradient of rotated rows back to the rows before rotation.
+pub(crate) fn encode_unrotate(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &Tensor,
+    positions: &[u32],
+    rotary: &Rotary,
+) -> Result<Tensor> {
+    encode_turn(ctx, encoder, x, positions, rotary, true)
+}
+
+fn encode_turn(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    x: &Tensor,
+    positions: &[u32],
+    rotary: &Rotary,
+    inverse: bool,
+) -> Result<Tensor> {
     x.check_context(ctx, "x of apply_rotary")?;
     let [b, h, s, d] = x.shape();
     rotary.check(d)?;
@@ -174,7 +223,7 @@ pub fn encode_apply_rotary(
     }
     let table = ctx.create_buffer_init(
         "rotary cos and sin",
-        bytemuck::cast_slice(&rotary.table(positions)),
+        bytemuck::cast_slice(&rotary.table_for(positions, inverse)),
         crate::tensor::tensor_usage(),
     )?;
     let [sb, sh, ss, _] = x.strides();

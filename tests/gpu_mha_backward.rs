@@ -20,7 +20,7 @@ use wgpu_attention::mha::reference::{
 use wgpu_attention::mha::{MhaGradients, PostNorm};
 use wgpu_attention::{
     AttentionOptions, CausalAlignment, Context, DType, Error, HeadWeights, Inputs, Layout, MhaConfig, MhaOptions,
-    MhaWeights, MultiHeadAttention, Tensor,
+    MhaWeights, MultiHeadAttention, Rotary, RotaryStyle, Tensor,
 };
 
 /// f32: a sum of a few stages' relative rounding errors (docs/design.md, "Backward").
@@ -387,6 +387,45 @@ fn cross_attention_on_one_key_value_tensor_with_gqa_additive_mask_and_causal() {
             ..Default::default()
         },
         seed: 83,
+    });
+}
+
+#[test]
+fn rotary_layers_carry_gradients_back_through_the_rotation() {
+    // LLaMA-style: NeoX pairs over part of each head, GQA, causal; then GPT-J pairs in
+    // cross-attention with more keys than queries (key positions run past the queries').
+    on_both_dtypes(Case {
+        config: MhaConfig {
+            num_kv_heads: 2,
+            bias: false,
+            rotary: Some(Rotary::new(6)),
+            ..MhaConfig::new(32, 4)
+        },
+        batch: 2,
+        len_q: 9,
+        len_k: 9,
+        source: Source::SelfAttention,
+        attention: AttentionOptions {
+            causal: Some(CausalAlignment::TopLeft),
+            ..Default::default()
+        },
+        seed: 87,
+    });
+    on_both_dtypes(Case {
+        config: MhaConfig {
+            rotary: Some(Rotary {
+                style: RotaryStyle::GptJ,
+                theta: 500.0,
+                ..Rotary::new(8)
+            }),
+            ..MhaConfig::new(16, 2)
+        },
+        batch: 2,
+        len_q: 4,
+        len_k: 11,
+        source: Source::SharedKeyValue,
+        attention: AttentionOptions::default(),
+        seed: 88,
     });
 }
 

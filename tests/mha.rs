@@ -10,7 +10,7 @@ use wgpu_attention::mha::reference::{f16_stored, multi_head_attention};
 use wgpu_attention::mha::{PostNorm, ProjectionPlan};
 use wgpu_attention::{
     AttentionOptions, CausalAlignment, Context, DType, Error, HeadWeights, Inputs, KernelChoice, MhaConfig, MhaOptions,
-    MhaWeights, MultiHeadAttention, Precision, Tensor,
+    MhaWeights, MultiHeadAttention, Precision, Rotary, RotaryStyle, Tensor,
 };
 
 /// Where keys and values come from.
@@ -286,6 +286,63 @@ fn grouped_query_attention_with_causal_mask_and_post_norm() {
         },
         seed: 53,
     });
+}
+
+#[test]
+fn rotary_embeddings_rotate_queries_and_keys_at_their_positions() {
+    // LLaMA-style self-attention (NeoX pairs over part of each head, GQA, causal), then
+    // GPT-J pairs with position interpolation in cross-attention, keys outnumbering
+    // queries.
+    on_both_dtypes(Case {
+        config: MhaConfig {
+            num_kv_heads: 2,
+            bias: false,
+            rotary: Some(Rotary::new(6)),
+            ..MhaConfig::new(32, 4)
+        },
+        batch: 2,
+        len_q: 9,
+        len_k: 9,
+        source: Source::SelfAttention,
+        options: MhaOptions {
+            attention: AttentionOptions {
+                causal: Some(CausalAlignment::TopLeft),
+                ..Default::default()
+            },
+            weights: HeadWeights::PerHead,
+        },
+        seed: 59,
+    });
+    on_both_dtypes(Case {
+        config: MhaConfig {
+            rotary: Some(Rotary {
+                style: RotaryStyle::GptJ,
+                scaling: 2.5,
+                ..Rotary::new(8)
+            }),
+            ..MhaConfig::new(16, 2)
+        },
+        batch: 2,
+        len_q: 4,
+        len_k: 11,
+        source: Source::Separate,
+        options: MhaOptions::default(),
+        seed: 61,
+    });
+}
+
+#[test]
+fn a_rotary_embedding_that_does_not_fit_the_heads_is_an_error() {
+    let Some(ctx) = common::ctx() else { return };
+    for dim in [0, 3, 10] {
+        let config = MhaConfig {
+            rotary: Some(Rotary::new(dim)),
+            ..MhaConfig::new(16, 2)
+        };
+        let weights = random_weights(&MhaConfig::new(16, 2), 7);
+        let err = MultiHeadAttention::new(ctx, config, &weights, DType::F32).expect_err("head dim is 8");
+        assert!(err.to_string().contains("rotary dim"), "{err}");
+    }
 }
 
 #[test]

@@ -128,6 +128,7 @@ impl MultiHeadAttention {
         // The forward again, with the log-sum-exp the attention backward needs.
         let precision = options.attention.precision;
         let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused, precision)?;
+        let (q, k) = self.encode_rotary(ctx, encoder, q, k)?;
         let attention = AttentionOptions {
             need_weights: false,
             average_weights: false,
@@ -200,6 +201,8 @@ impl MultiHeadAttention {
         )?;
 
         let grads = encode_sdpa_backward(ctx, encoder, &q, &k, &v, &attended.out, &lse, &d_attended, &attention)?;
+        // Back through the rotary embedding, if any: the transposed rotation.
+        let (dq, dk) = self.encode_rotary_turn(ctx, encoder, grads.dq, grads.dk, true)?;
 
         // The input projections. Self-attention adds every path to the one input's gradient.
         let (key, value) = match inputs {
@@ -220,8 +223,8 @@ impl MultiHeadAttention {
         // input gradient goes: the query's (adding to what is there once started), or
         // for cross-attention the key's or value's own.
         let paths = [
-            (&grads.dq, query, c.embed_dim, rows_q, None),
-            (&grads.dk, key, c.kdim, rows_k, d_key.as_ref()),
+            (&dq, query, c.embed_dim, rows_q, None),
+            (&dk, key, c.kdim, rows_k, d_key.as_ref()),
             (&grads.dv, value, c.vdim, rows_k, d_value.as_ref()),
         ];
         let widths = [c.embed_dim, kv, kv];

@@ -22,6 +22,11 @@ pub struct MhaConfig {
     pub bias: bool,
     /// `LayerNorm(attention output + query)` after the output projection.
     pub post_norm: Option<PostNorm>,
+    /// Rotary position embeddings applied to the projected queries and keys of every
+    /// head before attention, query row `i` and key row `j` at positions `i` and `j`
+    /// (Hugging Face LLaMA-style layers, whose `position_ids` count from 0 in each
+    /// sequence; [`crate::rotary`]).
+    pub rotary: Option<crate::rotary::Rotary>,
 }
 
 /// The LayerNorm of a post-norm block.
@@ -49,6 +54,7 @@ impl MhaConfig {
             vdim: embed_dim,
             bias: true,
             post_norm: None,
+            rotary: None,
         }
     }
 
@@ -89,6 +95,9 @@ impl MhaConfig {
             return Err(bad(&format!(
                 "the head dim embed_dim / num_heads must be at most {MAX_HEAD_DIM}"
             )));
+        }
+        if let Some(rotary) = &self.rotary {
+            rotary.check(self.head_dim())?;
         }
         if let Some(norm) = self.post_norm {
             if !(norm.eps.is_finite() && norm.eps > 0.0) {

@@ -140,6 +140,7 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// Uploads `weights` (checked against `config`) in `dtype`.
     pub fn new(ctx: &Context, config: MhaConfig, weights: &MhaWeights, dtype: DType) -> Result<Self> {
+        config.validate()?;
         weights.check(&config)?;
         if dtype == DType::F16 {
             ctx.require_f16("f16 multi-head attention")?;
@@ -225,6 +226,7 @@ impl MultiHeadAttention {
         }
         let precision = options.attention.precision;
         let [q, k, v] = self.encode_projections(ctx, encoder, inputs, ProjectionPlan::Fused, precision)?;
+        let (q, k) = self.encode_rotary(ctx, encoder, q, k)?;
         let attention = AttentionOptions {
             need_weights: options.weights != HeadWeights::None,
             average_weights: options.weights == HeadWeights::Averaged,
@@ -238,6 +240,44 @@ impl MultiHeadAttention {
             out,
             weights: attended.weights,
         })
+    }
+
+    /// The projected queries and keys rotated by the layer's rotary embedding, if it has
+    /// one: row `i` of every sequence at position `i`.
+    pub(super) fn encode_rotary(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        q: Tensor,
+        k: Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        self.encode_rotary_turn(ctx, encoder, q, k, false)
+    }
+
+    /// With `inverse`, the gradients of the rotated queries and keys carried back to
+    /// the projections (the transposed rotation); else [`Self::encode_rotary`].
+    pub(super) fn encode_rotary_turn(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        q: Tensor,
+        k: Tensor,
+        inverse: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let Some(rotary) = &self.config.rotary else {
+            return Ok((q, k));
+        };
+        let mut turn = |t: &Tensor| {
+            let [batch, _, len, _] = t.shape();
+            let positions: Vec<u32> = (0..batch).flat_map(|_| 0..len as u32).collect();
+            if inverse {
+                crate::rotary::encode_unrotate(ctx, encoder, t, &positions, rotary)
+            } else {
+                crate::rotary::encode_apply_rotary(ctx, encoder, t, &positions, rotary)
+            }
+        };
+        let q = turn(&q)?;
+        Ok((q, turn(&k)?))
     }
 
     /// Records the input projections and returns Q `[B, H, Lq, D]`, K and V

@@ -327,8 +327,27 @@ fn backward(
     let [mq, mk, mv] = magnitudes;
     let concat = |x: &[f64], len: usize, h: usize| concat_heads(x, batch, len, h, hd);
     let tracked = |value: Vec<f64>, magnitude: Vec<f64>| Tracked { value, magnitude }.rounded(round);
-    let dq = tracked(concat(&grads.dq, len_q, hq), concat(&mq, len_q, hq));
-    let dk = tracked(concat(&grads.dk, len_k, hkv), concat(&mk, len_k, hkv));
+    let mut dq = tracked(concat(&grads.dq, len_q, hq), concat(&mq, len_q, hq));
+    let mut dk = tracked(concat(&grads.dk, len_k, hkv), concat(&mk, len_k, hkv));
+    if let Some(rotary) = &config.rotary {
+        // Back through the rotation (its transpose), stored again; a pair's magnitudes
+        // mix, so each takes their sum.
+        for (t, len, heads) in [(&mut dq, len_q, hq), (&mut dk, len_k, hkv)] {
+            for (r, (head, magnitude)) in t.value.chunks_mut(hd).zip(t.magnitude.chunks_mut(hd)).enumerate() {
+                let position = ((r / heads) % len) as u32;
+                let turned = rotary.unrotate_row64(head, position);
+                for (slot, value) in head.iter_mut().zip(turned) {
+                    *slot = round(value);
+                }
+                for i in 0..rotary.dim / 2 {
+                    let (a, b) = rotary.pair(i);
+                    let sum = magnitude[a] + magnitude[b];
+                    magnitude[a] = sum;
+                    magnitude[b] = sum;
+                }
+            }
+        }
+    }
     let dv = tracked(concat(&grads.dv, len_k, hkv), concat(&mv, len_k, hkv));
 
     let [query, key, value] = inputs;
@@ -532,6 +551,7 @@ mod tests {
             vdim: 3,
             bias: false,
             post_norm: None,
+            rotary: None,
         };
         let mut rng = Rng::new(12);
         let allow: Vec<bool> = (0..2 * 3 * 4).map(|_| rng.uniform(0.0, 1.0) < 0.7).collect();
@@ -546,6 +566,23 @@ mod tests {
         cross.vdim = 5;
         cross.post_norm = Some(PostNorm { eps: 1e-3 });
         check_against_finite_differences(cross, [1, 2, 3], false, AttentionOptions::default(), 14);
+        // Rotary embeddings: NeoX pairs over part of each head in causal self-attention,
+        // GPT-J pairs over all of it in cross-attention.
+        let mut neox = MhaConfig::new(12, 2);
+        neox.rotary = Some(crate::rotary::Rotary::new(4));
+        let causal = AttentionOptions {
+            causal: Some(CausalAlignment::TopLeft),
+            ..Default::default()
+        };
+        check_against_finite_differences(neox, [2, 3, 3], true, causal, 15);
+        let mut gptj = MhaConfig::new(8, 2);
+        gptj.kdim = 5;
+        gptj.rotary = Some(crate::rotary::Rotary {
+            style: crate::rotary::RotaryStyle::GptJ,
+            theta: 7.0,
+            ..crate::rotary::Rotary::new(4)
+        });
+        check_against_finite_differences(gptj, [1, 2, 4], false, AttentionOptions::default(), 16);
     }
 
     #[test]

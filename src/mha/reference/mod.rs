@@ -208,8 +208,20 @@ impl Pass {
         }
         let (e, hd) = (config.embed_dim, config.head_dim());
         let rounded = |x: Vec<f64>| -> Vec<f64> { x.into_iter().map(round).collect() };
-        let q = rounded(project(&w.q, query, batch * len_q));
-        let k = rounded(project(&w.k, key, batch * len_k));
+        let mut q = rounded(project(&w.q, query, batch * len_q));
+        let mut k = rounded(project(&w.k, key, batch * len_k));
+        if let Some(rotary) = &config.rotary {
+            // Each head's slice of row s of a sequence, at position s; stored again.
+            for (x, len, heads) in [(&mut q, len_q, config.num_heads), (&mut k, len_k, config.num_kv_heads)] {
+                for (r, head) in x.chunks_mut(hd).enumerate() {
+                    let position = ((r / heads) % len) as u32;
+                    let rotated = rotary.rotate_row64(head, position);
+                    for (slot, value) in head.iter_mut().zip(rotated) {
+                        *slot = round(value);
+                    }
+                }
+            }
+        }
         let v = rounded(project(&w.v, value, batch * len_k));
         let shape = AttentionShape::new(batch, config.num_heads, config.num_kv_heads, len_q, len_k, hd, hd);
         let per_head = AttentionOptions {
