@@ -362,6 +362,59 @@ fn viz_max_pools_large_weights_into_a_bounded_image() {
 }
 
 #[test]
+fn bench_decode_rope_times_whole_steps_and_their_ratio_in_alternation() {
+    // Issue 41: a decode step (append + attend) with a rotary embedding against one
+    // without, as rows and as a ratio of steps timed in alternation.
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("bench-decode-rope");
+    let output = bin()
+        .current_dir(&dir)
+        .args(["bench", "--decode", "2,4,2,200,32", "--dtype", "f32", "--reps", "2"])
+        .args([
+            "--kernel",
+            "decode+rope",
+            "--probe",
+            "64",
+            "--copy-mib",
+            "1",
+            "--json",
+            "r.json",
+        ])
+        .output()
+        .expect("runs");
+    ok(&output);
+    let text = String::from_utf8_lossy(&output.stdout);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).expect("json written")).expect("valid json");
+    let run = &doc["runs"][0];
+    let kernels: Vec<&str> = run["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["kernel"].as_str())
+        .collect();
+    for want in ["decode-step", "decode-step+rope"] {
+        assert!(kernels.contains(&want), "{want} missing: {kernels:?}");
+    }
+    let paired = &run["paired"][0];
+    let ratios = paired["ratios"].as_array().expect("ratios");
+    assert_eq!(ratios.len(), 4, "2 x reps pairs: {paired}");
+    assert!(
+        ratios
+            .iter()
+            .all(|r| r.as_f64().is_some_and(|r| r > 0.0 && r.is_finite())),
+        "{paired}"
+    );
+    let median = paired["median"].as_f64().expect("median");
+    assert!(
+        text.contains(&format!("4 pairs in alternation: median {median:.3}")),
+        "{text}"
+    );
+}
+
+#[test]
 fn bench_decode_reports_tokens_per_second() {
     // Issue 14: `bench --decode` gives tokens per second (B·Lq over the median) beside
     // GB/s, in the table and the JSON, for the decode row and the fused one.

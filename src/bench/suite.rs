@@ -36,6 +36,13 @@ pub enum BenchKernel {
     /// Split-K decode from a cache with a rotary embedding over the whole head dim
     /// (keys rotated when the cache was filled, the query at every call).
     DecodeRotary,
+    /// A whole generation step on a cache holding Lk − 1 rows: append one key and value
+    /// row per sequence, attend with one query, wait; wall clock, as a caller sees it
+    /// (each step appends, so later steps see a few more keys).
+    DecodeStep,
+    /// [`BenchKernel::DecodeStep`] on a cache with a rotary embedding: the appended key
+    /// rotated in the append's copy, the query before attending.
+    DecodeStepRotary,
 }
 
 impl BenchKernel {
@@ -49,7 +56,12 @@ impl BenchKernel {
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
             "fused+merge" => vec![BenchKernel::Fused, BenchKernel::Merge],
-            "decode+rope" => vec![BenchKernel::Decode, BenchKernel::DecodeRotary],
+            "decode+rope" => vec![
+                BenchKernel::Decode,
+                BenchKernel::DecodeRotary,
+                BenchKernel::DecodeStep,
+                BenchKernel::DecodeStepRotary,
+            ],
             "backward+materialized" => vec![
                 BenchKernel::Fused,
                 BenchKernel::Backward,
@@ -210,6 +222,23 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             let calls = reps.max(1) as u64 + 2;
             Ok((name, Ok((timing, Some((ctx.allocated_bytes() - before) / calls)))))
         }
+        BenchKernel::DecodeStep | BenchKernel::DecodeStepRotary => {
+            let rotary =
+                (kernel == BenchKernel::DecodeStepRotary).then(|| crate::rotary::Rotary::new(shape.head_dim & !1));
+            let name = if rotary.is_some() {
+                "decode-step+rope"
+            } else {
+                "decode-step"
+            }
+            .to_string();
+            match decode_steps(ctx, case, rotary, reps) {
+                Ok(timing) => Ok((name, Ok((timing, None)))),
+                Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. } | Error::Unsupported { .. })) => {
+                    Ok((name, Err(format!("refused: {e}"))))
+                }
+                Err(e) => Err(e),
+            }
+        }
         BenchKernel::Backward | BenchKernel::MaterializedBackward => {
             let materialized = kernel == BenchKernel::MaterializedBackward;
             let choice = if materialized {
@@ -314,6 +343,108 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             }
         }
     }
+}
+
+/// A cache for decode steps: room for `steps` more rows after Lk − 1 held ones, and
+/// one step's query and new key and value rows.
+struct StepCache {
+    cache: KvCache,
+    q: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    options: AttentionOptions,
+}
+
+impl StepCache {
+    fn new(ctx: &Context, case: &BenchCase, rotary: Option<crate::rotary::Rotary>, steps: usize) -> Result<Self> {
+        let shape = case.shape;
+        let held = shape.len_k.saturating_sub(1);
+        let room = AttentionShape {
+            len_k: held + steps,
+            ..shape
+        };
+        let mut cache = KvCache::for_shape(ctx, &room, Layout::Bhsd, case.dtype)?;
+        cache.set_rotary(rotary)?;
+        if held > 0 {
+            let [_, k, v] = bench_inputs(ctx, &AttentionShape { len_k: held, ..shape }, case.dtype)?;
+            cache.append(ctx, &k, &v)?;
+        }
+        let [q, k_new, v_new] = bench_inputs(ctx, &AttentionShape { len_k: 1, ..shape }, case.dtype)?;
+        ctx.wait_idle()?;
+        Ok(StepCache {
+            cache,
+            q,
+            k_new,
+            v_new,
+            options: case.options(KernelChoice::Decode),
+        })
+    }
+
+    /// One generation step: append, attend, wait.
+    fn step(&mut self, ctx: &Context) -> Result<()> {
+        self.cache.append(ctx, &self.k_new, &self.v_new)?;
+        self.cache.attend(ctx, &self.q, &self.options)?;
+        ctx.wait_idle()
+    }
+}
+
+/// Times [`BenchKernel::DecodeStep`]: a cache holding Lk − 1 rows, then per step one
+/// appended row and one query attended, waited for.
+fn decode_steps(ctx: &Context, case: &BenchCase, rotary: Option<crate::rotary::Rotary>, reps: usize) -> Result<Timing> {
+    let mut steps = StepCache::new(ctx, case, rotary, reps.max(1) + 2)?;
+    time_host(reps, || steps.step(ctx))
+}
+
+/// Decode steps with a rotary embedding against steps without, timed in alternation
+/// (which goes first alternates too), so that a shared machine's drift falls on both.
+#[derive(Clone, Debug)]
+pub struct PairedSteps {
+    /// Each pair's rotary step time over its plain step time.
+    pub ratios: Vec<f64>,
+}
+
+impl PairedSteps {
+    /// The median ratio.
+    pub fn median(&self) -> f64 {
+        let mut r = self.ratios.clone();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    /// The smallest and largest ratio.
+    pub fn range(&self) -> (f64, f64) {
+        let lo = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    }
+}
+
+/// `pairs` back-to-back pairs of decode steps ([`BenchKernel::DecodeStep`]), one on a
+/// plain cache and one on a cache with a rotary embedding over the whole head dim,
+/// after one warm-up step each.
+pub fn paired_decode_steps(ctx: &Context, case: &BenchCase, pairs: usize) -> Result<PairedSteps> {
+    let rotary = crate::rotary::Rotary::new(case.shape.head_dim & !1);
+    let mut plain = StepCache::new(ctx, case, None, pairs + 1)?;
+    let mut rope = StepCache::new(ctx, case, Some(rotary), pairs + 1)?;
+    plain.step(ctx)?;
+    rope.step(ctx)?;
+    let timed = |steps: &mut StepCache| -> Result<f64> {
+        let start = std::time::Instant::now();
+        steps.step(ctx)?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut ratios = Vec::with_capacity(pairs);
+    for n in 0..pairs {
+        let (t_plain, t_rope) = if n % 2 == 0 {
+            let a = timed(&mut plain)?;
+            (a, timed(&mut rope)?)
+        } else {
+            let b = timed(&mut rope)?;
+            (timed(&mut plain)?, b)
+        };
+        ratios.push(t_rope / t_plain);
+    }
+    Ok(PairedSteps { ratios })
 }
 
 /// A KV cache of capacity Lk holding all of `k` and `v` (rotated by `rotary`).

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use wgpu_attention::bench::probe::Probe;
-use wgpu_attention::bench::suite::{fill_speedups, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite};
+use wgpu_attention::bench::suite::{
+    fill_speedups, paired_decode_steps, run_kernel, BenchCase, BenchKernel, BenchRow, RowOutcome, Suite,
+};
 use wgpu_attention::bench::{gflops, Clock};
 use wgpu_attention::mha::MhaConfig;
 use wgpu_attention::report::adapter_json;
@@ -45,7 +47,9 @@ pub struct BenchArgs {
     /// backward+materialized (those and the materialized backward, row
     /// `backward/matrices`, for small problems), or fused+merge (the forward and
     /// merge_attentions of two partials of its output shape, no FLOPs counted), or
-    /// decode+rope (split-K decode from a cache without and with a rotary embedding).
+    /// decode+rope (split-K decode from a cache without and with a rotary embedding, then
+    /// whole decode steps, append and attend, without and with it, and their ratio over
+    /// steps timed in alternation).
     #[arg(long, default_value = "all")]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
@@ -331,6 +335,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     }
     print_header()?;
     let mut rows = Vec::new();
+    let mut paired_json = Vec::new();
     for case in &cases {
         progress.set_message(format!("{} {}", shape_text(&case.shape), case.dtype.name()));
         // Each kernel is its own step of the bar.
@@ -340,10 +345,35 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
             progress.inc(1);
         }
         fill_speedups(&mut case_rows);
+        // With both decode-step rows: the two kinds of step in alternation, for a ratio
+        // that the machine's drift between the rows does not bias.
+        let paired = if plan.kernels.contains(&BenchKernel::DecodeStepRotary) {
+            Some(paired_decode_steps(ctx, case, 2 * args.reps.max(1))?)
+        } else {
+            None
+        };
         progress.suspend(|| -> Result<(), CliError> {
             outln!("{}", case_line(case));
-            case_rows.iter().try_for_each(print_row)
+            case_rows.iter().try_for_each(print_row)?;
+            if let Some(p) = &paired {
+                let (lo, hi) = p.range();
+                outln!(
+                    "  decode-step+rope / decode-step, {} pairs in alternation: median {:.3}, range {lo:.3} to {hi:.3}",
+                    p.ratios.len(),
+                    p.median()
+                );
+            }
+            Ok(())
         })?;
+        if let Some(p) = &paired {
+            paired_json.push(json!({
+                "case": shape_text(&case.shape),
+                "dtype": case.dtype.name(),
+                "ratio": "decode-step+rope / decode-step",
+                "ratios": p.ratios,
+                "median": p.median(),
+            }));
+        }
         rows.extend(case_rows);
     }
     progress.finish_and_clear();
@@ -390,6 +420,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
             "copy_gbps": probe.copy_gbps,
         },
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+        "paired": paired_json,
     }))
 }
 
