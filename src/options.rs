@@ -125,6 +125,35 @@ impl Mask {
         &self.values
     }
 
+    /// The mask of keys `start .. start + len` of a key axis of `total_keys`: its
+    /// columns there, or the mask itself where it broadcasts over keys (last dim 1).
+    /// For attention over a block of the keys (`sdpa_sharded`, ring attention).
+    pub fn key_columns(&self, start: usize, len: usize, total_keys: usize) -> Result<Mask> {
+        let [a, b, c, keys] = self.shape;
+        if keys == 1 {
+            return Ok(self.clone());
+        }
+        if keys != total_keys || start + len > keys {
+            return Err(Error::shape(
+                format!("mask key columns {start} .. {} (of {total_keys} keys)", start + len),
+                format!("a last dim of {total_keys} or 1"),
+                keys,
+            ));
+        }
+        let rows = a * b * c;
+        let cut = |row: usize| row * keys + start..row * keys + start + len;
+        let values = match &self.values {
+            MaskValues::Bool(v) => MaskValues::Bool((0..rows).flat_map(|r| v[cut(r)].iter().copied()).collect()),
+            MaskValues::Additive(v) => {
+                MaskValues::Additive((0..rows).flat_map(|r| v[cut(r)].iter().copied()).collect())
+            }
+        };
+        Ok(Mask {
+            shape: [a, b, c, len],
+            values,
+        })
+    }
+
     /// Checks the mask broadcasts to `[b, hq, lq, lk]`.
     pub fn check_broadcast(&self, target: [usize; 4]) -> Result<()> {
         for (axis, (&m, &t)) in self.shape.iter().zip(target.iter()).enumerate() {

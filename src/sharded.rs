@@ -34,8 +34,9 @@ pub struct KeyShard<'a> {
 /// context, its partial goes to `merge_ctx` (through the host unless it is that
 /// context) and the partials are merged there. Key lengths, the causal mask, windows
 /// and ALiBi are measured on the whole key axis (each shard's key lengths cut to its
-/// block). Explicit masks, weights and `align_to_key_lengths` are refused: they do not
-/// split by key block here.
+/// block), and an explicit mask spans it (each shard takes its columns,
+/// [`crate::Mask::key_columns`]). Weights and `align_to_key_lengths` are refused: they
+/// do not split by key block here.
 pub fn sdpa_sharded(
     merge_ctx: &Context,
     shards: &[KeyShard],
@@ -43,9 +44,6 @@ pub fn sdpa_sharded(
     options: &AttentionOptions,
 ) -> Result<Merged> {
     let refuse = |what: &str| Err(Error::unsupported("sharded attention", what.to_string(), "left out"));
-    if options.mask.is_some() {
-        return refuse("an explicit mask");
-    }
     if options.need_weights {
         return refuse("attention weights");
     }
@@ -74,7 +72,12 @@ pub fn sdpa_sharded(
                 ),
             ));
         }
+        let mask = match &options.mask {
+            Some(m) => Some(m.key_columns(shard.key_offset, len, total_keys)?),
+            None => None,
+        };
         let shard_options = AttentionOptions {
+            mask,
             position_offset: Some(global - shard.key_offset as i64),
             key_lengths: options.key_lengths.as_ref().map(|lens| {
                 lens.iter()

@@ -5,7 +5,7 @@
 
 mod common;
 
-use wgpu_attention::check::{Rng, Tolerance};
+use wgpu_attention::check::{random_additive_mask, random_bool_mask, Rng, Tolerance};
 use wgpu_attention::{
     sdpa, sdpa_sharded, AttentionOptions, AttentionShape, CausalAlignment, Context, Error, KeyShard, Layout, Tensor,
     Window,
@@ -42,6 +42,21 @@ fn keys_sharded_over_two_contexts_equal_one_call() {
                 right: None,
             }),
             alibi_slopes: Some(wgpu_attention::check::alibi_slopes(4)),
+            ..Default::default()
+        },
+        // Explicit masks span the whole key axis; each shard takes its columns.
+        AttentionOptions {
+            mask: Some(random_bool_mask(&mut Rng::new(4130), [2, 1, 19, 90])),
+            ..Default::default()
+        },
+        AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            mask: Some(random_additive_mask(&mut Rng::new(4131), [1, 4, 19, 90])),
+            ..Default::default()
+        },
+        // One that broadcasts over keys (a row mask) goes to every shard whole.
+        AttentionOptions {
+            mask: Some(random_bool_mask(&mut Rng::new(4132), [2, 4, 19, 1])),
             ..Default::default()
         },
     ];
@@ -121,7 +136,7 @@ fn keys_sharded_over_two_contexts_equal_one_call() {
 }
 
 #[test]
-fn shards_that_do_not_cover_the_keys_or_split_a_mask_are_refused() {
+fn shards_that_do_not_cover_the_keys_or_ask_for_weights_are_refused() {
     let Some(ctx) = common::ctx() else { return };
     let t = |shape: [usize; 4]| upload(ctx, &vec![0.5; shape.iter().product()], shape);
     let (q, k, v) = (t([1, 1, 2, 4]), t([1, 1, 3, 4]), t([1, 1, 3, 4]));
@@ -145,12 +160,22 @@ fn shards_that_do_not_cover_the_keys_or_split_a_mask_are_refused() {
                 ..Default::default()
             },
         ),
+        // A mask whose key axis is not the whole one.
+        sdpa_sharded(
+            ctx,
+            std::slice::from_ref(&shard),
+            3,
+            &AttentionOptions {
+                mask: Some(wgpu_attention::Mask::boolean(&[1, 1, 2, 2], vec![true; 4]).expect("mask")),
+                ..Default::default()
+            },
+        ),
     ]
     .into_iter()
     .enumerate()
     {
         match result {
-            Err(Error::Invalid { .. } | Error::Unsupported { .. }) => {}
+            Err(Error::Invalid { .. } | Error::Unsupported { .. } | Error::Shape { .. }) => {}
             other => panic!("case {n}: expected a refusal, got {other:?}"),
         }
     }
