@@ -12,7 +12,9 @@ and WORLD_SIZE set) it joins the group torchrun made; across machines give torch
 Every rank draws the whole q, k, v from one seed and keeps its shard
 (wgpu_attention.ring.shard); rank 0 gathers the outputs, computes the same attention in
 one call over the whole sequence (and in float64 NumPy), prints the largest difference
-and the timings, and exits 1 if the difference is beyond the tolerance (below).
+and the timings, and exits 1 if the difference is beyond the tolerance (below). With
+--backward the same for the gradients (wgpu_attention.ring.ring_attention_backward
+against one sdpa_backward call and float64 NumPy) of a random d_out.
 """
 
 import argparse
@@ -27,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import wgpu_attention as wa
-from wgpu_attention.ring import ORDERS, ring_attention, shard, unshard
+from wgpu_attention.ring import ORDERS, ring_attention, ring_attention_backward, shard, unshard
 
 
 def parse(argv=None):
@@ -44,6 +46,7 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (after one warm-up)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a collective gives up")
+    p.add_argument("--backward", action="store_true", help="also the gradients of a random d_out")
     return p.parse_args(argv)
 
 
@@ -84,6 +87,95 @@ def reference64(q, k, v, causal, window):
     return np.einsum("bhij,bhjd->bhid", e / e.sum(-1, keepdims=True), v), (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
 
 
+def visible_mask(n, causal, window):
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    visible = np.ones((n, n), dtype=bool)
+    if causal:
+        visible &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            visible &= j >= i - left
+        if right >= 0:
+            visible &= j <= i + right
+    return visible
+
+
+def reference64_backward(q, k, v, d_out, causal, window):
+    """Float64 gradients (dq, dk, dv) of attention over the whole sequence."""
+    group = q.shape[1] // k.shape[1]
+    q64, d64 = q.astype(np.float64), d_out.astype(np.float64)
+    k64 = np.repeat(k.astype(np.float64), group, axis=1)
+    v64 = np.repeat(v.astype(np.float64), group, axis=1)
+    scale = 1 / np.sqrt(q.shape[-1])
+    s = np.einsum("bhid,bhjd->bhij", q64, k64) * scale
+    s = np.where(visible_mask(q.shape[2], causal, window), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0))
+    p = p / np.maximum(p.sum(-1, keepdims=True), np.finfo(np.float64).tiny)
+    o = np.einsum("bhij,bhjd->bhid", p, v64)
+    dp = np.einsum("bhid,bhjd->bhij", d64, v64)
+    ds = p * (dp - (d64 * o).sum(-1, keepdims=True))
+    dq = np.einsum("bhij,bhjd->bhid", ds, k64) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
+    dv = np.einsum("bhij,bhid->bhjd", p, d64)
+    fold = lambda x: x.reshape(x.shape[0], k.shape[1], group, *x.shape[2:]).sum(2)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+def check_backward(rank, world, args, ctx, q, k, v, mine, out, lse, options, report):
+    """The ring's gradients against one call and float64 (rank 0 judges, adding its
+    lines to ``report``); True if within the tolerance (always on other ranks)."""
+    d_out = np.random.default_rng(args.seed + 1).standard_normal(
+        (args.batch, args.heads, args.seq, args.dim)).astype(np.float32)
+    my_d_out = shard(d_out, rank, world, args.order)
+    ring_attention_backward(*mine, out, lse, my_d_out, **options)  # warm-up
+    times, stats = [], {}
+    for _ in range(args.reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        grads = ring_attention_backward(*mine, out, lse, my_d_out, stats=stats, **options)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    gathered = []
+    for g in grads:
+        parts = [torch.empty_like(torch.from_numpy(g)) for _ in range(world)] if rank == 0 else None
+        dist.gather(torch.from_numpy(np.ascontiguousarray(g)), parts, dst=0)
+        gathered.append(parts)
+    timing = torch.tensor([min(times), stats["communication_s"]], dtype=torch.float64)
+    timings = [torch.empty_like(timing) for _ in range(world)] if rank == 0 else None
+    dist.gather(timing, timings, dst=0)
+    if rank != 0:
+        return True
+    window = options["window"]
+    sdpa_options = dict(is_causal=args.causal, window=window, enable_gqa=q.shape[1] != k.shape[1], context=ctx)
+    single_out, single_lse = wa.scaled_dot_product_attention(q, k, v, return_lse=True, **sdpa_options)
+    wa.sdpa_backward(q, k, v, single_out, single_lse, d_out, **sdpa_options)  # warm-up
+    t0 = time.perf_counter()
+    single = wa.sdpa_backward(q, k, v, single_out, single_lse, d_out, **sdpa_options)
+    t_single = time.perf_counter() - t0
+    exact = reference64_backward(q, k, v, d_out, args.causal, window)
+    _, exact_lse = reference64(q, k, v, args.causal, window)
+    eps = float(np.finfo(np.float32).eps)
+    lse_max = float(np.abs(exact_lse[np.isfinite(exact_lse)]).max())
+    ok = True
+    report.append(f"  backward: ring {max(t[0].item() for t in timings) * 1e3:.1f} ms (best of {args.reps}), one process "
+          f"{t_single * 1e3:.1f} ms; communication {np.mean([t[1].item() for t in timings]) * 1e3:.1f} ms per rank")
+    for name, parts, one, e in zip(("dq", "dk", "dv"), gathered, single, exact):
+        ring = unshard([p.numpy() for p in parts], args.order)
+        err = float(np.abs(ring - one).max())
+        err_single = float(np.abs(one - e).max())
+        # Each pair's gradients round as the single call's do (at most its error against
+        # float64); the P partials of a key block or query chunk add in float32, and each
+        # pair's probabilities exp(s - lse) carry the ring's lse, about 2 ulp of |lse| off
+        # the single call's: relative 2 eps (1 + |lse|) of the largest gradient per partial.
+        tol = 2 * err_single + 2 * (2 * world + 1) * eps * (1 + lse_max) * float(np.abs(e).max())
+        report.append(f"    {name}: max |ring - one call| = {err:.3g} (tolerance {tol:.3g}); against float64: one call "
+              f"{err_single:.3g}, ring {float(np.abs(ring - e).max()):.3g}")
+        ok &= err <= tol
+    return ok
+
+
 def run(rank, world, args):
     ctx = wa.Context()
     q, k, v = inputs(args)
@@ -107,6 +199,9 @@ def run(rank, world, args):
                            float(stats["skipped"])], dtype=torch.float64)
     timings = [torch.empty_like(timing) for _ in range(world)] if rank == 0 else None
     dist.gather(timing, timings, dst=0)
+    backward_ok, report = True, []
+    if args.backward:
+        backward_ok = check_backward(rank, world, args, ctx, q, k, v, mine, out, lse, options, report)
     if rank != 0:
         return True
     ring = unshard([g.numpy() for g in gathered], args.order)
@@ -142,7 +237,9 @@ def run(rank, world, args):
           f"({100 * np.mean(comm) / t_ring:.0f}% of the ring's time; per rank: "
           f"{', '.join(f'{100 * c / t_ring:.0f}%' for c in comm)}); {calls} attention calls, {skipped} chunk pairs "
           f"skipped")
-    ok = err <= tol
+    for line in report:
+        print(line)
+    ok = err <= tol and backward_ok
     print("  PASS" if ok else "  FAIL: beyond the tolerance")
     return ok
 

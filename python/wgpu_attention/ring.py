@@ -17,9 +17,17 @@ as on the whole sequence. Pairs no query of which can see a key (a causal chunk 
 queries' future, a chunk outside the window) are skipped: their partial would have an
 lse of -inf and add nothing.
 
-Self-attention only (queries and keys on one axis, ``Lq == Lk``), forward only (no
-backward through the ring), arrays of shape ``(B, H, L_local, E)`` float32 or float16.
-Needs torch (for ``torch.distributed``); the rest of the package does not.
+The backward (:func:`ring_attention_backward`) takes the same ring: each K/V block
+travels with float32 accumulators of its dK and dV; every rank adds the gradients of its
+queries' pairs with the block (:func:`wgpu_attention.sdpa_backward` with the forward's
+final output and log-sum-exp, which makes each pair's gradients exact parts of the
+whole), keeps dQ, and passes the block on; after P transfers every block is home with
+its gradients summed over all ranks. Unlike the forward, a step's transfer waits for
+its gradients, so communication does not overlap the work.
+
+Self-attention only (queries and keys on one axis, ``Lq == Lk``), arrays of shape
+``(B, H, L_local, E)`` float32 or float16. Needs torch (for ``torch.distributed``); the
+rest of the package does not.
 """
 
 import time
@@ -30,7 +38,7 @@ import torch.distributed as dist
 
 from . import _native
 
-__all__ = ["chunks_of", "shard", "unshard", "ring_attention"]
+__all__ = ["chunks_of", "shard", "unshard", "ring_attention", "ring_attention_backward"]
 
 ORDERS = ("contiguous", "zigzag")
 
@@ -175,3 +183,83 @@ def ring_attention(q, k, v, *, is_causal=False, scale=None, window=None, alibi_s
     if stats is not None:
         stats.update(communication_s=comm, attention_s=attend, calls=calls, skipped=skipped)
     return np.concatenate(outs, axis=-2), np.concatenate(lses, axis=-1)
+
+
+def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=None, window=None,
+                            alibi_slopes=None, softcap=None, order="contiguous", group=None, context=None,
+                            stats=None):
+    """The gradients of :func:`ring_attention` with respect to this rank's shards of q,
+    k and v (call it on every rank at once, with the same options as the forward).
+
+    Args:
+        q, k, v: this rank's shard, as given to :func:`ring_attention`.
+        out, lse: what :func:`ring_attention` returned on this rank.
+        d_out: the gradient of ``out``, its shape and dtype.
+        is_causal, scale, window, alibi_slopes, softcap, order, group, context: as
+            :func:`ring_attention`.
+        stats: a dict to fill with ``"communication_s"``, ``"attention_s"``, ``"calls"``
+            and ``"skipped"``, as the forward's.
+
+    Returns:
+        ``(dq, dk, dv)``: this rank's shards of the gradients, each its input's shape and
+        dtype (accumulated in float32).
+    """
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    mine, _ = chunks_of(rank, world, order)
+    per = len(mine)
+    if q.shape[-2] != k.shape[-2] or q.shape[-2] % per:
+        raise ValueError(f"invalid shards: q has {q.shape[-2]} rows and k {k.shape[-2]}; self-attention shards "
+                         f"hold the same rows, {per} equal chunks each ({order})")
+    c = q.shape[-2] // per
+    kw = dict(scale=scale, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
+              enable_gqa=q.shape[-3] != k.shape[-3], context=context)
+    # The block: K, V and their gradients' accumulators, float32 in one flat buffer
+    # (f16 values are exact in f32 and go back to f16 for the calls).
+    k32 = np.ascontiguousarray(k, dtype=np.float32)
+    v32 = np.ascontiguousarray(v, dtype=np.float32)
+    sizes = [k32.size, v32.size, k32.size, v32.size]
+    block = torch.from_numpy(np.concatenate([k32.ravel(), v32.ravel(), np.zeros(k32.size + v32.size, np.float32)]))
+    incoming = torch.empty_like(block)
+    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
+    global_send = dist.get_global_rank(group, send_to) if group is not None else send_to
+    global_recv = dist.get_global_rank(group, recv_from) if group is not None else recv_from
+    dq = np.zeros(q.shape, np.float32)
+    comm = attend = 0.0
+    calls = skipped = 0
+    for step in range(world):
+        t0 = time.perf_counter()
+        owner = (rank - step) % world
+        theirs, _ = chunks_of(owner, world, order)
+        kb, vb, dkb, dvb = (part.reshape(shape) for part, shape in zip(
+            np.split(block.numpy(), np.cumsum(sizes)[:-1]), [k.shape, v.shape, k.shape, v.shape]))
+        for i, a in enumerate(mine):
+            rows = slice(i * c, (i + 1) * c)
+            for j, b in enumerate(theirs):
+                if not _visible(a, b, c, is_causal, window):
+                    skipped += 1
+                    continue
+                calls += 1
+                keys = slice(j * c, (j + 1) * c)
+                dq_p, dk_p, dv_p = _native.sdpa_backward(
+                    q[..., rows, :], kb[..., keys, :].astype(k.dtype), vb[..., keys, :].astype(v.dtype),
+                    out[..., rows, :], lse[..., rows], d_out[..., rows, :], is_causal=is_causal,
+                    position_offset=(a - b) * c, **kw)
+                dq[..., rows, :] += dq_p
+                dkb[..., keys, :] += dk_p
+                dvb[..., keys, :] += dv_p
+        t1 = time.perf_counter()
+        attend += t1 - t0
+        # Every step passes the block on, the last one home to its owner.
+        for request in dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, block, global_send, group),
+            dist.P2POp(dist.irecv, incoming, global_recv, group),
+        ]):
+            request.wait()
+        block, incoming = incoming, block
+        comm += time.perf_counter() - t1
+    if stats is not None:
+        stats.update(communication_s=comm, attention_s=attend, calls=calls, skipped=skipped)
+    _, _, dk, dv = (part.reshape(shape) for part, shape in zip(
+        np.split(block.numpy(), np.cumsum(sizes)[:-1]), [k.shape, v.shape, k.shape, v.shape]))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
