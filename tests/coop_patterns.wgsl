@@ -289,3 +289,35 @@ fn attention_one_band(
         out[x] = sc[(x / N) * LDC + x % N] / row_sums[x / N];
     }
 }
+
+// Fragment and accumulator arrays carried across a loop whose trip count the compiler
+// cannot know (4, from a buffer's length), with a barrier in it, as flash_coop.wgsl's
+// key loop carries its Q fragments and output tiles: `out` is 4 A·B.
+@compute @workgroup_size(SG)
+fn arrays_across_a_runtime_loop(
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    stage(lane);
+    let rounds = arrayLength(&b) * 4u / (K * N);
+    var fa: array<coop_mat16x16<f16, A>, 4>;
+    for (var kc = 0u; kc < 4u; kc++) {
+        fa[kc] = load_a(kc);
+    }
+    var acc: array<coop_mat16x16<f32, C>, 4>;
+    for (var c = 0u; c < 4u; c++) {
+        acc[c] = coop_mat16x16<f32, C>();
+    }
+    for (var t = 0u; t < rounds; t++) {
+        for (var kc = 0u; kc < 4u; kc++) {
+            for (var c = 0u; c < 4u; c++) {
+                acc[c] = coopMultiplyAdd(fa[kc], load_b(kc, c), acc[c]);
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var c = 0u; c < 4u; c++) {
+        store_c(acc[c], c);
+    }
+    finish(lane);
+}
