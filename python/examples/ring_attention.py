@@ -65,28 +65,6 @@ def inputs(args):
     return q, k, v
 
 
-def reference64(q, k, v, causal, window):
-    """Float64 attention over the whole sequence (self-attention, one axis)."""
-    group = q.shape[1] // k.shape[1]
-    k = np.repeat(k.astype(np.float64), group, axis=1)
-    v = np.repeat(v.astype(np.float64), group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k) / np.sqrt(q.shape[-1])
-    i, j = np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :]
-    visible = np.ones_like(s, dtype=bool) & True
-    if causal:
-        visible &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            visible &= j >= i - left
-        if right >= 0:
-            visible &= j <= i + right
-    s = np.where(visible, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    e = np.exp(s - m)
-    return np.einsum("bhij,bhjd->bhid", e / e.sum(-1, keepdims=True), v), (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
-
-
 def visible_mask(n, causal, window):
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     visible = np.ones((n, n), dtype=bool)
@@ -99,6 +77,19 @@ def visible_mask(n, causal, window):
         if right >= 0:
             visible &= j <= i + right
     return visible
+
+
+def reference64(q, k, v, causal, window):
+    """Float64 attention over the whole sequence (self-attention, one axis)."""
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k.astype(np.float64), group, axis=1)
+    v = np.repeat(v.astype(np.float64), group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k) / np.sqrt(q.shape[-1])
+    visible = visible_mask(q.shape[2], causal, window)
+    s = np.where(visible, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    return np.einsum("bhij,bhjd->bhid", e / e.sum(-1, keepdims=True), v), (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
 
 
 def reference64_backward(q, k, v, d_out, causal, window):

@@ -92,6 +92,21 @@ def _visible(a, b, c, is_causal, window):
     return True
 
 
+def _ring(q, k, order, group):
+    """This rank's place in the ring: (world, rank, its chunks, the chunk length, the
+    global ranks it sends to and receives from), after checking the shards' rows."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    mine, _ = chunks_of(rank, world, order)
+    if q.shape[-2] != k.shape[-2] or q.shape[-2] % len(mine):
+        raise ValueError(f"invalid shards: q has {q.shape[-2]} rows and k {k.shape[-2]}; self-attention shards "
+                         f"hold the same rows, {len(mine)} equal chunks each ({order})")
+    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
+    global_send = dist.get_global_rank(group, send_to) if group is not None else send_to
+    global_recv = dist.get_global_rank(group, recv_from) if group is not None else recv_from
+    return world, rank, mine, q.shape[-2] // len(mine), global_send, global_recv
+
+
 def ring_attention(q, k, v, *, is_causal=False, scale=None, window=None, alibi_slopes=None, softcap=None,
                    order="contiguous", group=None, context=None, stats=None):
     """Attention of this rank's queries over the whole sequence, whose shards every
@@ -115,14 +130,8 @@ def ring_attention(q, k, v, *, is_causal=False, scale=None, window=None, alibi_s
         ``(out, lse)``: this rank's output ``(B, H, L_local, Ev)`` in the inputs' dtype
         and its log-sum-exp ``(B, H, L_local)`` float32.
     """
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    mine, _ = chunks_of(rank, world, order)
+    world, rank, mine, c, global_send, global_recv = _ring(q, k, order, group)
     per = len(mine)
-    if q.shape[-2] != k.shape[-2] or q.shape[-2] % per:
-        raise ValueError(f"invalid shards: q has {q.shape[-2]} rows and k {k.shape[-2]}; self-attention shards "
-                         f"hold the same rows, {per} equal chunks each ({order})")
-    c = q.shape[-2] // per
     kw = dict(scale=scale, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
               enable_gqa=q.shape[-3] != k.shape[-3], context=context, return_lse=True)
     # K and V travel together in one flat buffer (one message per step).
@@ -131,9 +140,6 @@ def ring_attention(q, k, v, *, is_causal=False, scale=None, window=None, alibi_s
     k_shape, v_shape = k.shape, v.shape
     block = torch.from_numpy(np.concatenate([k.ravel(), v.ravel()]))
     incoming = torch.empty_like(block)
-    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
-    global_send = dist.get_global_rank(group, send_to) if group is not None else send_to
-    global_recv = dist.get_global_rank(group, recv_from) if group is not None else recv_from
     state = [None] * per  # per query chunk: (out, lse), merged as partials arrive
     comm = attend = 0.0
     calls = skipped = 0
@@ -204,14 +210,7 @@ def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=
         ``(dq, dk, dv)``: this rank's shards of the gradients, each its input's shape and
         dtype (accumulated in float32).
     """
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    mine, _ = chunks_of(rank, world, order)
-    per = len(mine)
-    if q.shape[-2] != k.shape[-2] or q.shape[-2] % per:
-        raise ValueError(f"invalid shards: q has {q.shape[-2]} rows and k {k.shape[-2]}; self-attention shards "
-                         f"hold the same rows, {per} equal chunks each ({order})")
-    c = q.shape[-2] // per
+    world, rank, mine, c, global_send, global_recv = _ring(q, k, order, group)
     kw = dict(scale=scale, window=window, alibi_slopes=alibi_slopes, softcap=softcap,
               enable_gqa=q.shape[-3] != k.shape[-3], context=context)
     # The block: K, V and their gradients' accumulators, float32 in one flat buffer
@@ -221,9 +220,6 @@ def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=
     sizes = [k32.size, v32.size, k32.size, v32.size]
     block = torch.from_numpy(np.concatenate([k32.ravel(), v32.ravel(), np.zeros(k32.size + v32.size, np.float32)]))
     incoming = torch.empty_like(block)
-    send_to, recv_from = (rank + 1) % world, (rank - 1) % world
-    global_send = dist.get_global_rank(group, send_to) if group is not None else send_to
-    global_recv = dist.get_global_rank(group, recv_from) if group is not None else recv_from
     dq = np.zeros(q.shape, np.float32)
     comm = attend = 0.0
     calls = skipped = 0
