@@ -448,11 +448,12 @@ fn flash_coop(
     pv_step(&o, band);
 
     // Normalise and store through the band's `ss` rows; rows that saw no key get zeros
-    // and lse = -inf.
+    // and lse = -inf. Every output tile goes through, also those past the value head
+    // dim (the lanes' stores check the column): a loop that stopped there would index
+    // `o` with values only known at run time, a suspect for this kernel's wrong results
+    // on NVIDIA (docs/design.md, "Tensor cores"; tests/coop_patterns.wgsl's
+    // accumulators_at_runtime_indices).
     for (var c0 = 0u; c0 < D16; c0 += KC) {
-        if c0 * 16u >= p.head_dim_v {
-            break;
-        }
         for (var u = 0u; u < KC; u++) {
             if c0 + u >= D16 {
                 break;

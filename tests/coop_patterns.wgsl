@@ -321,3 +321,35 @@ fn arrays_across_a_runtime_loop(
     }
     finish(lane);
 }
+
+// Accumulators read back with an index the compiler cannot resolve (the loop over
+// them stops at a count known only at run time), as flash_coop.wgsl's final store
+// reads `o[c0 + u]` in a loop that ends at the value head dim: `out` is A·B.
+@compute @workgroup_size(SG)
+fn accumulators_at_runtime_indices(
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    stage(lane);
+    let tiles = arrayLength(&b) * 4u / (K * N); // 4, unknown to the compiler
+    var acc: array<coop_mat16x16<f32, C>, 4>;
+    for (var c = 0u; c < 4u; c++) {
+        acc[c] = coop_mat16x16<f32, C>();
+    }
+    for (var kc = 0u; kc < K / 16u; kc++) {
+        let fa = load_a(kc);
+        for (var c = 0u; c < 4u; c++) {
+            acc[c] = coopMultiplyAdd(fa, load_b(kc, c), acc[c]);
+        }
+    }
+    for (var c0 = 0u; c0 < 4u; c0 += 2u) {
+        if c0 >= tiles {
+            break;
+        }
+        for (var u = 0u; u < 2u; u++) {
+            let c = c0 + u;
+            store_c(acc[c], c);
+        }
+    }
+    finish(lane);
+}

@@ -25,7 +25,7 @@ enum Expect {
     Attention,
 }
 
-const PATTERNS: [(&str, Expect); 8] = [
+const PATTERNS: [(&str, Expect); 9] = [
     ("named", Expect::Product(1.0)),
     ("accumulator_array", Expect::Product(1.0)),
     ("accumulator_array_by_pointer", Expect::Product(1.0)),
@@ -34,6 +34,7 @@ const PATTERNS: [(&str, Expect); 8] = [
     ("from_storage", Expect::Product(1.0)),
     ("attention_one_band", Expect::Attention),
     ("arrays_across_a_runtime_loop", Expect::Product(4.0)),
+    ("accumulators_at_runtime_indices", Expect::Product(1.0)),
 ];
 
 /// softmax(Q·Kᵀ / 8)·V as [`Expect::Attention`] describes it, in f64.
