@@ -6,130 +6,36 @@
 
 mod common;
 
-use half::f16;
-use wgpu_attention::check::Rng;
+use wgpu_attention::check::{linear_tilings, run_linear_case, LinearCase as Case};
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use wgpu_attention::kernels::pack_rows::{PackedRows, RowSource};
 use wgpu_attention::Error;
 use wgpu_attention::{Context, DType, Layout, Tensor};
 
-struct Case {
-    m: usize,
-    k: usize,
-    x_stride: usize,
-    widths: Vec<usize>,
-    /// Rows of W (and bias entries) before the ones used.
-    w_row0: usize,
-    bias: bool,
-    dtype: DType,
-    tiling: LinearTiling,
-    /// Pass W pre-packed (all its rows) instead of letting the texture tiling pack it.
-    prepacked: bool,
-    seed: u64,
-}
-
-fn round(dtype: DType, values: Vec<f32>) -> Vec<f32> {
-    match dtype {
-        DType::F32 => values,
-        DType::F16 => values.into_iter().map(|x| f16::from_f32(x).to_f32()).collect(),
-    }
-}
-
 fn matrix(ctx: &Context, dtype: DType, rows: usize, cols: usize, data: &[f32]) -> Tensor {
     Tensor::from_f32_as(ctx, [1, 1, rows, cols], Layout::Bhsd, dtype, data).expect("upload")
 }
 
-/// Runs the case; an error from `encode_linear` is returned, a wrong value panics.
+/// Runs the case (`check::run_linear_case`); an error from `encode_linear` is
+/// returned, a wrong value panics.
 fn run(ctx: &Context, case: &Case) -> Result<(), Error> {
-    let mut rng = Rng::new(case.seed);
-    let n: usize = case.widths.iter().sum();
-    let (m, k) = (case.m, case.k);
-    let x = round(case.dtype, rng.vec((m - 1) * case.x_stride + k, -1.0, 1.0));
-    let rows = case.w_row0 + n;
-    let w = round(case.dtype, rng.vec(rows * k, -1.0, 1.0));
-    let b = round(case.dtype, rng.vec(rows, -1.0, 1.0));
-    let x_gpu = matrix(ctx, case.dtype, 1, x.len(), &x);
-    let w_gpu = matrix(ctx, case.dtype, rows, k, &w);
-    let b_gpu = matrix(ctx, case.dtype, 1, rows, &b);
-    let outs: Vec<Tensor> = case
-        .widths
-        .iter()
-        .map(|&width| Tensor::empty(ctx, [1, 1, m, width], Layout::Bhsd, case.dtype).expect("alloc"))
-        .collect();
-    let outputs: Vec<(&wgpu_attention::wgpu::Buffer, usize)> = outs
-        .iter()
-        .zip(&case.widths)
-        .map(|(t, &width)| (t.buffer(), width))
-        .collect();
-    let source = RowSource::dense(w_gpu.buffer(), rows, k);
-    let w_packed = case
-        .prepacked
-        .then(|| PackedRows::upload(ctx, case.dtype, &source).expect("pack W"));
-    let linear = Linear {
-        x: x_gpu.buffer(),
-        x_stride: case.x_stride,
-        w: w_gpu.buffer(),
-        w_packed: w_packed.as_ref(),
-        bias: case.bias.then(|| b_gpu.buffer()),
-        w_row0: case.w_row0,
-        outputs: &outputs,
-        m,
-        k,
-    };
-    let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    encode_linear(ctx, &mut encoder, case.dtype, case.tiling, &linear)?;
-    ctx.queue().submit([encoder.finish()]);
-    let got: Vec<Vec<f32>> = outs.iter().map(|t| t.to_f32_vec(ctx).expect("readback")).collect();
-
-    let mut first_col = 0;
-    for (seg, &width) in case.widths.iter().enumerate() {
-        for row in 0..m {
-            for col in 0..width {
-                let c = first_col + col;
-                let wc = case.w_row0 + c;
-                let mut want = if case.bias { f64::from(b[wc]) } else { 0.0 };
-                let mut magnitude = want.abs();
-                for i in 0..k {
-                    let term = f64::from(x[row * case.x_stride + i]) * f64::from(w[wc * k + i]);
-                    want += term;
-                    magnitude += term.abs();
-                }
-                // f32 accumulation: k roundings of partial sums; f16 output: one more rounding.
-                let mut bound = 2.0 * (k + 1) as f64 * f64::from(f32::EPSILON) * magnitude;
-                if case.dtype == DType::F16 {
-                    bound += want.abs() * 2f64.powi(-10);
-                }
-                let g = f64::from(got[seg][row * width + col]);
-                assert!(
-                    (g - want).abs() <= bound,
-                    "seed {}: {:?} {:?} m={m} k={k} widths={:?}: Y[{row}][{c}] = {g}, want {want} (bound {bound:.3e})",
-                    case.seed,
-                    case.tiling,
-                    case.dtype,
-                    case.widths
-                );
-            }
-        }
-        first_col += width;
-    }
+    let outcome = run_linear_case(ctx, case)?;
+    assert!(
+        outcome.passed,
+        "seed {}: {:?} {:?} m={} k={} widths={:?}: {}",
+        case.seed,
+        case.tiling,
+        case.dtype,
+        case.m,
+        case.k,
+        case.widths,
+        outcome.summary()
+    );
     Ok(())
 }
 
 /// (m, k, x_stride, output widths, w_row0, bias)
 type Shape = (usize, usize, usize, &'static [usize], usize, bool);
-
-fn tilings(ctx: &Context) -> Vec<LinearTiling> {
-    let mut out = vec![LinearTiling::Tiled, LinearTiling::Blocked];
-    if ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8) {
-        out.push(LinearTiling::Texture);
-    }
-    // Tensor cores (f16 only: with f32 storage they round the operands to f16, which
-    // the f32 bounds here do not allow; tests/gpu_coop_emulated.rs checks that path).
-    if ctx.linear_tiling_for(DType::F16, wgpu_attention::Precision::Highest) == LinearTiling::Coop {
-        out.push(LinearTiling::Coop);
-    }
-    out
-}
 
 #[test]
 fn linear_matches_the_f64_reference_on_awkward_sizes() {
@@ -153,7 +59,7 @@ fn linear_matches_the_f64_reference_on_awkward_sizes() {
         (131, 68, 69, &[129], 1, false),
     ];
     let mut seed = 100;
-    for tiling in tilings(ctx) {
+    for tiling in linear_tilings(ctx) {
         for dtype in [DType::F32, DType::F16] {
             if (dtype == DType::F16 && !ctx.capabilities().f16) || (dtype == DType::F32 && tiling == LinearTiling::Coop)
             {

@@ -757,5 +757,9 @@ pub fn random_additive_mask(rng: &mut Rng, shape: [usize; 4]) -> Mask {
 
 mod backward;
 #[cfg(not(target_arch = "wasm32"))]
+mod linear;
+#[cfg(not(target_arch = "wasm32"))]
 pub use backward::run_backward_case;
 pub use backward::{backward_magnitudes, backward_rel_bound, run_backward_case_async, BackwardOutcome};
+#[cfg(not(target_arch = "wasm32"))]
+pub use linear::{linear_grid, linear_tilings, run_linear_case, LinearCase, LinearOutcome};

@@ -5,7 +5,10 @@ use super::check_report::{table_header, wrap, CaseReport, CaseStatus, Report, TA
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
-use wgpu_attention::check::{describe, run_backward_case, standard_grid, variants, CheckCase};
+use wgpu_attention::check::{
+    describe, linear_grid, linear_tilings, run_backward_case, run_linear_case, standard_grid, variants, CheckCase,
+};
+use wgpu_attention::kernels::matmul::LinearTiling;
 use wgpu_attention::{backward_tiling, AttentionOptions, AttentionShape, DType, FusedTiling, KernelChoice};
 
 #[derive(clap::Args)]
@@ -74,16 +77,54 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
             report.cases.push(row);
         }
     }
-    // The backward pass on the same grid (its error over the gradients' magnitude,
-    // docs/design.md "Backward"), in each dtype the adapter has, on each of its paths
-    // this adapter runs: the fused pass in the adapter's tiling, the portable `rows`
-    // tiling where that is another, and the materialized one (which refuses, and
-    // skips here, what one invocation cannot walk under llvmpipe's loop cap).
+    // The linear layer's GEMM (the multi-head layer's projections) in every tiling the
+    // adapter runs, on `check::linear_grid`'s three awkward shapes.
     let dtypes: &[DType] = if ctx.capabilities().f16 {
         &[DType::F32, DType::F16]
     } else {
         &[DType::F32]
     };
+    for tiling in linear_tilings(&ctx) {
+        for &dtype in dtypes {
+            // Tensor cores take f32 only at precision medium, beyond f32 bounds.
+            if dtype == DType::F32 && tiling == LinearTiling::Coop {
+                continue;
+            }
+            for case in linear_grid(tiling, dtype, args.seed) {
+                let started = Instant::now();
+                let outcome = run_linear_case(&ctx, &case);
+                let seconds = started.elapsed().as_secs_f64();
+                let (max_abs_error, bound, status) = match outcome {
+                    Ok(o) => (
+                        Some(o.max_abs),
+                        None,
+                        if o.passed {
+                            CaseStatus::Ok
+                        } else {
+                            CaseStatus::Failed(o.summary())
+                        },
+                    ),
+                    Err(e) => (None, None, CaseStatus::Error(e.to_string())),
+                };
+                let row = CaseReport {
+                    variant: format!("gemm/{} {}", tiling.name(), dtype.name()),
+                    case: case.describe(),
+                    seed: case.seed,
+                    max_abs_error,
+                    bound,
+                    seconds,
+                    status,
+                };
+                outln!("{}", row.table_line());
+                report.cases.push(row);
+            }
+        }
+    }
+    // The backward pass on the same grid (its error over the gradients' magnitude,
+    // docs/design.md "Backward"), in each dtype the adapter has, on each of its paths
+    // this adapter runs: the fused pass in the adapter's tiling, the portable `rows`
+    // tiling where that is another, and the materialized one (which refuses, and
+    // skips here, what one invocation cannot walk under llvmpipe's loop cap).
     let mut paths: Vec<(String, KernelChoice, FusedTiling)> = Vec::new();
     for tiling in [FusedTiling::Auto, FusedTiling::Registers] {
         let options = AttentionOptions {
