@@ -534,6 +534,39 @@ fn dispatchable() -> Vec<Dispatchable> {
             }
         }
     }
+    // The cooperative-matrix probe (tests/gpu_coop_patterns.rs): every entry point, as a
+    // GPU with 32-lane subgroups compiles it, and as its emulation rewrites it on 4, 8
+    // and 16 lanes (SG is the probe's lane count in each).
+    let probe = include_str!("coop_patterns.wgsl");
+    let (directives, body): (Vec<&str>, Vec<&str>) = probe.lines().partition(|l| l.starts_with("enable "));
+    let with_sg = |sg: u32| format!("{}\nconst SG: u32 = {sg}u;\n{}", directives.join("\n"), body.join("\n"));
+    let entries: Vec<&'static str> = probe
+        .lines()
+        .zip(probe.lines().skip(1))
+        .filter(|(at, _)| at.starts_with("@compute"))
+        .filter_map(|(_, f)| f.strip_prefix("fn ")?.split('(').next())
+        .map(|name| &*Box::leak(name.to_string().into_boxed_str()))
+        .collect();
+    assert!(entries.len() >= 9, "the probe's entry points: {entries:?}");
+    for entry in entries {
+        let name = format!("coop_patterns.wgsl:{entry}");
+        for sg in [4, 8, 16] {
+            let emulated = wgpu_attention::kernels::coop_emulation::rewrite(&with_sg(sg), sg)
+                .unwrap_or_else(|e| panic!("{name}: emulation for {sg} lanes: {e}"));
+            all.push(Dispatchable {
+                name: format!("{name}, emulated on {sg} lanes"),
+                source: emulated,
+                entry,
+                pinned: Vec::new(),
+            });
+        }
+        all.push(Dispatchable {
+            name,
+            source: with_sg(32),
+            entry,
+            pinned: Vec::new(),
+        });
+    }
     for variant in flash_texel::VARIANTS {
         let kernel = variant.kernel();
         all.push(Dispatchable {
