@@ -2,7 +2,7 @@
 //! their own (GPU timestamps where available), the packed Q/K/V GEMM against three
 //! separate ones, and the whole layer.
 
-use super::{clock_for, summarise, time_gpu, GpuTimer, Timing};
+use super::{clock_for, in_alternation, summarise, time_gpu, GpuTimer, PairRatios, Timing};
 use crate::check::Rng;
 use crate::context::Context;
 use crate::error::Result;
@@ -33,7 +33,7 @@ pub struct MhaBench {
     pub phases: Vec<MhaPhase>,
     /// Time of the three separate Q/K/V GEMMs over the packed one, per pair of runs
     /// made back to back, sorted.
-    pub separate_over_packed: Vec<f64>,
+    pub separate_over_packed: PairRatios,
 }
 
 /// Times the phases of a self-attention layer with post-norm on `[batch, seq, embed]`
@@ -174,37 +174,23 @@ pub fn measure_mha(
     })
 }
 
-/// Times `a` and `b` in alternation, after a first call and a warm-up of each, so both
-/// see the same machine load (which one runs first alternates too); also returns each
-/// pair's ratio `b / a`, sorted.
+/// Times `a` and `b` in alternation ([`in_alternation`]), after a first call and a
+/// warm-up of each; also returns each pair's ratio `b / a`.
 fn time_in_alternation(
     ctx: &Context,
     reps: usize,
     mut a: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
     mut b: impl FnMut(&mut wgpu::CommandEncoder) -> Result<()>,
-) -> Result<(Timing, Timing, Vec<f64>)> {
+) -> Result<(Timing, Timing, PairRatios)> {
     let timer = GpuTimer::new(ctx);
     let first = [timer.time(ctx, &mut a)?, timer.time(ctx, &mut b)?];
     timer.time(ctx, &mut a)?;
     timer.time(ctx, &mut b)?;
-    let mut samples = Vec::with_capacity(reps);
-    for i in 0..reps.max(1) {
-        // Which of the two goes first alternates, so running order favours neither.
-        let pair = if i % 2 == 0 {
-            (timer.sample(ctx, &mut a)?, timer.sample(ctx, &mut b)?)
-        } else {
-            let tb = timer.sample(ctx, &mut b)?;
-            (timer.sample(ctx, &mut a)?, tb)
-        };
-        samples.push(pair);
-    }
+    let samples = in_alternation(reps.max(1), || timer.sample(ctx, &mut a), || timer.sample(ctx, &mut b))?;
     // Both phases on one clock, so their ratios compare like with like.
     let clock = clock_for(&samples.iter().flat_map(|&(sa, sb)| [sa, sb]).collect::<Vec<_>>());
     let pairs: Vec<(Duration, Duration)> = samples.iter().map(|(sa, sb)| (sa.on(clock), sb.on(clock))).collect();
-    // A zero reading (a clock coarser than the work) counts as one nanosecond.
-    let secs = |t: &Duration| t.as_secs_f64().max(1e-9);
-    let mut ratios: Vec<f64> = pairs.iter().map(|(ta, tb)| secs(tb) / secs(ta)).collect();
-    ratios.sort_by(f64::total_cmp);
+    let ratios = PairRatios::of(pairs.iter().map(|(ta, tb)| (ta.as_secs_f64(), tb.as_secs_f64())));
     Ok((
         summarise(first[0], pairs.iter().map(|p| p.0).collect(), clock),
         summarise(first[1], pairs.iter().map(|p| p.1).collect(), clock),

@@ -257,6 +257,51 @@ pub fn time_gpu(
     })
 }
 
+/// Runs `a` and `b` `pairs` times each in alternation, so that both see the same
+/// machine load; which of the two goes first alternates too, so running order favours
+/// neither. Returns each pair's results, `(a's, b's)`.
+pub fn in_alternation<T>(
+    pairs: usize,
+    mut a: impl FnMut() -> Result<T>,
+    mut b: impl FnMut() -> Result<T>,
+) -> Result<Vec<(T, T)>> {
+    (0..pairs)
+        .map(|i| {
+            if i % 2 == 0 {
+                let ta = a()?;
+                Ok((ta, b()?))
+            } else {
+                let tb = b()?;
+                Ok((a()?, tb))
+            }
+        })
+        .collect()
+}
+
+/// Each pair's ratio `b / a` of two things timed in alternation ([`in_alternation`]),
+/// sorted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PairRatios(pub Vec<f64>);
+
+impl PairRatios {
+    /// From `(a, b)` seconds; a zero reading (a clock coarser than the work) counts as
+    /// one nanosecond.
+    pub fn of(pairs: impl IntoIterator<Item = (f64, f64)>) -> Self {
+        let mut ratios: Vec<f64> = pairs.into_iter().map(|(a, b)| b.max(1e-9) / a.max(1e-9)).collect();
+        ratios.sort_by(f64::total_cmp);
+        PairRatios(ratios)
+    }
+
+    pub fn median(&self) -> Option<f64> {
+        self.0.get(self.0.len() / 2).copied()
+    }
+
+    /// The smallest and the largest.
+    pub fn range(&self) -> Option<(f64, f64)> {
+        Some((*self.0.first()?, *self.0.last()?))
+    }
+}
+
 /// Times a host computation the same way (first call, warm-up skipped for slow ones).
 pub fn time_host(reps: usize, mut work: impl FnMut() -> Result<()>) -> Result<Timing> {
     let mut run = || -> Result<Duration> {

@@ -2,7 +2,9 @@
 //! with the derived figures (GFLOP/s, GB/s, percent of the probe, speedups).
 
 use super::probe::Probe;
-use super::{bench_data, bench_inputs, check_bench_data, gflops, time_gpu, time_host, Timing};
+use super::{
+    bench_data, bench_inputs, check_bench_data, gflops, in_alternation, time_gpu, time_host, PairRatios, Timing,
+};
 use crate::attention::{encode_sdpa, resolve_kernel};
 pub use crate::bench_cases::{BenchCase, Suite};
 use crate::context::Context;
@@ -223,8 +225,7 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             Ok((name, Ok((timing, Some((ctx.allocated_bytes() - before) / calls)))))
         }
         BenchKernel::DecodeStep | BenchKernel::DecodeStepRotary => {
-            let rotary =
-                (kernel == BenchKernel::DecodeStepRotary).then(|| crate::rotary::Rotary::new(shape.head_dim & !1));
+            let rotary = (kernel == BenchKernel::DecodeStepRotary).then(|| bench_rotary(&shape));
             let name = if rotary.is_some() {
                 "decode-step+rope"
             } else {
@@ -293,7 +294,7 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 _ => KernelChoice::Materialized,
             };
             let options = case.options(choice);
-            let rotary = (kernel == BenchKernel::DecodeRotary).then(|| crate::rotary::Rotary::new(shape.head_dim & !1));
+            let rotary = (kernel == BenchKernel::DecodeRotary).then(|| bench_rotary(&shape));
             let mut name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             if rotary.is_some() {
                 name.push_str("+rope");
@@ -395,37 +396,12 @@ fn decode_steps(ctx: &Context, case: &BenchCase, rotary: Option<crate::rotary::R
     time_host(reps, || steps.step(ctx))
 }
 
-/// Decode steps with a rotary embedding against steps without, timed in alternation
-/// (which goes first alternates too), so that a shared machine's drift falls on both.
-#[derive(Clone, Debug)]
-pub struct PairedSteps {
-    /// Each pair's rotary step time over its plain step time.
-    pub ratios: Vec<f64>,
-}
-
-impl PairedSteps {
-    /// The median ratio.
-    pub fn median(&self) -> f64 {
-        let mut r = self.ratios.clone();
-        r.sort_by(f64::total_cmp);
-        r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
-    }
-
-    /// The smallest and largest ratio.
-    pub fn range(&self) -> (f64, f64) {
-        let lo = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = self.ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (lo, hi)
-    }
-}
-
-/// `pairs` back-to-back pairs of decode steps ([`BenchKernel::DecodeStep`]), one on a
-/// plain cache and one on a cache with a rotary embedding over the whole head dim,
-/// after one warm-up step each.
-pub fn paired_decode_steps(ctx: &Context, case: &BenchCase, pairs: usize) -> Result<PairedSteps> {
-    let rotary = crate::rotary::Rotary::new(case.shape.head_dim & !1);
+/// `pairs` pairs of decode steps ([`BenchKernel::DecodeStep`]) timed in alternation
+/// ([`in_alternation`]), one on a plain cache and one on a cache with the bench's
+/// rotary embedding, after one warm-up step each: each pair's ratio rotary / plain.
+pub fn paired_decode_steps(ctx: &Context, case: &BenchCase, pairs: usize) -> Result<PairRatios> {
     let mut plain = StepCache::new(ctx, case, None, pairs + 1)?;
-    let mut rope = StepCache::new(ctx, case, Some(rotary), pairs + 1)?;
+    let mut rope = StepCache::new(ctx, case, Some(bench_rotary(&case.shape)), pairs + 1)?;
     plain.step(ctx)?;
     rope.step(ctx)?;
     let timed = |steps: &mut StepCache| -> Result<f64> {
@@ -433,18 +409,17 @@ pub fn paired_decode_steps(ctx: &Context, case: &BenchCase, pairs: usize) -> Res
         steps.step(ctx)?;
         Ok(start.elapsed().as_secs_f64())
     };
-    let mut ratios = Vec::with_capacity(pairs);
-    for n in 0..pairs {
-        let (t_plain, t_rope) = if n % 2 == 0 {
-            let a = timed(&mut plain)?;
-            (a, timed(&mut rope)?)
-        } else {
-            let b = timed(&mut rope)?;
-            (timed(&mut plain)?, b)
-        };
-        ratios.push(t_rope / t_plain);
-    }
-    Ok(PairedSteps { ratios })
+    Ok(PairRatios::of(in_alternation(
+        pairs,
+        || timed(&mut plain),
+        || timed(&mut rope),
+    )?))
+}
+
+/// The rotary embedding of the bench's RoPE rows: NeoX pairs over the whole head dim
+/// (its even part).
+fn bench_rotary(shape: &AttentionShape) -> crate::rotary::Rotary {
+    crate::rotary::Rotary::new(shape.head_dim & !1)
 }
 
 /// A KV cache of capacity Lk holding all of `k` and `v` (rotated by `rotary`).

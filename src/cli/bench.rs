@@ -355,12 +355,10 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
         progress.suspend(|| -> Result<(), CliError> {
             outln!("{}", case_line(case));
             case_rows.iter().try_for_each(print_row)?;
-            if let Some(p) = &paired {
-                let (lo, hi) = p.range();
+            if let Some((p, median, (lo, hi))) = paired.as_ref().and_then(|p| Some((p, p.median()?, p.range()?))) {
                 outln!(
-                    "  decode-step+rope / decode-step, {} pairs in alternation: median {:.3}, range {lo:.3} to {hi:.3}",
-                    p.ratios.len(),
-                    p.median()
+                    "  decode-step+rope / decode-step, {} pairs in alternation: median {median:.3}, range {lo:.3} to {hi:.3}",
+                    p.0.len()
                 );
             }
             Ok(())
@@ -370,7 +368,7 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
                 "case": shape_text(&case.shape),
                 "dtype": case.dtype.name(),
                 "ratio": "decode-step+rope / decode-step",
-                "ratios": p.ratios,
+                "ratios": p.0,
                 "median": p.median(),
             }));
         }
@@ -685,13 +683,12 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
         );
     }
     let ratios = &measured.separate_over_packed;
-    if let (Some(low), Some(high)) = (ratios.first(), ratios.last()) {
-        let packed_faster = ratios.iter().filter(|&&r| r > 1.0).count();
+    if let (Some(median), Some((low, high))) = (ratios.median(), ratios.range()) {
+        let packed_faster = ratios.0.iter().filter(|&&r| r > 1.0).count();
         outln!(
-            "three GEMMs / packed GEMM, {} pairs run back to back: median {:.3}, range {low:.3} to {high:.3}; packed faster in {packed_faster} of {}",
-            ratios.len(),
-            ratios[ratios.len() / 2],
-            ratios.len()
+            "three GEMMs / packed GEMM, {} pairs run back to back: median {median:.3}, range {low:.3} to {high:.3}; packed faster in {packed_faster} of {}",
+            ratios.0.len(),
+            ratios.0.len()
         );
     }
     if let Some(path) = &args.json {
@@ -709,7 +706,7 @@ fn mha_phases(adapter: &AdapterArgs, args: &BenchArgs, sizes: &str) -> Result<()
                 "gflops": (p.flops > 0.0).then(|| gflops(p.flops, p.timing.median)),
                 "part_of_layer": p.part_of_layer,
             })).collect::<Vec<_>>(),
-            "separate_over_packed": ratios,
+            "separate_over_packed": ratios.0,
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::bad(e.to_string()))?;
         write_all(&[(path, text.into_bytes())])?;
