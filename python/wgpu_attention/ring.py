@@ -218,6 +218,12 @@ def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=
     k32 = np.ascontiguousarray(k, dtype=np.float32)
     v32 = np.ascontiguousarray(v, dtype=np.float32)
     sizes = [k32.size, v32.size, k32.size, v32.size]
+
+    def parts(buffer):
+        # K, V, dK, dV: views of the buffer, so adding into dK and dV writes it.
+        flat = np.split(buffer.numpy(), np.cumsum(sizes)[:-1])
+        return [part.reshape(shape) for part, shape in zip(flat, [k.shape, v.shape, k.shape, v.shape])]
+
     block = torch.from_numpy(np.concatenate([k32.ravel(), v32.ravel(), np.zeros(k32.size + v32.size, np.float32)]))
     incoming = torch.empty_like(block)
     dq = np.zeros(q.shape, np.float32)
@@ -227,8 +233,7 @@ def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=
         t0 = time.perf_counter()
         owner = (rank - step) % world
         theirs, _ = chunks_of(owner, world, order)
-        kb, vb, dkb, dvb = (part.reshape(shape) for part, shape in zip(
-            np.split(block.numpy(), np.cumsum(sizes)[:-1]), [k.shape, v.shape, k.shape, v.shape]))
+        kb, vb, dkb, dvb = parts(block)
         for i, a in enumerate(mine):
             rows = slice(i * c, (i + 1) * c)
             for j, b in enumerate(theirs):
@@ -256,6 +261,5 @@ def ring_attention_backward(q, k, v, out, lse, d_out, *, is_causal=False, scale=
         comm += time.perf_counter() - t1
     if stats is not None:
         stats.update(communication_s=comm, attention_s=attend, calls=calls, skipped=skipped)
-    _, _, dk, dv = (part.reshape(shape) for part, shape in zip(
-        np.split(block.numpy(), np.cumsum(sizes)[:-1]), [k.shape, v.shape, k.shape, v.shape]))
+    _, _, dk, dv = parts(block)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
