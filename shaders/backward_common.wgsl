@@ -1,7 +1,8 @@
-// What the backward kernels share (flash_backward.wgsl, flash_backward_subgroup.wgsl),
-// appended to attention_common.wgsl: the gradient bindings, the forward's lse and
-// D = rowsum(dO * O) per row (in `scores`), P = exp(s - lse), the soft cap's slope, and
-// the rows a block of keys is visible to (docs/design.md, "Backward").
+// What the backward kernels share (flash_backward.wgsl, flash_backward_subgroup.wgsl,
+// backward_texel.wgsl), appended to attention_common.wgsl: the gradient bindings, the
+// forward's lse and D = rowsum(dO * O) per row (in `scores`), P = exp(s - lse), the
+// soft cap's slope, dX, the keys whose rows may hold anything, and the rows a block of
+// keys is visible to (docs/design.md, "Backward").
 
 @group(0) @binding(13) var<storage, read> d_out: array<elem>;
 // The forward's output, read only (attention_common.wgsl's `output` is read-write, and
@@ -71,3 +72,17 @@ fn cap_slope(x: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(1.0) - t * t;
 }
 
+// dX = P (dP - D) · slope for one vec4 of (row, key) pairs; exactly 0 where the key is
+// masked for the row, whatever dP holds (a masked key's V row may hold NaN).
+fn dx_of(pr: vec4<f32>, dp: vec4<f32>, delta: vec4<f32>, slope: vec4<f32>) -> vec4<f32> {
+    return select(pr * (dp - delta) * slope, vec4<f32>(0.0), pr == vec4<f32>(0.0));
+}
+
+// The first key of batch element b whose K and V rows may hold anything (past its key
+// length): the dQ pass multiplies K rows by dX, and 0 x NaN would spread.
+fn key_limit(b: u32) -> u32 {
+    if p.has_key_lengths != 0u {
+        return min(p.len_k, side_words[b]);
+    }
+    return p.len_k;
+}

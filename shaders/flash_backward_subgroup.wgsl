@@ -146,21 +146,6 @@ fn quad_slopes(x: Quad) -> Quad {
     return Quad(cap_slope(x[0]), cap_slope(x[1]), cap_slope(x[2]), cap_slope(x[3]));
 }
 
-// dX = P (dP - D) · slope for one vec4 of (row, key) pairs; exactly 0 where the key is
-// masked for the row, whatever dP holds (a masked key's V row may hold NaN).
-fn dx_of(pr: vec4<f32>, dp: vec4<f32>, delta: vec4<f32>, slope: vec4<f32>) -> vec4<f32> {
-    return select(pr * (dp - delta) * slope, vec4<f32>(0.0), pr == vec4<f32>(0.0));
-}
-
-// The first key of batch element b whose K and V rows may hold anything (past its key
-// length): the dQ pass multiplies K rows by dX, and 0 x NaN would spread.
-fn key_limit(b: u32) -> u32 {
-    if p.has_key_lengths != 0u {
-        return min(p.len_k, side_words[b]);
-    }
-    return p.len_k;
-}
-
 // Element d of the K rows of keys j0..j0+3, 0 for keys at or past `limit`.
 fn k_column_below(rows: vec4<u32>, d: u32, j0: u32, limit: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), k_column(rows, d), keys4(j0) < vec4<u32>(limit));

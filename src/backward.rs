@@ -11,8 +11,10 @@
 use crate::attention::{mask_words, side_words, upload_words, Plan};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::backward_texel::{self, BackwardTexelVariant};
+use crate::kernels::kv_texels::{KvTexels, TexelGrid};
 use crate::kernels::{
-    dispatch, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
+    dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
     BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
 };
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice};
@@ -383,7 +385,8 @@ pub fn encode_sdpa_backward(
     } else {
         None
     };
-    let bind = |slots: &[Slot]| -> Vec<(u32, &wgpu::Buffer)> {
+    // The bind group entries of a kernel's buffer slots (texel slots: see run_reading).
+    let bind = |slots: &[Slot]| -> Vec<wgpu::BindGroupEntry> {
         slots
             .iter()
             .map(|&slot| {
@@ -402,23 +405,26 @@ pub fn encode_sdpa_backward(
                     Slot::DV => grads.dv.buffer(),
                     Slot::Probs => matrices.as_ref().map_or(q.buffer(), |m| m.0.buffer()),
                     Slot::DScores => matrices.as_ref().map_or(q.buffer(), |m| &m.1),
-                    _ => q.buffer(), // Params: replaced below
+                    _ => q.buffer(), // Params and texels: replaced below
                 };
-                (slot as u32, buffer)
+                wgpu::BindGroupEntry {
+                    binding: slot as u32,
+                    resource: buffer.as_entire_binding(),
+                }
             })
             .collect()
     };
-    let rows_groups = |n: usize| groups_for(n, ROWS as usize);
     // A pass over `pairs` (batch, head) pairs ((batch, kv head) for dK/dV) in
     // dispatches of at most the device's workgroups per dimension, each starting at
     // p.bh_start.
     let max_pairs = ctx.capabilities().max_workgroups_per_dim.max(1) as usize;
-    let run = |encoder: &mut wgpu::CommandEncoder,
-               pipeline: &crate::context::CompiledPipeline,
-               slots: &[Slot],
-               params: AttentionParams,
-               groups_x: u32,
-               pairs: usize|
+    // `texels`: the mirrors a texel kernel reads (K and V, or Q and dO).
+    let run_reading = |encoder: &mut wgpu::CommandEncoder,
+                       pipeline: &crate::context::CompiledPipeline,
+                       (slots, texels): (&[Slot], Option<&KvTexels>),
+                       params: AttentionParams,
+                       groups_x: u32,
+                       pairs: usize|
      -> Result<()> {
         for start in (0..pairs).step_by(max_pairs) {
             let count = (pairs - start).min(max_pairs);
@@ -429,11 +435,26 @@ pub fn encode_sdpa_backward(
             };
             let uniform = crate::attention::uniform(ctx, "backward params", &chunk)?;
             let mut entries = bind(slots);
-            entries[0].1 = &uniform;
-            dispatch(ctx, encoder, pipeline, &entries, [groups_x, count as u32, 1])?;
+            entries[0].resource = uniform.as_entire_binding();
+            if let Some(t) = texels {
+                for entry in &mut entries {
+                    if entry.binding == Slot::KTexels as u32 {
+                        entry.resource = wgpu::BindingResource::TextureView(t.keys());
+                    } else if entry.binding == Slot::VTexels as u32 {
+                        entry.resource = wgpu::BindingResource::TextureView(t.values());
+                    }
+                }
+            }
+            dispatch_entries(ctx, encoder, pipeline, &entries, [groups_x, count as u32, 1])?;
         }
         Ok(())
     };
+    let run = |encoder: &mut wgpu::CommandEncoder,
+               pipeline: &crate::context::CompiledPipeline,
+               slots: &[Slot],
+               params: AttentionParams,
+               groups_x: u32,
+               pairs: usize| run_reading(encoder, pipeline, (slots, None), params, groups_x, pairs);
 
     // D = rowsum(dO ∘ O).
     let delta_pipeline = pipeline(ctx, &DELTA, dtype, &[])?;
@@ -471,42 +492,95 @@ pub fn encode_sdpa_backward(
         return Ok(grads);
     }
 
-    // dQ, over key ranges that fit the loop cap.
     let tiling = BackwardTiling::for_forward(plan.fused_tiling().unwrap_or(FusedTiling::Auto), &s);
     let kernels = tiling.kernels(&s);
-    let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &[("ROWS", ROWS)])?;
-    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
+    // The texel kernels where the subgroup tiling runs and they serve the problem,
+    // each pass reading mirrors of the two operands it walks (where those fit the
+    // device's textures; else that pass runs its buffer kernel).
+    let texel = texel_variant(ctx, tiling, dtype, &base);
+    let mirrors = |a: &wgpu::Buffer, b: &wgpu::Buffer, encoder: &mut wgpu::CommandEncoder| match texel {
+        Some(_) => KvTexels::copy_of(ctx, encoder, a, b),
+        None => Ok(None),
+    };
+    let texel_constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
+    let group = s.heads_q / s.heads_kv.max(1);
+
+    // dQ, over key ranges that fit the loop cap.
+    let dq_texels = mirrors(k.buffer(), v.buffer(), encoder)?;
+    let (dq_kernel, dq_rows, dq_constants) = match (texel, &dq_texels) {
+        (Some(variant), Some(_)) => (variant.dq(), variant.rows, texel_constants.to_vec()),
+        _ => (kernels.dq, ROWS, vec![("ROWS", ROWS)]),
+    };
+    let dq_pipeline = pipeline(ctx, &dq_kernel, dtype, &dq_constants)?;
+    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| match dq_texels {
+        Some(_) => backward_texel::dq_iterations(keys),
+        None => tiling.dq_iterations(&s, keys),
+    })?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
         let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_key_range).min(s.len_k) as u32,
             ..base
         };
-        let groups = rows_groups(s.len_q);
-        run(encoder, &dq_pipeline, kernels.dq.slots, range, groups, s.batch_heads())?;
+        let groups = groups_for(s.len_q, dq_rows as usize);
+        let reads = (dq_kernel.slots, dq_texels.as_ref());
+        run_reading(encoder, &dq_pipeline, reads, range, groups, s.batch_heads())?;
     }
 
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
     // key_begin / key_stop: the WGSL says so).
-    let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &[("ROWS", ROWS)])?;
-    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
+    let dkdv_texels = mirrors(q.buffer(), d_out.buffer(), encoder)?;
+    let (dkdv_kernel, dkdv_rows, dkdv_constants) = match (texel, &dkdv_texels) {
+        (Some(variant), Some(_)) => (variant.dkdv(), variant.rows, texel_constants.to_vec()),
+        _ => (kernels.dkdv, ROWS, vec![("ROWS", ROWS)]),
+    };
+    let dkdv_pipeline = pipeline(ctx, &dkdv_kernel, dtype, &dkdv_constants)?;
+    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| match dkdv_texels {
+        Some(_) => backward_texel::dkdv_iterations(rows, group),
+        None => tiling.dkdv_iterations(&s, rows),
+    })?;
     for begin in (0..s.len_q).step_by(per_row_range) {
         let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_row_range).min(s.len_q) as u32,
             ..base
         };
-        let groups = rows_groups(s.len_k);
-        run(
-            encoder,
-            &dkdv_pipeline,
-            kernels.dkdv.slots,
-            range,
-            groups,
-            s.batch * s.heads_kv,
-        )?;
+        let groups = groups_for(s.len_k, dkdv_rows as usize);
+        let reads = (dkdv_kernel.slots, dkdv_texels.as_ref());
+        run_reading(encoder, &dkdv_pipeline, reads, range, groups, s.batch * s.heads_kv)?;
     }
     Ok(grads)
+}
+
+/// The texel kernels' variant for a problem whose backward runs `tiling`, where they
+/// serve it (`backward_texel::variant_for`: whole 16-byte words in every row of Q, K,
+/// V and dO, head dims up to 64, only visible key ranges as masks, Mesa 22).
+fn texel_variant(
+    ctx: &Context,
+    tiling: BackwardTiling,
+    dtype: DType,
+    p: &AttentionParams,
+) -> Option<BackwardTexelVariant> {
+    if tiling != BackwardTiling::Subgroup {
+        return None;
+    }
+    let mut strides = p.kv_strides().to_vec();
+    strides.extend([
+        p.q_stride_b,
+        p.q_stride_h,
+        p.q_stride_s,
+        p.o_stride_b,
+        p.o_stride_h,
+        p.o_stride_s,
+    ]);
+    let full_rules = p.mask_kind != 0 || p.softcap != 0.0 || p.has_alibi != 0;
+    backward_texel::variant_for(
+        dtype,
+        (p.head_dim, p.head_dim_v),
+        &strides,
+        full_rules,
+        ctx.capabilities(),
+    )
 }
 
 /// How many of `total` keys (or rows) one dispatch may walk under the context's loop

@@ -11,7 +11,7 @@
 //! strides multiples of 4 f32 or 8 f16 elements) and whose head dims fit a variant;
 //! [`variant_for`] says which, and the buffer kernel takes the rest.
 
-use super::{Kernel, Slot, COMMON};
+use super::{Kernel, Slot, COMMON, TEXEL_WORDS};
 use crate::context::Capabilities;
 use crate::tensor::DType;
 use std::fmt::Write;
@@ -128,7 +128,7 @@ impl TexelVariant {
             source: SOURCES[index].get_or_init(|| entry_point(self)).as_str(),
             entry: "flash_texel",
             slots: SLOTS,
-            preludes: &[COMMON, HELPERS],
+            preludes: &[COMMON, TEXEL_WORDS, HELPERS],
             variant: self.name,
         }
     }

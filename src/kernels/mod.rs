@@ -7,6 +7,7 @@
 //! kernels `shaders/flash_common.wgsl`) and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
 
+pub mod backward_texel;
 pub mod coop_emulation;
 pub mod decode;
 pub mod flash;
@@ -61,7 +62,10 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 /// Prelude of the backward kernels: the attention prelude plus the gradient bindings
 /// and the helpers both backward tilings share.
 pub const BACKWARD_PRELUDE: &[&str] = &[COMMON, BACKWARD_COMMON];
-const BACKWARD_COMMON: &str = include_str!("../../shaders/backward_common.wgsl");
+pub(crate) const BACKWARD_COMMON: &str = include_str!("../../shaders/backward_common.wgsl");
+/// Texel mirrors' bindings and word fetches, shared by the generated texel kernels
+/// (`flash_texel`, `backward_texel`).
+pub(crate) const TEXEL_WORDS: &str = include_str!("../../shaders/texel_words.wgsl");
 /// Preludes of `flash_backward_subgroup.wgsl` by the largest head dim it holds: at 64
 /// the accumulators and the owned input rows fit 32 KiB of workgroup memory (4
 /// arrays), at 128 only the accumulators (2).
@@ -81,12 +85,14 @@ pub const BACKWARD_SUBGROUP_128: &[&str] = &[
 pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
 
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
-/// the generated texel kernels ([`flash_texel::VARIANTS`]) and the tensor-core
+/// the generated texel kernels ([`flash_texel::VARIANTS`],
+/// [`backward_texel::VARIANTS`]) and the tensor-core
 /// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
         .into_iter()
         .chain(flash_texel::VARIANTS.iter().map(|v| v.kernel()))
+        .chain(backward_texel::VARIANTS.iter().flat_map(|v| [v.dq(), v.dkdv()]))
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
         .collect()
 }
