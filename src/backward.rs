@@ -182,9 +182,11 @@ pub enum BackwardTiling {
     /// One row or key per invocation, operands from storage (`flash_backward.wgsl`):
     /// every adapter, every head dim.
     Rows,
-    /// 4 rows or keys per invocation sharing loads through 8-lane subgroups
-    /// (`flash_backward_subgroup.wgsl`): where the forward runs its `subgroup`
-    /// tiling (CPU adapters) and both head dims are at most 128.
+    /// Where the forward runs its `subgroup` tiling (CPU adapters) and both head dims
+    /// are at most 128: the texel kernels (`kernels::backward_texel`: 32 rows or keys
+    /// per 8-lane workgroup, the walked operands as texel fetches) where they serve
+    /// the problem, else 4 rows or keys per invocation sharing loads through 8-lane
+    /// subgroups (`flash_backward_subgroup.wgsl`).
     Subgroup,
 }
 
@@ -232,7 +234,8 @@ impl BackwardTiling {
     }
 }
 
-/// Rows (or keys) per workgroup of the dQ and dK/dV passes, in both tilings.
+/// Rows (or keys) per workgroup of the dQ and dK/dV passes' buffer kernels, in both
+/// tilings.
 const ROWS: u32 = 32;
 
 /// The gradients of `sdpa(q, k, v, options)` given its output `out`, its log-sum-exp

@@ -11,6 +11,7 @@
 //! [`variant_for`] says which, and the buffer kernels
 //! (`flash_backward_subgroup.wgsl`) take the rest.
 
+use super::flash_texel::{lane_element, whole_words, write_quad_rows, write_query_head, write_word_halves};
 use super::{Kernel, Slot, BACKWARD_COMMON, COMMON, TEXEL_WORDS};
 use crate::context::Capabilities;
 use crate::tensor::DType;
@@ -156,12 +157,7 @@ pub fn variant_for(
     full_rules: bool,
     caps: &Capabilities,
 ) -> Option<BackwardTexelVariant> {
-    let word = match dtype {
-        DType::F32 => 4,
-        DType::F16 => 8,
-    };
-    let whole = |x: &u32| x.is_multiple_of(word);
-    if full_rules || !whole(&d) || !whole(&dv) || !strides.iter().all(whole) || caps.subgroups.is_none() {
+    if full_rules || !whole_words(dtype, (d, dv), strides) || caps.subgroups.is_none() {
         return None;
     }
     let mesa_22 = matches!(caps.mesa_version, Some((major, _)) if major <= 22);
@@ -189,22 +185,6 @@ pub fn dkdv_iterations(rows: usize, group: usize) -> u64 {
     1 + searches + group as u64 * (1 + dq_iterations(rows))
 }
 
-/// The WGSL index, within a row, of element `e` of the word a lane holds in group
-/// `group` of 8 words (owned slices, gradient words): word 8 * group + lane.
-fn lane_element(group: u32, elems: u32, e: u32) -> String {
-    format!("({}u + lane) * {elems}u + {e}u", group * LANES)
-}
-
-/// `let {name}_{h} = ...;` for each vec4 of a word's elements as f32.
-fn word_halves(w: &mut String, indent: &str, name: &str, word: &str, keep: &str, halves: u32) {
-    if halves == 1 {
-        let _ = writeln!(w, "{indent}let {name}_0 = word_f32({word}, {keep});");
-    } else {
-        let _ = writeln!(w, "{indent}let {name}_0 = word_lo({word}, {keep});");
-        let _ = writeln!(w, "{indent}let {name}_1 = word_hi({word}, {keep});");
-    }
-}
-
 /// What one pass's entry point is made of, named as the WGSL it writes.
 struct Shape {
     v: BackwardTexelVariant,
@@ -225,14 +205,7 @@ impl Shape {
             let _ = writeln!(w, "            let keep = {t}u < {dim_words};");
             for k in 0..PER_LANE {
                 let _ = writeln!(w, "            let ww_{k} = {fetch}({rows}_{k} + {t}u);");
-                word_halves(
-                    w,
-                    "            ",
-                    &format!("wx_{k}"),
-                    &format!("ww_{k}"),
-                    "keep",
-                    self.halves,
-                );
+                let _ = write_word_halves(w, &format!("wx_{k}"), &format!("ww_{k}"), "keep", self.halves);
             }
             for c in 0..self.quads {
                 for i in 0..self.elems {
@@ -286,14 +259,7 @@ impl Shape {
                         "            let aw_{k}_{x} = {fetch}({rows}_{k}_{x} + {}u + lane);",
                         ch * LANES
                     );
-                    word_halves(
-                        w,
-                        "            ",
-                        &format!("ax_{k}_{x}"),
-                        &format!("aw_{k}_{x}"),
-                        &cond,
-                        self.halves,
-                    );
+                    let _ = write_word_halves(w, &format!("ax_{k}_{x}"), &format!("aw_{k}_{x}"), &cond, self.halves);
                 }
             }
             for c in 0..self.quads {
@@ -391,29 +357,12 @@ fn dq_body(w: &mut String, sh: &Shape) {
         w,
         "fn bwd_dq_texel(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {{"
     );
-    let _ = writeln!(w, "    let hd = head_of(p.bh_start + wid.y);");
-    let _ = writeln!(w, "    let lane = sg_lane % {LANES}u;");
-    let _ = writeln!(w, "    let row0 = wid.x * {}u;", v.rows);
-    let _ = writeln!(w, "    let last_q = p.len_q - 1u;");
-    let _ = writeln!(w, "    let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;");
-    let _ = writeln!(w, "    let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;");
-    let _ = writeln!(w, "    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;");
-    let _ = writeln!(w, "    let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;");
+    write_query_head(w, v.rows);
     let _ = writeln!(w, "    let k_words = word_at(p.head_dim);");
     let _ = writeln!(w, "    let v_words = word_at(p.head_dim_v);");
     let _ = writeln!(w, "    let limit = key_limit(hd.b);");
     for c in 0..quads {
-        let _ = writeln!(
-            w,
-            "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_q));",
-            4 * c
-        );
-        let _ = writeln!(w, "    let starts_{c} = key_starts(hd.b, rows_{c});");
-        let _ = writeln!(
-            w,
-            "    let ends_{c} = min(key_ends(hd.b, rows_{c}), vec4<u32>(p.key_stop));"
-        );
-        let _ = writeln!(w, "    let q_rows_{c} = vec4<u32>(q_head) + rows_{c} * p.q_stride_s;");
+        write_quad_rows(w, c);
         let _ = writeln!(w, "    let o_rows_{c} = vec4<u32>(o_head) + rows_{c} * p.o_stride_s;");
         let _ = writeln!(w, "    let lse_{c} = vec4<f32>(lse_at(hd, rows_{c}.x), lse_at(hd, rows_{c}.y), lse_at(hd, rows_{c}.z), lse_at(hd, rows_{c}.w));");
         let _ = writeln!(w, "    let delta_{c} = vec4<f32>(delta_at(hd, rows_{c}.x), delta_at(hd, rows_{c}.y), delta_at(hd, rows_{c}.z), delta_at(hd, rows_{c}.w));");

@@ -147,11 +147,7 @@ pub fn variant_for(
     full_rules: bool,
     caps: &Capabilities,
 ) -> Option<TexelVariant> {
-    let word = match dtype {
-        DType::F32 => 4,
-        DType::F16 => 8,
-    };
-    if !d.is_multiple_of(word) || !dv.is_multiple_of(word) || strides.iter().any(|s| !s.is_multiple_of(word)) {
+    if !whole_words(dtype, (d, dv), strides) {
         return None;
     }
     let mesa_22 = matches!(caps.mesa_version, Some((major, _)) if major <= 22);
@@ -168,6 +164,13 @@ pub fn variant_for(
         (65..=128, true) => pick(16, 2, 128),
         _ => None,
     }
+}
+
+/// Whether head dims and strides (in elements) of `dtype` are whole 16-byte words, so
+/// that every row a texel kernel reads starts on a word of its mirror.
+pub(crate) fn whole_words(dtype: DType, (d, dv): (u32, u32), strides: &[u32]) -> bool {
+    let word = 16 / dtype.size() as u32;
+    d.is_multiple_of(word) && dv.is_multiple_of(word) && strides.iter().all(|s| s.is_multiple_of(word))
 }
 
 /// Whether some dtype and driver could give head dims (D, Dv) the texel kernel (whole
@@ -207,29 +210,12 @@ fn entry_point(v: TexelVariant) -> String {
         w,
         "fn flash_texel(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {{"
     );
-    let _ = writeln!(w, "    let hd = head_of(p.bh_start + wid.y);");
-    let _ = writeln!(w, "    let lane = sg_lane % {LANES}u;");
-    let _ = writeln!(w, "    let row0 = wid.x * {}u;", v.rows);
-    let _ = writeln!(w, "    let last_q = p.len_q - 1u;");
-    let _ = writeln!(w, "    let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;");
-    let _ = writeln!(w, "    let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;");
-    let _ = writeln!(w, "    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;");
-    let _ = writeln!(w, "    let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;");
+    write_query_head(w, v.rows);
     let _ = writeln!(w, "    // Words of a K row (the host guarantees whole words).");
     let _ = writeln!(w, "    let k_words = p.head_dim / (4u * ELEMS_PER_WORD);");
     // Per quad: its rows (clamped), visible key ranges, Q slices and running state.
     for c in 0..quads {
-        let _ = writeln!(
-            w,
-            "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_q));",
-            4 * c
-        );
-        let _ = writeln!(w, "    let starts_{c} = key_starts(hd.b, rows_{c});");
-        let _ = writeln!(
-            w,
-            "    let ends_{c} = min(key_ends(hd.b, rows_{c}), vec4<u32>(p.key_stop));"
-        );
-        let _ = writeln!(w, "    let q_rows_{c} = vec4<u32>(q_head) + rows_{c} * p.q_stride_s;");
+        write_quad_rows(w, c);
         for g in 0..v.groups {
             for i in 0..elems {
                 let _ = writeln!(
@@ -427,14 +413,44 @@ fn entry_point(v: TexelVariant) -> String {
     s
 }
 
+/// The opening lines of an entry point that owns `rows` query rows of one (batch,
+/// head) from row0 (this and the backward's dQ kernel): the head, the lane, the first
+/// row, and the offsets of the head in Q, the output (dO) and its kv head in K and V.
+pub(crate) fn write_query_head(w: &mut String, rows: u32) {
+    let _ = writeln!(w, "    let hd = head_of(p.bh_start + wid.y);");
+    let _ = writeln!(w, "    let lane = sg_lane % {LANES}u;");
+    let _ = writeln!(w, "    let row0 = wid.x * {rows}u;");
+    let _ = writeln!(w, "    let last_q = p.len_q - 1u;");
+    let _ = writeln!(w, "    let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;");
+    let _ = writeln!(w, "    let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;");
+    let _ = writeln!(w, "    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;");
+    let _ = writeln!(w, "    let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;");
+}
+
+/// Quad c's rows (clamped to the last), their visible key ranges within this
+/// dispatch's keys and their offsets in Q.
+pub(crate) fn write_quad_rows(w: &mut String, c: u32) {
+    let _ = writeln!(
+        w,
+        "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_q));",
+        4 * c
+    );
+    let _ = writeln!(w, "    let starts_{c} = key_starts(hd.b, rows_{c});");
+    let _ = writeln!(
+        w,
+        "    let ends_{c} = min(key_ends(hd.b, rows_{c}), vec4<u32>(p.key_stop));"
+    );
+    let _ = writeln!(w, "    let q_rows_{c} = vec4<u32>(q_head) + rows_{c} * p.q_stride_s;");
+}
+
 /// The WGSL index, within a row, of element `e` of the word this lane holds in group
 /// `group` of 8 words (Q slices, output words): word 8 * group + lane.
-fn lane_element(group: u32, elems: u32, e: u32) -> String {
+pub(crate) fn lane_element(group: u32, elems: u32, e: u32) -> String {
     format!("({}u + lane) * {elems}u + {e}u", group * LANES)
 }
 
 /// `let {name}_{h} = ...;` for each vec4 of a word's elements as f32.
-fn write_word_halves(w: &mut String, name: &str, word: &str, keep: &str, halves: u32) -> std::fmt::Result {
+pub(crate) fn write_word_halves(w: &mut String, name: &str, word: &str, keep: &str, halves: u32) -> std::fmt::Result {
     if halves == 1 {
         return writeln!(w, "            let {name}_0 = word_f32({word}, {keep});");
     }
