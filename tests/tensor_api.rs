@@ -5,7 +5,7 @@ mod common;
 use half::f16;
 use wgpu_attention::check::Rng;
 use wgpu_attention::wgpu::{self, util::DeviceExt};
-use wgpu_attention::{sdpa, AttentionOptions, DType, Error, Layout, Tensor};
+use wgpu_attention::{sdpa, sdpa_backward, AttentionOptions, DType, Error, Layout, Tensor};
 
 #[test]
 fn a_callers_buffer_is_a_tensor_without_a_copy() {
@@ -51,6 +51,50 @@ fn a_callers_buffer_is_a_tensor_without_a_copy() {
     });
     let err = Tensor::from_buffer(ctx, uniform, shape, Layout::Bhsd, DType::F32).expect_err("usage");
     assert!(err.to_string().contains("STORAGE"), "{err}");
+}
+
+#[test]
+fn buffers_without_copy_src_take_the_buffer_kernels_forward_and_backward() {
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 41;
+    let mut rng = Rng::new(seed);
+    // D 64 in whole words: where the texel kernels would read mirrors copied from
+    // these buffers, which a STORAGE-only buffer cannot give.
+    let shape = [1, 2, 40, 64];
+    let n = 2 * 40 * 64;
+    let [q, k, v, d_out] = [(); 4].map(|()| rng.vec(n, -1.0, 1.0));
+    let storage_only = |data: &[f32]| {
+        let buffer = ctx.device().create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("caller's storage-only buffer"),
+            contents: bytemuck::cast_slice(data),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        Tensor::from_buffer(ctx, buffer, shape, Layout::Bhsd, DType::F32).expect("wrap")
+    };
+    let upload = |data: &[f32]| Tensor::from_f32(ctx, shape, Layout::Bhsd, data).expect("upload");
+    let options = AttentionOptions {
+        causal: Some(wgpu_attention::CausalAlignment::TopLeft),
+        need_lse: true,
+        ..AttentionOptions::default()
+    };
+    let run = |t: &dyn Fn(&[f32]) -> Tensor| -> Vec<Vec<f32>> {
+        let (qt, kt, vt) = (t(&q), t(&k), t(&v));
+        let fwd = sdpa(ctx, &qt, &kt, &vt, &options).expect("sdpa");
+        let lse = fwd.lse.as_ref().expect("lse");
+        let grads = sdpa_backward(ctx, &qt, &kt, &vt, &fwd.out, lse, &t(&d_out), &options).expect("backward");
+        [&fwd.out, &grads.dq, &grads.dk, &grads.dv]
+            .map(|x| x.to_f32_vec(ctx).expect("read"))
+            .to_vec()
+    };
+    let (own, uploaded) = (run(&storage_only), run(&upload));
+    for (name, (a, b)) in ["out", "dq", "dk", "dv"].iter().zip(own.iter().zip(&uploaded)) {
+        let largest = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-5 * largest.max(1.0),
+            "seed {seed}: {name} differs by {worst:e}"
+        );
+    }
 }
 
 #[test]

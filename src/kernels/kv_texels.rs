@@ -138,17 +138,20 @@ impl KvTexels {
         self.record_copy(ctx, encoder, k, v, &starts, &counts, Some(&one_each))
     }
 
-    /// Mirrors of plain K and V buffers for one attention call (the fused texel kernel,
-    /// `kernels::flash_texel`), filled by buffer-to-texture copies recorded on
+    /// Mirrors of two plain buffers for one attention call (K and V for the fused texel
+    /// kernel, `kernels::flash_texel`; K and V, or Q and dO, for the backward's,
+    /// `kernels::backward_texel`), filled by buffer-to-texture copies recorded on
     /// `encoder`: a driver copy, no shader. `None` where the buffers outgrow the
-    /// device's textures.
+    /// device's textures or cannot be copied from (a caller's buffer wrapped by
+    /// `Tensor::from_buffer` without `COPY_SRC`): the buffer kernels serve those.
     pub(crate) fn copy_of(
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
     ) -> Result<Option<KvTexels>> {
-        if extent(ctx, k.size()).is_none() || extent(ctx, v.size()).is_none() {
+        let copyable = |b: &wgpu::Buffer| b.usage().contains(wgpu::BufferUsages::COPY_SRC);
+        if extent(ctx, k.size()).is_none() || extent(ctx, v.size()).is_none() || !copyable(k) || !copyable(v) {
             return Ok(None);
         }
         let texels = KvTexels {
