@@ -557,7 +557,7 @@ pub fn encode_sdpa_backward(
 
 /// The texel kernels' variant for a problem whose backward runs `tiling`, where they
 /// serve it (`backward_texel::variant_for`: whole 16-byte words in every row of Q, K,
-/// V and dO, head dims up to 64, only visible key ranges as masks, Mesa 22).
+/// V and dO, head dims up to 128, only visible key ranges as masks, Mesa 22).
 fn texel_variant(
     ctx: &Context,
     tiling: BackwardTiling,

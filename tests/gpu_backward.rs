@@ -154,6 +154,31 @@ fn every_backward_tiling_matches_the_reference() {
 }
 
 #[test]
+fn head_dims_up_to_128_with_key_ranges_in_both_dtypes() {
+    // On Mesa 22.3's lavapipe these take the texel kernels' D 128 variants
+    // (kernels::backward_texel: whole words, visible key ranges only), GQA included.
+    let Some(ctx) = common::ctx() else { return };
+    let s = AttentionShape::new(2, 4, 2, 40, 50, 128, 96);
+    let mut seed = 39960;
+    for dtype in [DType::F32, DType::F16] {
+        for causal in [CausalAlignment::TopLeft, CausalAlignment::BottomRight] {
+            seed += 1;
+            let options = AttentionOptions {
+                causal: Some(causal),
+                key_lengths: Some(vec![50, 37]),
+                window: Some(Window {
+                    left: Some(20),
+                    right: None,
+                }),
+                ..Default::default()
+            };
+            let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+            assert_passes(ctx, case(s, options, dtype, layout, seed));
+        }
+    }
+}
+
+#[test]
 fn long_ranges_split_under_a_loop_cap_give_the_same_gradients() {
     // Both walks split into several dispatches that add to the previous sums.
     let Some(ctx) = common::capped_ctx() else { return };

@@ -7,7 +7,7 @@
 //!
 //! They serve problems whose rows are whole 16-byte words (head dims and every stride
 //! of Q, K, V and dO multiples of 4 f32 or 8 f16 elements), whose head dims fit a
-//! variant and whose only masks are visible key ranges (causal, window, key lengths);
+//! variant (up to 128) and whose only masks are visible key ranges (causal, window, key lengths);
 //! [`variant_for`] says which, and the buffer kernels
 //! (`flash_backward_subgroup.wgsl`) take the rest.
 
@@ -70,10 +70,11 @@ pub struct BackwardTexelVariant {
 /// but more live values and a longer cold compile. On Mesa 22.3's lavapipe at
 /// (1,8,2048,64) f32, 32 rows in both passes ran the backward in 500-517 ms against
 /// 597 ms with 16 rows, and compiled cold in 57 s against 11 s; 64 rows ran no faster
-/// (483 ms) and compiled for 200 s. Mesa 25 compiled the 16-row pair for 101 s (and
-/// the 32-row pair for over 400 s), so it keeps the buffer kernels (docs/design.md,
-/// "Backward").
-pub const VARIANTS: [BackwardTexelVariant; 2] = [
+/// (483 ms) and compiled for 200 s. At D 128, 16 rows compile in 36 s (f32). Mesa 25
+/// compiled the D 64 16-row pair for 101 s (and the 32-row pair for over 400 s), so it
+/// keeps the buffer kernels (docs/design.md, "Backward"). [`variant_for`] takes the
+/// first that fits, so D 64 and below get 32 rows.
+pub const VARIANTS: [BackwardTexelVariant; 4] = [
     BackwardTexelVariant {
         name: "[texel 32 rows, D 64]",
         rows: 32,
@@ -86,10 +87,22 @@ pub const VARIANTS: [BackwardTexelVariant; 2] = [
         groups: 1,
         dtype: DType::F16,
     },
+    BackwardTexelVariant {
+        name: "[texel 16 rows, D 128]",
+        rows: 16,
+        groups: 4,
+        dtype: DType::F32,
+    },
+    BackwardTexelVariant {
+        name: "[texel 16 rows, D 128]",
+        rows: 16,
+        groups: 2,
+        dtype: DType::F16,
+    },
 ];
 
-static DQ_SOURCES: [OnceLock<String>; 2] = [const { OnceLock::new() }; 2];
-static DKDV_SOURCES: [OnceLock<String>; 2] = [const { OnceLock::new() }; 2];
+static DQ_SOURCES: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
+static DKDV_SOURCES: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
 
 /// Which pass an entry point is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,7 +161,7 @@ impl BackwardTexelVariant {
 /// The variant for a problem, or `None` where the buffer kernels serve it: `strides`
 /// are every stride of Q, K, V and dO (in elements), which must be whole words for
 /// every row to start on one, as must both head dims; `full_rules` (explicit masks,
-/// soft-capping, ALiBi), head dims past 64 and drivers other than Mesa 22 (whose cold
+/// soft-capping, ALiBi), head dims past 128 and drivers other than Mesa 22 (whose cold
 /// compile of these kernels takes minutes: [`VARIANTS`]) go to the buffer kernels.
 pub fn variant_for(
     dtype: DType,
@@ -539,12 +552,14 @@ mod tests {
     const DENSE: &[u32] = &[64 * 8 * 128, 64 * 128, 64];
 
     #[test]
-    fn variants_take_whole_words_key_ranges_and_head_dims_up_to_64() {
+    fn variants_take_whole_words_key_ranges_and_head_dims_up_to_128() {
         for dtype in [DType::F32, DType::F16] {
             let v = variant_for(dtype, (64, 64), DENSE, false, &caps()).expect("D 64");
             assert_eq!((v.dtype, v.max_dim()), (dtype, 64));
             assert_eq!(variant_for(dtype, (64, 64), DENSE, true, &caps()), None);
-            assert_eq!(variant_for(dtype, (128, 64), DENSE, false, &caps()), None);
+            let v = variant_for(dtype, (128, 64), DENSE, false, &caps()).expect("D 128");
+            assert_eq!((v.rows, v.max_dim()), (16, 128));
+            assert_eq!(variant_for(dtype, (136, 64), DENSE, false, &caps()), None);
             assert_eq!(variant_for(dtype, (64, 62), DENSE, false, &caps()), None);
             assert_eq!(variant_for(dtype, (64, 64), &[64, 64, 66], false, &caps()), None);
         }
