@@ -184,9 +184,9 @@ pub enum BackwardTiling {
     Rows,
     /// Where the forward runs its `subgroup` tiling (CPU adapters) and both head dims
     /// are at most 128: the texel kernels (`kernels::backward_texel`: 32 rows or keys
-    /// per 8-lane workgroup, the walked operands as texel fetches) where they serve
-    /// the problem, else 4 rows or keys per invocation sharing loads through 8-lane
-    /// subgroups (`flash_backward_subgroup.wgsl`).
+    /// per 8-lane workgroup, 16 past D 64, the walked operands as texel fetches) where
+    /// they serve the problem, else 4 rows or keys per invocation sharing loads
+    /// through 8-lane subgroups (`flash_backward_subgroup.wgsl`).
     Subgroup,
 }
 
@@ -576,12 +576,11 @@ fn texel_variant(
         p.o_stride_h,
         p.o_stride_s,
     ]);
-    let full_rules = p.mask_kind != 0 || p.softcap != 0.0 || p.has_alibi != 0;
     backward_texel::variant_for(
         dtype,
         (p.head_dim, p.head_dim_v),
         &strides,
-        full_rules,
+        p.full_rules(),
         ctx.capabilities(),
     )
 }

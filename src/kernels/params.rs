@@ -75,6 +75,12 @@ pub const MASK_BOOL: u32 = 1;
 pub const MASK_ADDITIVE: u32 = 2;
 
 impl AttentionParams {
+    /// Whether a problem has rules beyond visible key ranges: explicit masks,
+    /// soft-capping or ALiBi (the WGSL's `only_key_ranges()` is false).
+    pub fn full_rules(&self) -> bool {
+        self.mask_kind != 0 || self.softcap != 0.0 || self.has_alibi != 0
+    }
+
     /// Every stride of K and V (batch, head, row, page; K's then V's): what decides
     /// whether their rows can be read as whole 16-byte words.
     pub fn kv_strides(&self) -> [u32; 8] {

@@ -88,7 +88,7 @@ fn texel_variant(
         dtype,
         (params.head_dim, params.head_dim_v),
         &strides,
-        full_rules(params),
+        params.full_rules(),
         ctx.capabilities(),
     )
 }
@@ -111,12 +111,6 @@ pub(crate) fn texel_mirror(
     KvTexels::copy_of(ctx, encoder, k, v)
 }
 
-/// Whether a problem has rules beyond visible key ranges: explicit masks, soft-capping
-/// or ALiBi (the WGSL's `only_key_ranges()` is false).
-fn full_rules(params: &AttentionParams) -> bool {
-    params.mask_kind != 0 || params.softcap != 0.0 || params.has_alibi != 0
-}
-
 /// Records the texel kernel's dispatch, reading the mirror the bindings carry (a KV
 /// cache's, or one [`texel_mirror`] made); `false` (nothing recorded) where they carry
 /// none.
@@ -135,7 +129,7 @@ fn encode_texel(
     };
     let grid = TexelGrid::for_context(ctx);
     let mut constants = grid.constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS").to_vec();
-    constants.push(("FULL_RULES", u32::from(full_rules(params))));
+    constants.push(("FULL_RULES", u32::from(params.full_rules())));
     constants.push(("PAGED", u32::from(params.page_size > 0)));
     let pipeline = pipeline(ctx, &variant.kernel(), dtype, &constants)?;
     let groups = [
