@@ -179,6 +179,47 @@ fn head_dims_up_to_128_with_key_ranges_in_both_dtypes() {
 }
 
 #[test]
+fn random_whole_word_problems_with_key_ranges() {
+    // Problems the texel kernels take on Mesa 22.3 (head dims of whole 16-byte words up
+    // to 128, only visible key ranges), drawn at random: ragged and tiny lengths, GQA,
+    // both layouts and dtypes, every key-range rule.
+    let Some(ctx) = common::ctx() else { return };
+    let seed = 39970;
+    let mut rng = Rng::new(seed);
+    for i in 0..12 {
+        let dtype = if i % 2 == 0 { DType::F32 } else { DType::F16 };
+        let word = if dtype == DType::F32 { 4 } else { 8 };
+        let dim = |rng: &mut Rng| word * (1 + rng.below(128 / word));
+        let hk = 1 + rng.below(2);
+        let s = AttentionShape::new(
+            1 + rng.below(2),
+            hk * (1 + rng.below(3)),
+            hk,
+            1 + rng.below(70),
+            1 + rng.below(70),
+            dim(&mut rng),
+            dim(&mut rng),
+        );
+        let lk = s.len_k;
+        let options = AttentionOptions {
+            causal: match rng.below(3) {
+                0 => None,
+                1 => Some(CausalAlignment::TopLeft),
+                _ => Some(CausalAlignment::BottomRight),
+            },
+            key_lengths: (rng.below(2) == 0).then(|| (0..s.batch).map(|_| rng.below(lk + 1) as u32).collect()),
+            window: (rng.below(2) == 0).then(|| Window {
+                left: Some(rng.below(20)),
+                right: (rng.below(2) == 0).then(|| rng.below(5)),
+            }),
+            ..Default::default()
+        };
+        let layout = if rng.below(2) == 0 { Layout::Bshd } else { Layout::Bhsd };
+        assert_passes(ctx, case(s, options, dtype, layout, seed + i));
+    }
+}
+
+#[test]
 fn long_ranges_split_under_a_loop_cap_give_the_same_gradients() {
     // Both walks split into several dispatches that add to the previous sums.
     let Some(ctx) = common::capped_ctx() else { return };
