@@ -30,31 +30,6 @@ var<private> row_b: array<vec4<f32>, MAX_VEC4>; // a dO or V row
 var<private> acc_a: array<vec4<f32>, MAX_VEC4>; // dQ or dK
 var<private> acc_b: array<vec4<f32>, MAX_VEC4>; // dV
 
-// Four consecutive elements of a dO row (laid out as the output), zero past Dv.
-fn doload4(base: u32, t4: u32) -> vec4<f32> {
-    let d = t4 * 4u;
-    if d + 3u < p.head_dim_v {
-        return vec4<f32>(f32(d_out[base + d]), f32(d_out[base + d + 1u]), f32(d_out[base + d + 2u]), f32(d_out[base + d + 3u]));
-    }
-    var r = vec4<f32>(0.0);
-    for (var c = 0u; c < 4u; c++) {
-        if d + c < p.head_dim_v {
-            r[c] = f32(d_out[base + d + c]);
-        }
-    }
-    return r;
-}
-
-// Four consecutive elements of a Q row, zero past D (attention_common.wgsl's qload4
-// with a fast path for whole vec4s).
-fn qrow4(base: u32, t4: u32) -> vec4<f32> {
-    let d = t4 * 4u;
-    if d + 3u < p.head_dim {
-        return vec4<f32>(f32(q[base + d]), f32(q[base + d + 1u]), f32(q[base + d + 2u]), f32(q[base + d + 3u]));
-    }
-    return qload4(base, t4);
-}
-
 @compute @workgroup_size(64, 1, 1)
 fn bwd_delta(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let i = gid.x;

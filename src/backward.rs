@@ -3,7 +3,8 @@
 //!
 //! FlashAttention-2's algorithm (`shaders/flash_backward.wgsl`): a pass computing
 //! `D = rowsum(dO ∘ O)`, a pass where each invocation keeps one key and walks the query
-//! rows (dK, dV), and one where each keeps a query row and walks the keys (dQ). The
+//! rows (dK, dV), and one where each keeps a query row and walks the keys (dQ); the
+//! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows. The
 //! score matrix is never stored; no atomics, so results repeat bit for bit. Under
 //! llvmpipe's loop cap the walks are split across dispatches that add to the previous
 //! ones' sums, in a fixed order.
@@ -11,6 +12,7 @@
 use crate::attention::{mask_words, side_words, upload_words, Plan};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::backward_blocked::{self, BlockedVariant};
 use crate::kernels::backward_texel::{self, BackwardTexelVariant};
 use crate::kernels::kv_texels::{KvTexels, TexelGrid};
 use crate::kernels::{
@@ -47,7 +49,7 @@ const fn backward_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel 
 
 /// `D_i = dO_i · O_i`.
 pub const DELTA: Kernel = backward_kernel("bwd_delta", &[Slot::Params, Slot::Scores, Slot::DOut, Slot::ForwardOut]);
-const DQ_SLOTS: &[Slot] = &[
+pub(crate) const DQ_SLOTS: &[Slot] = &[
     Slot::Params,
     Slot::Q,
     Slot::K,
@@ -59,7 +61,7 @@ const DQ_SLOTS: &[Slot] = &[
     Slot::DOut,
     Slot::DQ,
 ];
-const DKDV_SLOTS: &[Slot] = &[
+pub(crate) const DKDV_SLOTS: &[Slot] = &[
     Slot::Params,
     Slot::Q,
     Slot::K,
@@ -168,12 +170,12 @@ pub const SUBGROUP_128: PassKernels = PassKernels {
 /// `options` on this context (for reports).
 pub fn backward_tiling(
     ctx: &Context,
-    dtype: crate::tensor::DType,
+    dtype: DType,
     options: &AttentionOptions,
     shape: &AttentionShape,
 ) -> Result<BackwardTiling> {
     let forward = ctx.fused_config_for(options.tiling, dtype, options.precision)?;
-    Ok(BackwardTiling::for_forward(forward.tiling, shape))
+    Ok(BackwardTiling::for_forward(ctx, forward.tiling, dtype, shape))
 }
 
 /// How the dQ and dK/dV passes are tiled.
@@ -188,15 +190,30 @@ pub enum BackwardTiling {
     /// they serve the problem, else 4 rows or keys per invocation sharing loads
     /// through 8-lane subgroups (`flash_backward_subgroup.wgsl`).
     Subgroup,
+    /// Where the forward runs a GPU tiling (`shared`, `blocked`, `coop`) and a variant
+    /// of `flash_backward_blocked.wgsl` holds the head dims (up to 128 in f32, 256 in
+    /// f16) in the adapter's workgroup memory: tiles of rows and keys with both
+    /// operands of every product in workgroup memory (`kernels::backward_blocked`; in
+    /// 48 KiB, 32 rows and keys per tile at D 64, and at D 128 16 in f32 and 32 in
+    /// f16).
+    Blocked(BlockedVariant),
 }
 
 impl BackwardTiling {
-    /// The tiling for a problem whose forward runs the fused tiling `forward`.
-    pub fn for_forward(forward: FusedTiling, shape: &AttentionShape) -> Self {
-        if forward == FusedTiling::Subgroup && shape.head_dim.max(shape.head_dim_v) <= 128 {
-            BackwardTiling::Subgroup
-        } else {
-            BackwardTiling::Rows
+    /// The tiling for a problem of `dtype` whose forward runs the fused tiling `forward`
+    /// on `ctx`.
+    pub fn for_forward(ctx: &Context, forward: FusedTiling, dtype: DType, shape: &AttentionShape) -> Self {
+        let dims = shape.head_dim.max(shape.head_dim_v);
+        let caps = ctx.capabilities();
+        match forward {
+            FusedTiling::Subgroup if dims <= 128 => BackwardTiling::Subgroup,
+            FusedTiling::Shared | FusedTiling::Blocked | FusedTiling::Coop => {
+                let fits = u32::try_from(dims).ok().and_then(|d| {
+                    backward_blocked::variant_for(d, dtype, caps.max_workgroup_storage, caps.max_invocations)
+                });
+                fits.map_or(BackwardTiling::Rows, |v| BackwardTiling::Blocked(*v))
+            }
+            _ => BackwardTiling::Rows,
         }
     }
 
@@ -205,6 +222,7 @@ impl BackwardTiling {
         match self {
             BackwardTiling::Rows => "rows",
             BackwardTiling::Subgroup => "subgroup",
+            BackwardTiling::Blocked(_) => "blocked",
         }
     }
 
@@ -214,6 +232,27 @@ impl BackwardTiling {
             BackwardTiling::Rows => PassKernels { dq: DQ, dkdv: DKDV },
             BackwardTiling::Subgroup if dims <= 64 => SUBGROUP_64,
             BackwardTiling::Subgroup => SUBGROUP_128,
+            BackwardTiling::Blocked(v) => PassKernels {
+                dq: v.dq(DQ_SLOTS),
+                dkdv: v.dkdv(DKDV_SLOTS),
+            },
+        }
+    }
+
+    /// Override constants of its buffer kernels (the workgroup size of `rows` and
+    /// `subgroup`'s; the blocked variants fix theirs in the prelude).
+    fn constants(self) -> Vec<(&'static str, u32)> {
+        match self {
+            BackwardTiling::Blocked(_) => Vec::new(),
+            _ => vec![("ROWS", ROWS)],
+        }
+    }
+
+    /// Rows (or keys) per workgroup of its buffer kernels.
+    fn rows_per_workgroup(self) -> u32 {
+        match self {
+            BackwardTiling::Blocked(v) => v.tile,
+            _ => ROWS,
         }
     }
 
@@ -223,6 +262,7 @@ impl BackwardTiling {
         match self {
             BackwardTiling::Rows => loop_budget::backward_dq_iterations(s, keys),
             BackwardTiling::Subgroup => loop_budget::backward_subgroup_dq_iterations(s, keys),
+            BackwardTiling::Blocked(v) => backward_blocked::dq_iterations(&v, vec4s(s), keys),
         }
     }
 
@@ -230,8 +270,17 @@ impl BackwardTiling {
         match self {
             BackwardTiling::Rows => loop_budget::backward_dkdv_iterations(s, rows),
             BackwardTiling::Subgroup => loop_budget::backward_subgroup_dkdv_iterations(s, rows),
+            BackwardTiling::Blocked(v) => {
+                let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+                backward_blocked::dkdv_iterations(&v, vec4s(s), rows, group)
+            }
         }
     }
+}
+
+/// The head dims in vec4s (D, Dv).
+fn vec4s(s: &AttentionShape) -> (u64, u64) {
+    ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4))
 }
 
 /// Rows (or keys) per workgroup of the dQ and dK/dV passes' buffer kernels, in both
@@ -495,7 +544,7 @@ pub fn encode_sdpa_backward(
         return Ok(grads);
     }
 
-    let tiling = BackwardTiling::for_forward(plan.fused_tiling().unwrap_or(FusedTiling::Auto), &s);
+    let tiling = BackwardTiling::for_forward(ctx, plan.fused_tiling().unwrap_or(FusedTiling::Auto), dtype, &s);
     let kernels = tiling.kernels(&s);
     // The texel kernels where the subgroup tiling runs and they serve the problem,
     // each pass reading mirrors of the two operands it walks (where those fit the
@@ -512,7 +561,7 @@ pub fn encode_sdpa_backward(
     let dq_texels = mirrors(k.buffer(), v.buffer(), encoder)?;
     let (dq_kernel, dq_rows, dq_constants) = match (texel, &dq_texels) {
         (Some(variant), Some(_)) => (variant.dq(), variant.rows, texel_constants.to_vec()),
-        _ => (kernels.dq, ROWS, vec![("ROWS", ROWS)]),
+        _ => (kernels.dq, tiling.rows_per_workgroup(), tiling.constants()),
     };
     let dq_pipeline = pipeline(ctx, &dq_kernel, dtype, &dq_constants)?;
     let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| match dq_texels {
@@ -535,7 +584,7 @@ pub fn encode_sdpa_backward(
     let dkdv_texels = mirrors(q.buffer(), d_out.buffer(), encoder)?;
     let (dkdv_kernel, dkdv_rows, dkdv_constants) = match (texel, &dkdv_texels) {
         (Some(variant), Some(_)) => (variant.dkdv(), variant.rows, texel_constants.to_vec()),
-        _ => (kernels.dkdv, ROWS, vec![("ROWS", ROWS)]),
+        _ => (kernels.dkdv, tiling.rows_per_workgroup(), tiling.constants()),
     };
     let dkdv_pipeline = pipeline(ctx, &dkdv_kernel, dtype, &dkdv_constants)?;
     let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| match dkdv_texels {

@@ -98,9 +98,10 @@ fn gradients_match_the_reference_across_shapes_options_and_dtypes() {
 #[test]
 fn every_backward_tiling_matches_the_reference() {
     // The adapter's own pick (the subgroup tiling on lavapipe, for head dims up to 64
-    // and up to 128), the rows tiling (forced through the forward's registers tiling)
-    // and the materialized path, on masks that reach every rule of both dK/dV
-    // orientations.
+    // and up to 128), the rows tiling (forced through the forward's registers tiling),
+    // the blocked one (through the forward's shared tiling: lavapipe's 32 KiB take its
+    // 16-row variant at D 64, 8-row at D 128, and rows past that) and the materialized
+    // path, on masks that reach every rule of both dK/dV orientations.
     let Some(ctx) = common::ctx() else { return };
     let mut rng = Rng::new(3994);
     let shapes = [
@@ -113,6 +114,7 @@ fn every_backward_tiling_matches_the_reference() {
         let paths = [
             (KernelChoice::Auto, FusedTiling::Auto),
             (KernelChoice::Auto, FusedTiling::Registers),
+            (KernelChoice::Auto, FusedTiling::Shared),
             (KernelChoice::Materialized, FusedTiling::Auto),
         ];
         for (kernel, tiling) in paths {
@@ -228,8 +230,20 @@ fn long_ranges_split_under_a_loop_cap_give_the_same_gradients() {
         ..Default::default()
     };
     let s = AttentionShape::new(1, 4, 2, 300, 280, 64, 64);
-    assert_passes(ctx, case(s, options, DType::F32, Layout::Bhsd, 3990));
+    assert_passes(ctx, case(s, options.clone(), DType::F32, Layout::Bhsd, 3990));
+    // The blocked tiling (through the forward's shared one) walks tiles of 16 keys or
+    // rows here, a few hundred iterations each: a cap of its own splits it.
+    let mut short = Context::new().expect("a second context on the same adapter");
+    short.limit_loop_iterations(BLOCKED_CAP);
+    let options = AttentionOptions {
+        tiling: FusedTiling::Shared,
+        ..options
+    };
+    assert_passes(&short, case(s, options, DType::F32, Layout::Bhsd, 3992));
 }
+
+/// Cuts the blocked tiling's walks over 300 rows and 280 keys into several dispatches.
+const BLOCKED_CAP: u64 = 1_500;
 
 #[test]
 fn gradients_repeat_bit_for_bit() {
@@ -244,23 +258,27 @@ fn gradients_repeat_bit_for_bit() {
     let k = upload([2, 2, 70, 32]);
     let v = upload([2, 2, 70, 32]);
     let d_out = upload([2, 4, 50, 32]);
-    let options = AttentionOptions {
-        causal: Some(CausalAlignment::TopLeft),
-        need_lse: true,
-        ..Default::default()
-    };
-    let forward = sdpa(ctx, &q, &k, &v, &options).expect("forward");
-    let lse = forward.lse.expect("lse");
-    let run = || {
-        let g = sdpa_backward(ctx, &q, &k, &v, &forward.out, &lse, &d_out, &options).expect("backward");
-        [&g.dq, &g.dk, &g.dv].map(|t| t.to_f32_vec(ctx).expect("read"))
-    };
-    let first = run();
-    assert!(first.iter().flatten().any(|&x| x != 0.0), "{s:?}: all zero");
-    for _ in 0..3 {
-        let again = run();
-        for (a, b) in first.iter().zip(&again) {
-            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    // The adapter's tiling, and the blocked one (through the forward's shared tiling).
+    for tiling in [FusedTiling::Auto, FusedTiling::Shared] {
+        let options = AttentionOptions {
+            causal: Some(CausalAlignment::TopLeft),
+            need_lse: true,
+            tiling,
+            ..Default::default()
+        };
+        let forward = sdpa(ctx, &q, &k, &v, &options).expect("forward");
+        let lse = forward.lse.expect("lse");
+        let run = || {
+            let g = sdpa_backward(ctx, &q, &k, &v, &forward.out, &lse, &d_out, &options).expect("backward");
+            [&g.dq, &g.dk, &g.dv].map(|t| t.to_f32_vec(ctx).expect("read"))
+        };
+        let first = run();
+        assert!(first.iter().flatten().any(|&x| x != 0.0), "{s:?} {tiling:?}: all zero");
+        for _ in 0..3 {
+            let again = run();
+            for (a, b) in first.iter().zip(&again) {
+                assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{tiling:?}");
+            }
         }
     }
 }
@@ -278,11 +296,6 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
     for x in k[5 * 4..].iter_mut().chain(v[5 * 4..].iter_mut()) {
         *x = f32::NAN;
     }
-    let options = AttentionOptions {
-        key_lengths: Some(vec![5]),
-        need_lse: true,
-        ..Default::default()
-    };
     let upload = |data: &[f32], shape| Tensor::from_f32(ctx, shape, Layout::Bhsd, data).expect("upload");
     let (qt, kt, vt, dt) = (
         upload(&q, [1, 2, 5, 4]),
@@ -290,26 +303,37 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
         upload(&v, [1, 1, 8, 4]),
         upload(&d_out, [1, 2, 5, 4]),
     );
-    // The forward's output and lse from the reference (the GPU forward tilings do not
-    // all keep NaN in masked V rows out of their output yet: docs/design.md, "Backward").
-    let forward = wgpu_attention::reference::attention(&q, &k, &v, &s, &options).expect("forward");
-    let out: Vec<f32> = forward.out.iter().map(|&x| x as f32).collect();
-    let lse: Vec<f32> = forward.lse.iter().map(|&x| x as f32).collect();
-    let out = upload(&out, [1, 2, 5, 4]);
-    let lse = upload(&lse, [1, 2, 5, 1]);
-    let g = sdpa_backward(ctx, &qt, &kt, &vt, &out, &lse, &dt, &options).expect("backward");
-    let want = wgpu_attention::reference::attention_backward(&q, &k, &v, &d_out, &s, &options).expect("reference");
-    for (name, t, w) in [
-        ("dq", &g.dq, &want.dq),
-        ("dk", &g.dk, &want.dk),
-        ("dv", &g.dv, &want.dv),
-    ] {
-        let got = t.to_f32_vec(ctx).expect("read");
-        for (i, (a, b)) in got.iter().zip(w).enumerate() {
-            assert!(
-                a.is_finite() && (f64::from(*a) - b).abs() <= 1e-5,
-                "{name}[{i}]: {a} against {b}"
-            );
+    // Every backward tiling the adapter has: its own, rows (through the forward's
+    // registers tiling) and blocked (through shared).
+    for tiling in [FusedTiling::Auto, FusedTiling::Registers, FusedTiling::Shared] {
+        let options = AttentionOptions {
+            key_lengths: Some(vec![5]),
+            need_lse: true,
+            tiling,
+            ..Default::default()
+        };
+        // The forward's output and lse from the reference (the GPU forward tilings do
+        // not all keep NaN in masked V rows out of their output yet: docs/design.md,
+        // "Backward").
+        let forward = wgpu_attention::reference::attention(&q, &k, &v, &s, &options).expect("forward");
+        let out: Vec<f32> = forward.out.iter().map(|&x| x as f32).collect();
+        let lse: Vec<f32> = forward.lse.iter().map(|&x| x as f32).collect();
+        let out = upload(&out, [1, 2, 5, 4]);
+        let lse = upload(&lse, [1, 2, 5, 1]);
+        let g = sdpa_backward(ctx, &qt, &kt, &vt, &out, &lse, &dt, &options).expect("backward");
+        let want = wgpu_attention::reference::attention_backward(&q, &k, &v, &d_out, &s, &options).expect("reference");
+        for (name, t, w) in [
+            ("dq", &g.dq, &want.dq),
+            ("dk", &g.dk, &want.dk),
+            ("dv", &g.dv, &want.dv),
+        ] {
+            let got = t.to_f32_vec(ctx).expect("read");
+            for (i, (a, b)) in got.iter().zip(w).enumerate() {
+                assert!(
+                    a.is_finite() && (f64::from(*a) - b).abs() <= 1e-5,
+                    "{tiling:?} {name}[{i}]: {a} against {b}"
+                );
+            }
         }
     }
 }

@@ -394,7 +394,12 @@ fn backward_gemm_and_norm_uniforms_match_rust() {
 
 /// Bytes of workgroup memory a kernel's WGSL declares.
 fn declared_workgroup_bytes(kernel: &wgpu_attention::kernels::Kernel) -> u32 {
-    let source = shader_source(kernel, DType::F32);
+    declared_workgroup_bytes_in(kernel, DType::F32)
+}
+
+/// The same for inputs of `dtype` (the WGSL's `elem`).
+fn declared_workgroup_bytes_in(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> u32 {
+    let source = shader_source(kernel, dtype);
     let module = validate(&source).expect("valid shader");
     let mut layouter = naga::proc::Layouter::default();
     layouter.update(module.to_ctx()).expect("layout");
@@ -448,6 +453,23 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
                 variant.workgroup_bytes(),
                 "{}",
                 kernel.variant
+            );
+        }
+    }
+}
+
+#[test]
+fn blocked_backward_variants_declare_the_workgroup_memory_the_host_budgets() {
+    // kernels::backward_blocked::variant_for picks by workgroup_bytes, per dtype (its
+    // input tiles hold the inputs' elements); the dK/dV entry uses every array.
+    use wgpu_attention::kernels::backward_blocked::VARIANTS;
+    for v in VARIANTS {
+        for dtype in [DType::F32, DType::F16] {
+            let kernel = v.dkdv(&[]);
+            assert_eq!(
+                declared_workgroup_bytes_in(&kernel, dtype),
+                v.workgroup_bytes(dtype),
+                "{v:?} {dtype:?}"
             );
         }
     }

@@ -126,7 +126,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     // tiling where that is another, and the materialized one (which refuses, and
     // skips here, what one invocation cannot walk under llvmpipe's loop cap).
     let mut paths: Vec<(String, KernelChoice, FusedTiling)> = Vec::new();
-    for tiling in [FusedTiling::Auto, FusedTiling::Registers] {
+    for tiling in [FusedTiling::Auto, FusedTiling::Shared, FusedTiling::Registers] {
         let options = AttentionOptions {
             tiling,
             ..Default::default()

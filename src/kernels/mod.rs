@@ -7,6 +7,7 @@
 //! kernels `shaders/flash_common.wgsl`) and the kernel's own file. Everything
 //! else is specialised with WGSL `override` constants.
 
+pub mod backward_blocked;
 pub mod backward_texel;
 pub mod coop_emulation;
 pub mod decode;
@@ -86,13 +87,19 @@ pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_c
 
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
-/// [`backward_texel::VARIANTS`]) and the tensor-core
+/// [`backward_texel::VARIANTS`]), the blocked backward's sizes
+/// ([`backward_blocked::VARIANTS`]) and the tensor-core
 /// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
         .into_iter()
         .chain(flash_texel::VARIANTS.iter().map(|v| v.kernel()))
         .chain(backward_texel::VARIANTS.iter().flat_map(|v| [v.dq(), v.dkdv()]))
+        .chain(
+            backward_blocked::VARIANTS
+                .iter()
+                .flat_map(|v| [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)]),
+        )
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
         .collect()
 }
