@@ -3,9 +3,9 @@
 # lent for a short time: adapter info, the `check` grid, `tune` (every tensor-core
 # variant checked and timed; the winners in OUT/tune.tsv, to check in as
 # tune/winners.tsv), fused attention (f32, f16, f32 on tensor cores, causal, GQA) with
-# the GEMM probe, decode against a long cache, a sliding window, an MHA layer, and
-# PyTorch's SDPA beside them where it is installed (docs/design.md, "Measuring on a
-# GPU"). Every step writes JSON; with PREVIOUS set, the bench JSON is compared row by
+# the GEMM probe, decode against a long cache, a sliding window, an MHA layer, the
+# backward pass (the rows tiling and PyTorch's backward beside it), and PyTorch's SDPA
+# beside them where it is installed (docs/design.md, "Measuring on a GPU"). Every step writes JSON; with PREVIOUS set, the bench JSON is compared row by
 # row with the same files of an earlier pass (`bench --compare`).
 #
 # Each step has its own time limit and its output in a file, so a failing or slow step
@@ -90,12 +90,21 @@ else
     step torch echo "skipped: no $torch_script, or no torch with CUDA"
 fi
 
-# The backward pass beside the forward (issue 39), last: on a GPU it runs the portable
-# `rows` tiling until a GPU tiling exists, and may take what time is left.
+# The backward pass beside the forward (issue 39), last: the `blocked` tiling on GPUs,
+# then the portable `rows` one (through the forward's registers tiling) for comparison,
+# and PyTorch's backward (docs/gpu/torch_backward.py) where torch has CUDA.
 backward_args=()
 for s in "${backward[@]}"; do backward_args+=(--shape "$s"); done
 step backward "$bin" bench "${backward_args[@]}" --causal --dtype both --kernel fused+backward \
     --reps 3 --probe "$probe" --json "$out/backward.json"
+step backward-rows env WGPU_ATTENTION_TILING=registers "$bin" bench "${backward_args[@]}" --dtype both \
+    --kernel backward --reps 3 --probe "$probe" --json "$out/backward-rows.json"
+torch_backward=$(dirname "$0")/torch_backward.py
+if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    step torch-backward ${TORCH:-python3} "$torch_backward" "${backward[@]}"
+else
+    step torch-backward echo "skipped: no torch with CUDA"
+fi
 
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
