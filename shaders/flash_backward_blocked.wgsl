@@ -21,7 +21,9 @@
 //      dX = P (dP - D) · cap slope · scale, a vec4 each, to workgroup memory. Where the
 //      owners are fewer than the invocations (SPLIT = NT / (T·T/4) > 1), invocation
 //      o + h·T·T/4 sums the h-th of SPLIT slices of the head dims, and after a barrier
-//      owner o adds the other slices' sums (in slice order) before masking;
+//      owner o adds the other slices' sums (in slice order) before masking; where they
+//      are twice as many (PAIRS), invocation o takes owners o and o + NT, which share
+//      their quad, reading each walked vec4 once for both;
 //   -- barrier --
 //   3. products: invocation (column t = tid % D4, rows or keys tid / D4 + NR·u, u < RB)
 //      adds to its RB vec4 accumulators: dQ += dX·K, or dV += Pᵀ·dO and dK += dXᵀ·Q;
@@ -41,6 +43,7 @@ const OWNERS: u32 = T * QUADS; // score owners
 const NR: u32 = NT / D4; // rows (keys) the product invocations of one column step by
 const RB: u32 = T / NR; // rows (keys) per product invocation
 const SPLIT: u32 = max(1u, NT / OWNERS); // slices of the head dims per score owner
+const PAIRS: bool = OWNERS == 2u * NT; // each invocation takes two score owners at once
 
 // The owned tile (Q and dO, or K and V) and the walked one (K and V, or Q and dO).
 var<workgroup> own_a: array<vec4<elem>, T * RS>;
@@ -87,6 +90,50 @@ fn dots_own_walk(own: u32, c: u32, first: u32, end: u32, of_a: bool) -> vec4<f32
         }
     }
     return x;
+}
+
+// The dot products of two owned rows (at own0 and own1) with walked rows 4c .. 4c + 3,
+// over vec4 columns 0 .. n, each walked vec4 read once for both: columns 0 and 1 of
+// the result.
+fn pair_dots(own0: u32, own1: u32, c: u32, n: u32, of_a: bool) -> mat2x4<f32> {
+    var x0 = vec4<f32>(0.0);
+    var x1 = vec4<f32>(0.0);
+    let r0 = permuted(4u * c) * RS;
+    let r1 = permuted(4u * c + 1u) * RS;
+    let r2 = permuted(4u * c + 2u) * RS;
+    let r3 = permuted(4u * c + 3u) * RS;
+    for (var t = 0u; t < n; t++) {
+        if of_a {
+            let w0 = vec4<f32>(walk_a[r0 + t]);
+            let w1 = vec4<f32>(walk_a[r1 + t]);
+            let w2 = vec4<f32>(walk_a[r2 + t]);
+            let w3 = vec4<f32>(walk_a[r3 + t]);
+            let a0 = vec4<f32>(own_a[own0 + t]);
+            let a1 = vec4<f32>(own_a[own1 + t]);
+            x0 += vec4<f32>(dot(a0, w0), dot(a0, w1), dot(a0, w2), dot(a0, w3));
+            x1 += vec4<f32>(dot(a1, w0), dot(a1, w1), dot(a1, w2), dot(a1, w3));
+        } else {
+            let w0 = vec4<f32>(walk_b[r0 + t]);
+            let w1 = vec4<f32>(walk_b[r1 + t]);
+            let w2 = vec4<f32>(walk_b[r2 + t]);
+            let w3 = vec4<f32>(walk_b[r3 + t]);
+            let a0 = vec4<f32>(own_b[own0 + t]);
+            let a1 = vec4<f32>(own_b[own1 + t]);
+            x0 += vec4<f32>(dot(a0, w0), dot(a0, w1), dot(a0, w2), dot(a0, w3));
+            x1 += vec4<f32>(dot(a1, w0), dot(a1, w1), dot(a1, w2), dot(a1, w3));
+        }
+    }
+    return mat2x4<f32>(x0, x1);
+}
+
+// Score owners o and o + NT (same quad, rows or keys NT / QUADS apart) together:
+// each one's scores (unscaled) and dP, as slice_sums gives them.
+fn pair_sums(o: u32, d4: u32, dv4: u32) -> array<mat2x4<f32>, 2> {
+    let own0 = o / QUADS * RS;
+    let own1 = (o + NT) / QUADS * RS;
+    let x = pair_dots(own0, own1, o % QUADS, d4, true);
+    let dp = pair_dots(own0, own1, o % QUADS, dv4, false);
+    return array<mat2x4<f32>, 2>(mat2x4<f32>(x[0], dp[0]), mat2x4<f32>(x[1], dp[1]));
 }
 
 // A slice's share of vec4 columns 0 .. n: slice h of SPLIT.
@@ -204,6 +251,10 @@ fn bwd_dq_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             if tid < OWNERS {
                 dq_scores(hd, row0, j0, tid, gather_slices(tid, sums));
             }
+        } else if PAIRS {
+            let sums = pair_sums(tid, d4, dv4);
+            dq_scores(hd, row0, j0, tid, sums[0]);
+            dq_scores(hd, row0, j0, tid + NT, sums[1]);
         } else {
             for (var o = tid; o < OWNERS; o += NT) {
                 dq_scores(hd, row0, j0, o, slice_sums(o, d4, dv4));
@@ -292,6 +343,10 @@ fn bwd_dkdv_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
                 if tid < OWNERS {
                     dkdv_scores(hd, key0, i0, rows.y, tid, gather_slices(tid, sums));
                 }
+            } else if PAIRS {
+                let sums = pair_sums(tid, d4, dv4);
+                dkdv_scores(hd, key0, i0, rows.y, tid, sums[0]);
+                dkdv_scores(hd, key0, i0, rows.y, tid + NT, sums[1]);
             } else {
                 for (var o = tid; o < OWNERS; o += NT) {
                     dkdv_scores(hd, key0, i0, rows.y, o, slice_sums(o, d4, dv4));
