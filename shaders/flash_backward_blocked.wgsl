@@ -8,7 +8,8 @@
 //
 // Tiling. A workgroup of NT invocations owns a tile of T query rows (dQ) or T keys
 // (dK/dV) of one (batch, head) and walks tiles of T of the other side. Input tiles
-// hold the inputs' elements (f16 tiles take half the memory, so f16 gets larger tiles),
+// hold `tile_elem` (the prelude's: the inputs' elements, or f16 for f32 inputs whose
+// products may round to f16; f16 tiles take half the memory, so they come larger),
 // rows of DMAX / 4 vec4s padded to an odd count (RS), so that 8 invocations reading 8
 // consecutive rows at one column hit distinct banks; P and dX tiles are f32.
 //   1. stage: every invocation loads its share of the walked tiles (K and V, or Q and
@@ -46,10 +47,10 @@ const SPLIT: u32 = max(1u, NT / OWNERS); // slices of the head dims per score ow
 const PAIRS: bool = OWNERS == 2u * NT; // each invocation takes two score owners at once
 
 // The owned tile (Q and dO, or K and V) and the walked one (K and V, or Q and dO).
-var<workgroup> own_a: array<vec4<elem>, T * RS>;
-var<workgroup> own_b: array<vec4<elem>, T * RS>;
-var<workgroup> walk_a: array<vec4<elem>, T * RS>;
-var<workgroup> walk_b: array<vec4<elem>, T * RS>;
+var<workgroup> own_a: array<vec4<tile_elem>, T * RS>;
+var<workgroup> own_b: array<vec4<tile_elem>, T * RS>;
+var<workgroup> walk_a: array<vec4<tile_elem>, T * RS>;
+var<workgroup> walk_b: array<vec4<tile_elem>, T * RS>;
 // dX (and P, dK/dV only) of a tile: [row][key quad] (dQ) or [key][row quad] (dK/dV).
 var<workgroup> dx_tile: array<vec4<f32>, OWNERS>;
 var<workgroup> p_tile: array<vec4<f32>, OWNERS>;
@@ -215,8 +216,8 @@ fn bwd_dq_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         let r = e / D4;
         let t = e % D4;
         let i = min(row0 + r, last_row);
-        own_a[r * RS + t] = vec4<elem>(qrow4(q_base(hd, i), t));
-        own_b[r * RS + t] = vec4<elem>(doload4(do_base(hd, i), t));
+        own_a[r * RS + t] = vec4<tile_elem>(qrow4(q_base(hd, i), t));
+        own_b[r * RS + t] = vec4<tile_elem>(doload4(do_base(hd, i), t));
     }
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
@@ -240,8 +241,8 @@ fn bwd_dq_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             if j0 + r < limit {
                 kt = load4(true, k_base + kv_offset(true, hd.b, j), t, p.head_dim);
             }
-            walk_a[at] = vec4<elem>(kt);
-            walk_b[at] = vec4<elem>(load4(false, v_base + kv_offset(false, hd.b, j), t, p.head_dim_v));
+            walk_a[at] = vec4<tile_elem>(kt);
+            walk_b[at] = vec4<tile_elem>(load4(false, v_base + kv_offset(false, hd.b, j), t, p.head_dim_v));
         }
         workgroupBarrier();
         // 2. dX of (row r, keys 4c .. 4c + 3).
@@ -309,8 +310,8 @@ fn bwd_dkdv_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         let r = e / D4;
         let t = e % D4;
         let j = min(key0 + r, p.len_k - 1u);
-        own_a[r * RS + t] = vec4<elem>(load4(true, k_base + kv_offset(true, b, j), t, p.head_dim));
-        own_b[r * RS + t] = vec4<elem>(load4(false, v_base + kv_offset(false, b, j), t, p.head_dim_v));
+        own_a[r * RS + t] = vec4<tile_elem>(load4(true, k_base + kv_offset(true, b, j), t, p.head_dim));
+        own_b[r * RS + t] = vec4<tile_elem>(load4(false, v_base + kv_offset(false, b, j), t, p.head_dim_v));
     }
     var acc_k: array<vec4<f32>, RB>;
     var acc_v: array<vec4<f32>, RB>;
@@ -332,8 +333,8 @@ fn bwd_dkdv_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
                 let t = e % D4;
                 let i = min(i0 + r, last_row);
                 let at = permuted(r) * RS + t;
-                walk_a[at] = vec4<elem>(qrow4(q_base(hd, i), t));
-                walk_b[at] = vec4<elem>(doload4(do_base(hd, i), t));
+                walk_a[at] = vec4<tile_elem>(qrow4(q_base(hd, i), t));
+                walk_b[at] = vec4<tile_elem>(doload4(do_base(hd, i), t));
             }
             workgroupBarrier();
             // 2. P and dX of (key r, rows 4c .. 4c + 3).

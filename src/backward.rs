@@ -19,7 +19,7 @@ use crate::kernels::{
     dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
     BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
 };
-use crate::options::{AttentionOptions, FusedTiling, KernelChoice};
+use crate::options::{AttentionOptions, FusedTiling, KernelChoice, Precision};
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 
@@ -175,7 +175,13 @@ pub fn backward_tiling(
     shape: &AttentionShape,
 ) -> Result<BackwardTiling> {
     let forward = ctx.fused_config_for(options.tiling, dtype, options.precision)?;
-    Ok(BackwardTiling::for_forward(ctx, forward.tiling, dtype, shape))
+    Ok(BackwardTiling::for_forward(
+        ctx,
+        forward.tiling,
+        dtype,
+        options.precision,
+        shape,
+    ))
 }
 
 /// How the dQ and dK/dV passes are tiled.
@@ -200,16 +206,25 @@ pub enum BackwardTiling {
 }
 
 impl BackwardTiling {
-    /// The tiling for a problem of `dtype` whose forward runs the fused tiling `forward`
-    /// on `ctx`.
-    pub fn for_forward(ctx: &Context, forward: FusedTiling, dtype: DType, shape: &AttentionShape) -> Self {
+    /// The tiling for a problem of `dtype` at `precision` whose forward runs the fused
+    /// tiling `forward` on `ctx`. Below [`Precision::Highest`], f32 inputs take the
+    /// blocked tiling's f16 tiles where the adapter has f16.
+    pub fn for_forward(
+        ctx: &Context,
+        forward: FusedTiling,
+        dtype: DType,
+        precision: Precision,
+        shape: &AttentionShape,
+    ) -> Self {
         let dims = shape.head_dim.max(shape.head_dim_v);
         let caps = ctx.capabilities();
+        let half_tiles = precision != Precision::Highest && caps.f16;
         match forward {
             FusedTiling::Subgroup if dims <= 128 => BackwardTiling::Subgroup,
             FusedTiling::Shared | FusedTiling::Blocked | FusedTiling::Coop => {
                 let fits = u32::try_from(dims).ok().and_then(|d| {
-                    backward_blocked::variant_for(d, dtype, caps.max_workgroup_storage, caps.max_invocations)
+                    let (storage, invocations) = (caps.max_workgroup_storage, caps.max_invocations);
+                    backward_blocked::variant_for(d, dtype, half_tiles, storage, invocations)
                 });
                 fits.map_or(BackwardTiling::Rows, |v| BackwardTiling::Blocked(*v))
             }
@@ -544,7 +559,13 @@ pub fn encode_sdpa_backward(
         return Ok(grads);
     }
 
-    let tiling = BackwardTiling::for_forward(ctx, plan.fused_tiling().unwrap_or(FusedTiling::Auto), dtype, &s);
+    let tiling = BackwardTiling::for_forward(
+        ctx,
+        plan.fused_tiling().unwrap_or(FusedTiling::Auto),
+        dtype,
+        options.precision,
+        &s,
+    );
     let kernels = tiling.kernels(&s);
     // The texel kernels where the subgroup tiling runs and they serve the problem,
     // each pass reading mirrors of the two operands it walks (where those fit the

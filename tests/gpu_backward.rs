@@ -7,8 +7,8 @@ mod common;
 
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, CheckCase, Rng};
 use wgpu_attention::{
-    sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice,
-    Layout, Tensor, Window,
+    backward_tiling, sdpa, sdpa_backward, AttentionOptions, AttentionShape, BackwardTiling, CausalAlignment, Context,
+    DType, FusedTiling, KernelChoice, Layout, Precision, Tensor, Window,
 };
 
 fn assert_passes(ctx: &Context, case: CheckCase) {
@@ -151,6 +151,46 @@ fn every_backward_tiling_matches_the_reference() {
                 let layout = if seed % 3 == 0 { Layout::Bshd } else { Layout::Bhsd };
                 assert_passes(ctx, case(s, options, dtype, layout, seed));
             }
+        }
+    }
+}
+
+#[test]
+fn f32_below_highest_precision_takes_f16_tiles_in_the_blocked_tiling() {
+    // Through the forward's shared tiling: f32 inputs at precision medium get the
+    // blocked tiling's f16 tiles (f16's tile sizes) where the adapter has f16, within
+    // the bound for products rounded to f16; at highest, or without f16, f32 tiles.
+    let Some(ctx) = common::ctx() else { return };
+    let f16 = ctx.capabilities().f16;
+    let mut rng = Rng::new(3995);
+    let shapes = [
+        AttentionShape::new(2, 4, 2, 45, 38, 64, 48),
+        AttentionShape::new(1, 2, 1, 29, 70, 100, 128),
+        AttentionShape::new(1, 2, 2, 21, 19, 136, 200),
+    ];
+    let mut seed = 39950;
+    for s in shapes {
+        for precision in [Precision::Medium, Precision::Highest] {
+            seed += 1;
+            let options = AttentionOptions {
+                tiling: FusedTiling::Shared,
+                precision,
+                causal: Some(CausalAlignment::BottomRight),
+                mask: Some(random_additive_mask(&mut rng, [1, s.heads_q, s.len_q, s.len_k])),
+                softcap: Some(3.0),
+                ..Default::default()
+            };
+            let tiling = backward_tiling(ctx, DType::F32, &options, &s).expect("tiling");
+            match tiling {
+                BackwardTiling::Blocked(v) => {
+                    assert_eq!(v.half_tiles, f16 && precision == Precision::Medium, "{s:?}")
+                }
+                other if (precision == Precision::Highest || !f16) && s.head_dim > 128 => {
+                    assert_eq!(other, BackwardTiling::Rows, "f32 tiles at D 256: rows")
+                }
+                other => panic!("{s:?} {precision:?}: {other:?}, not blocked"),
+            }
+            assert_passes(ctx, case(s, options, DType::F32, Layout::Bshd, seed));
         }
     }
 }

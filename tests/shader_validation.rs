@@ -462,8 +462,8 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
 fn blocked_backward_variants_declare_the_workgroup_memory_the_host_budgets() {
     // kernels::backward_blocked::variant_for picks by workgroup_bytes, per dtype (its
     // input tiles hold the inputs' elements); the dK/dV entry uses every array.
-    use wgpu_attention::kernels::backward_blocked::VARIANTS;
-    for v in VARIANTS {
+    use wgpu_attention::kernels::backward_blocked::{HALF_TILE_VARIANTS, VARIANTS};
+    for v in VARIANTS.iter().chain(&HALF_TILE_VARIANTS) {
         for dtype in [DType::F32, DType::F16] {
             let kernel = v.dkdv(&[]);
             assert_eq!(

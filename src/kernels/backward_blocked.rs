@@ -1,13 +1,20 @@
 //! The GPU backward tiling's kernels (`shaders/flash_backward_blocked.wgsl`, whose
 //! opening comment explains the tiling): both operands of every product in workgroup
 //! memory, tiles of `tile` rows and keys, `invocations` per workgroup. The variants
-//! differ only in those sizes; [`variant_for`] takes the first that holds the head
-//! dims and fits the adapter's workgroup memory.
+//! differ only in those sizes and in their tiles' element type: the inputs' own
+//! ([`VARIANTS`]), or f16 for f32 inputs at a precision below `Highest`
+//! ([`HALF_TILE_VARIANTS`]: f32 problems then get f16's tile sizes). [`variant_for`]
+//! takes the first that holds the head dims and fits the adapter's workgroup memory.
 
 use super::{Kernel, Slot, BACKWARD_COMMON, COMMON};
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_backward_blocked.wgsl");
+/// The same with f16 enabled for f32 inputs' f16 tiles (a directive must come first).
+const HALF_TILE_SOURCE: &str = concat!(
+    "enable f16;\n",
+    include_str!("../../shaders/flash_backward_blocked.wgsl")
+);
 
 /// One size of the kernels: head dims up to `dims`, `tile` rows and keys per tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,22 +22,28 @@ pub struct BlockedVariant {
     pub dims: u32,
     pub tile: u32,
     pub invocations: u32,
-    /// Whether f32 inputs take it (f16 inputs take every variant).
+    /// Whether f32 inputs take it with f32 tiles (f16 inputs take every variant).
     pub f32: bool,
+    /// Whether its tiles hold f16 whatever the inputs' dtype.
+    pub half_tiles: bool,
     preludes: &'static [&'static str],
     name: &'static str,
 }
 
 macro_rules! variant {
     ($dims:literal, $tile:literal, $invocations:literal) => {
-        variant!($dims, $tile, $invocations, true)
+        variant!($dims, $tile, $invocations, true, false, "elem", "")
     };
-    ($dims:literal, $tile:literal, $invocations:literal, $f32:literal) => {
+    ($dims:literal, $tile:literal, $invocations:literal, f16 tiles) => {
+        variant!($dims, $tile, $invocations, true, true, "f16", "h")
+    };
+    ($dims:literal, $tile:literal, $invocations:literal, $f32:literal, $half:literal, $tile_elem:literal, $suffix:literal) => {
         BlockedVariant {
             dims: $dims,
             tile: $tile,
             invocations: $invocations,
             f32: $f32,
+            half_tiles: $half,
             preludes: &[
                 COMMON,
                 BACKWARD_COMMON,
@@ -41,10 +54,12 @@ macro_rules! variant {
                     $tile,
                     "u;\nconst NT: u32 = ",
                     $invocations,
-                    "u;\n"
+                    "u;\nalias tile_elem = ",
+                    $tile_elem,
+                    ";\n"
                 ),
             ],
-            name: concat!("[", $dims, "x", $tile, "]"),
+            name: concat!("[", $dims, "x", $tile, $suffix, "]"),
         }
     };
 }
@@ -65,7 +80,20 @@ pub const VARIANTS: [BlockedVariant; 8] = [
     variant!(128, 16, 128),
     variant!(128, 8, 32),
     variant!(256, 16, 128),
-    variant!(256, 8, 64, false),
+    variant!(256, 8, 64, false, false, "elem", ""),
+];
+
+/// The variants with f16 tiles, for f32 inputs at a precision below `Highest`: f16's
+/// sizes of [`VARIANTS`].
+pub const HALF_TILE_VARIANTS: [BlockedVariant; 8] = [
+    variant!(64, 32, 128, f16 tiles),
+    variant!(64, 16, 64, f16 tiles),
+    variant!(64, 8, 32, f16 tiles),
+    variant!(128, 32, 128, f16 tiles),
+    variant!(128, 16, 128, f16 tiles),
+    variant!(128, 8, 32, f16 tiles),
+    variant!(256, 16, 128, f16 tiles),
+    variant!(256, 8, 64, f16 tiles),
 ];
 
 impl BlockedVariant {
@@ -83,7 +111,7 @@ impl BlockedVariant {
     /// Workgroup memory for inputs of `dtype`: four input tiles of `tile` padded rows,
     /// the P and dX tiles, and the slices' partial sums.
     pub fn workgroup_bytes(&self, dtype: DType) -> u32 {
-        let elem = if dtype == DType::F16 { 2 } else { 4 };
+        let elem = if self.half_tiles || dtype == DType::F16 { 2 } else { 4 };
         let row = self.dims / 4 + 1;
         let slices = self.owners() * (self.split() - 1) + 1;
         4 * elem * 4 * self.tile * row + 16 * 2 * self.owners() + 16 * 2 * slices
@@ -91,7 +119,7 @@ impl BlockedVariant {
     fn kernel(&self, entry: &'static str, slots: &'static [Slot]) -> Kernel {
         Kernel {
             file: "flash_backward_blocked.wgsl",
-            source: SOURCE,
+            source: if self.half_tiles { HALF_TILE_SOURCE } else { SOURCE },
             entry,
             slots,
             preludes: self.preludes,
@@ -111,14 +139,22 @@ impl BlockedVariant {
 }
 
 /// The first variant holding head dims up to `dims` for inputs of `dtype` within
-/// `max_workgroup_storage` bytes and `max_invocations` invocations, if any.
+/// `max_workgroup_storage` bytes and `max_invocations` invocations, if any; with
+/// `half_tiles` (f32 inputs whose products may round to f16, on an adapter with f16),
+/// among the f16-tile variants.
 pub fn variant_for(
     dims: u32,
     dtype: DType,
+    half_tiles: bool,
     max_workgroup_storage: u32,
     max_invocations: u32,
 ) -> Option<&'static BlockedVariant> {
-    VARIANTS.iter().find(|v| {
+    let table: &'static [BlockedVariant] = if half_tiles && dtype == DType::F32 {
+        &HALF_TILE_VARIANTS
+    } else {
+        &VARIANTS
+    };
+    table.iter().find(|v| {
         dims <= v.dims
             && (v.f32 || dtype == DType::F16)
             && v.workgroup_bytes(dtype) <= max_workgroup_storage
@@ -178,7 +214,7 @@ mod tests {
 
     #[test]
     fn every_variant_keeps_the_mapping_the_wgsl_assumes() {
-        for v in VARIANTS {
+        for v in VARIANTS.iter().chain(&HALF_TILE_VARIANTS) {
             let d4 = v.dims / 4;
             assert_eq!(v.invocations % d4, 0, "{v:?}: dims/4 must divide the invocations");
             assert_eq!(v.tile % (v.invocations / d4), 0, "{v:?}: products per invocation");
@@ -188,7 +224,7 @@ mod tests {
 
     #[test]
     fn gpus_get_the_largest_tiles_and_small_memories_smaller_ones() {
-        let tile = |dims, dtype, bytes| variant_for(dims, dtype, bytes, 1024).map(|v| v.tile);
+        let tile = |dims, dtype, bytes| variant_for(dims, dtype, false, bytes, 1024).map(|v| v.tile);
         let (f32, f16) = (DType::F32, DType::F16);
         assert_eq!(tile(64, f32, 49152), Some(32));
         assert_eq!(tile(64, f32, 32768), Some(16));
@@ -202,6 +238,15 @@ mod tests {
         assert_eq!(tile(256, f16, 49152), Some(16));
         assert_eq!(tile(256, f16, 32768), Some(8));
         assert_eq!(tile(257, f16, 1 << 20), None);
-        assert_eq!(variant_for(64, f32, 49152, 64).map(|v| v.tile), Some(16));
+        assert_eq!(variant_for(64, f32, false, 49152, 64).map(|v| v.tile), Some(16));
+        // f32 at a precision below highest: f16's tiles.
+        let half = |dims, bytes| variant_for(dims, f32, true, bytes, 1024).map(|v| (v.tile, v.half_tiles));
+        assert_eq!(half(128, 49152), Some((32, true)));
+        assert_eq!(half(256, 49152), Some((16, true)));
+        assert_eq!(half(128, 32768), Some((16, true)));
+        assert_eq!(
+            variant_for(128, f16, true, 49152, 1024).map(|v| v.half_tiles),
+            Some(false)
+        );
     }
 }

@@ -88,7 +88,7 @@ pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_c
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
 /// [`backward_texel::VARIANTS`]), the blocked backward's sizes
-/// ([`backward_blocked::VARIANTS`]) and the tensor-core
+/// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]) and the tensor-core
 /// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
@@ -98,6 +98,7 @@ pub fn every_kernel() -> Vec<Kernel> {
         .chain(
             backward_blocked::VARIANTS
                 .iter()
+                .chain(&backward_blocked::HALF_TILE_VARIANTS)
                 .flat_map(|v| [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)]),
         )
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
