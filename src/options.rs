@@ -246,8 +246,9 @@ pub enum Precision {
     /// Reserved for a faster path that keeps more than f16's precision; today the same
     /// as `Medium`.
     High,
-    /// f32 inputs may be rounded to f16 for the products (tensor cores), with f32
-    /// accumulation and an f32 softmax. Values beyond f16's range (|x| > 65504) then
+    /// f32 inputs may be rounded to f16 for the products (tensor cores; and the GPU
+    /// backward's `blocked` tiling, whose tiles then hold f16), with f32 accumulation
+    /// and an f32 softmax. Values beyond f16's range (|x| > 65504) then
     /// become infinities: the library does not scan inputs that already live on the GPU,
     /// so keep q, k and v inside it (the CLI refuses files that are not).
     Medium,
