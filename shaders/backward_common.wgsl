@@ -1,8 +1,9 @@
 // What the backward kernels share (flash_backward.wgsl, flash_backward_subgroup.wgsl,
-// backward_texel.wgsl), appended to attention_common.wgsl: the gradient bindings, the
-// forward's lse and D = rowsum(dO * O) per row (in `scores`), P = exp(s - lse), the
-// soft cap's slope, dX, the keys whose rows may hold anything, and the rows a block of
-// keys is visible to (docs/design.md, "Backward").
+// flash_backward_blocked.wgsl, backward_texel.wgsl), appended to attention_common.wgsl:
+// the gradient bindings, the forward's lse and D = rowsum(dO * O) per row (in
+// `scores`), P = exp(s - lse), the soft cap's slope, dX, the keys whose rows may hold
+// anything, the rows a block of keys is visible to, Q and dO loads, and the gradient
+// stores that resume a split walk (docs/design.md, "Backward").
 
 @group(0) @binding(13) var<storage, read> d_out: array<elem>;
 // The forward's output, read only (attention_common.wgsl's `output` is read-write, and
@@ -110,4 +111,31 @@ fn qrow4(base: u32, t4: u32) -> vec4<f32> {
         return vec4<f32>(f32(q[base + d]), f32(q[base + d + 1u]), f32(q[base + d + 2u]), f32(q[base + d + 3u]));
     }
     return qload4(base, t4);
+}
+
+// Stores one element of dQ (dK, dV) at `at`, adding what an earlier dispatch of the
+// walk stored there (p.key_begin > 0: a loop cap split the walk). Every backward
+// kernel stores its gradients through these.
+fn store_dq_element(at: u32, value: f32) {
+    var y = value;
+    if p.key_begin != 0u {
+        y += f32(dq[at]);
+    }
+    dq[at] = elem(y);
+}
+
+fn store_dk_element(at: u32, value: f32) {
+    var y = value;
+    if p.key_begin != 0u {
+        y += f32(dk[at]);
+    }
+    dk[at] = elem(y);
+}
+
+fn store_dv_element(at: u32, value: f32) {
+    var y = value;
+    if p.key_begin != 0u {
+        y += f32(dv[at]);
+    }
+    dv[at] = elem(y);
 }

@@ -60,45 +60,33 @@ fn word_at(first: u32) -> u32 {
     return first / (4u * ELEMS_PER_WORD);
 }
 
-// Stores elements d .. d + 3 of a gradient row (its first element at `row`), adding
-// what an earlier dispatch of the walk stored (p.key_begin > 0: llvmpipe's loop cap
-// split it), if within the head dim (whole words: the four lie all within or all
+// Stores elements d .. d + 3 of a gradient row (its first element at `row`) through
+// backward_common.wgsl's element stores (which add what an earlier dispatch of a split
+// walk stored), if within the head dim (whole words: the four lie all within or all
 // past it).
 fn store_dq(row: u32, d: u32, x: vec4<f32>) {
     if d < p.head_dim {
-        var y = x;
-        if p.key_begin != 0u {
-            y += vec4<f32>(f32(dq[row + d]), f32(dq[row + d + 1u]), f32(dq[row + d + 2u]), f32(dq[row + d + 3u]));
-        }
-        dq[row + d] = elem(y.x);
-        dq[row + d + 1u] = elem(y.y);
-        dq[row + d + 2u] = elem(y.z);
-        dq[row + d + 3u] = elem(y.w);
+        store_dq_element(row + d, x.x);
+        store_dq_element(row + d + 1u, x.y);
+        store_dq_element(row + d + 2u, x.z);
+        store_dq_element(row + d + 3u, x.w);
     }
 }
 
 fn store_dk(row: u32, d: u32, x: vec4<f32>) {
     if d < p.head_dim {
-        var y = x;
-        if p.key_begin != 0u {
-            y += vec4<f32>(f32(dk[row + d]), f32(dk[row + d + 1u]), f32(dk[row + d + 2u]), f32(dk[row + d + 3u]));
-        }
-        dk[row + d] = elem(y.x);
-        dk[row + d + 1u] = elem(y.y);
-        dk[row + d + 2u] = elem(y.z);
-        dk[row + d + 3u] = elem(y.w);
+        store_dk_element(row + d, x.x);
+        store_dk_element(row + d + 1u, x.y);
+        store_dk_element(row + d + 2u, x.z);
+        store_dk_element(row + d + 3u, x.w);
     }
 }
 
 fn store_dv(row: u32, d: u32, x: vec4<f32>) {
     if d < p.head_dim_v {
-        var y = x;
-        if p.key_begin != 0u {
-            y += vec4<f32>(f32(dv[row + d]), f32(dv[row + d + 1u]), f32(dv[row + d + 2u]), f32(dv[row + d + 3u]));
-        }
-        dv[row + d] = elem(y.x);
-        dv[row + d + 1u] = elem(y.y);
-        dv[row + d + 2u] = elem(y.z);
-        dv[row + d + 3u] = elem(y.w);
+        store_dv_element(row + d, x.x);
+        store_dv_element(row + d + 1u, x.y);
+        store_dv_element(row + d + 2u, x.z);
+        store_dv_element(row + d + 3u, x.w);
     }
 }

@@ -116,11 +116,7 @@ fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         for (var c = 0u; c < 4u; c++) {
             let d = t * 4u + c;
             if d < p.head_dim {
-                var value = acc_a[t][c];
-                if p.key_begin != 0u {
-                    value += f32(dq[qb + d]);
-                }
-                dq[qb + d] = elem(value);
+                store_dq_element(qb + d, acc_a[t][c]);
             }
         }
     }
@@ -201,11 +197,7 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
         for (var c = 0u; c < 4u; c++) {
             let d = t * 4u + c;
             if d < p.head_dim {
-                var value = acc_a[t][c];
-                if p.key_begin != 0u {
-                    value += f32(dk[kb + d]);
-                }
-                dk[kb + d] = elem(value);
+                store_dk_element(kb + d, acc_a[t][c]);
             }
         }
     }
@@ -213,11 +205,7 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
         for (var c = 0u; c < 4u; c++) {
             let d = t * 4u + c;
             if d < p.head_dim_v {
-                var value = acc_b[t][c];
-                if p.key_begin != 0u {
-                    value += f32(dv[vb + d]);
-                }
-                dv[vb + d] = elem(value);
+                store_dv_element(vb + d, acc_b[t][c]);
             }
         }
     }

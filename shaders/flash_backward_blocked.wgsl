@@ -282,11 +282,7 @@ fn bwd_dq_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             for (var c = 0u; c < 4u; c++) {
                 let d = col * 4u + c;
                 if d < p.head_dim {
-                    var value = acc[u][c];
-                    if p.key_begin != 0u {
-                        value += f32(dq[base + d]);
-                    }
-                    dq[base + d] = elem(value);
+                    store_dq_element(base + d, acc[u][c]);
                 }
             }
         }
@@ -383,18 +379,10 @@ fn bwd_dkdv_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             for (var c = 0u; c < 4u; c++) {
                 let d = col * 4u + c;
                 if d < p.head_dim {
-                    var value = acc_k[u][c];
-                    if p.key_begin != 0u {
-                        value += f32(dk[kb + d]);
-                    }
-                    dk[kb + d] = elem(value);
+                    store_dk_element(kb + d, acc_k[u][c]);
                 }
                 if d < p.head_dim_v {
-                    var value = acc_v[u][c];
-                    if p.key_begin != 0u {
-                        value += f32(dv[vb + d]);
-                    }
-                    dv[vb + d] = elem(value);
+                    store_dv_element(vb + d, acc_v[u][c]);
                 }
             }
         }

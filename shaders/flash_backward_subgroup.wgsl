@@ -256,11 +256,7 @@ fn bwd_dq_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
         }
         let base = q_base(hd, row);
         for (var d = 0u; d < p.head_dim; d++) {
-            var value = element(ACC_A, d)[r] * p.scale;
-            if p.key_begin != 0u {
-                value += f32(dq[base + d]);
-            }
-            dq[base + d] = elem(value);
+            store_dq_element(base + d, element(ACC_A, d)[r] * p.scale);
         }
     }
 }
@@ -465,19 +461,11 @@ fn bwd_dkdv_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
         }
         let kb = in_a_rows[r];
         for (var d = 0u; d < p.head_dim; d++) {
-            var value = element(ACC_A, d)[r];
-            if p.key_begin != 0u {
-                value += f32(dk[kb + d]);
-            }
-            dk[kb + d] = elem(value);
+            store_dk_element(kb + d, element(ACC_A, d)[r]);
         }
         let vb = in_b_rows[r];
         for (var d = 0u; d < p.head_dim_v; d++) {
-            var value = element(ACC_B, d)[r];
-            if p.key_begin != 0u {
-                value += f32(dv[vb + d]);
-            }
-            dv[vb + d] = elem(value);
+            store_dv_element(vb + d, element(ACC_B, d)[r]);
         }
     }
 }
