@@ -286,6 +286,32 @@ fn long_ranges_split_under_a_loop_cap_give_the_same_gradients() {
 const BLOCKED_CAP: u64 = 1_500;
 
 #[test]
+fn blocked_walks_past_the_drivers_own_loop_cap_split_where_they_must() {
+    // The blocked tiling's iteration counts (kernels::backward_blocked) must bound what
+    // the driver counts: under Mesa 22's own cap (65535) a dQ walk over 32000 keys and
+    // a dK/dV walk over 32000 rows (2000 tiles of 16) split into several dispatches; a
+    // count too low would let the driver cut a walk short (a count a quarter of this
+    // one fails here on Mesa 22.3; half of it still passes). Few owned rows (or keys)
+    // keep the problems cheap. Without a cap they run whole.
+    let Some(ctx) = common::ctx() else { return };
+    let options = AttentionOptions {
+        tiling: FusedTiling::Shared,
+        ..Default::default()
+    };
+    let cases = [
+        AttentionShape::new(1, 1, 1, 16, 32_000, 64, 64),
+        AttentionShape::new(1, 1, 1, 32_000, 16, 64, 64),
+    ];
+    for (i, s) in cases.into_iter().enumerate() {
+        assert!(matches!(
+            backward_tiling(ctx, DType::F32, &options, &s).expect("tiling"),
+            BackwardTiling::Blocked(_)
+        ));
+        assert_passes(ctx, case(s, options.clone(), DType::F32, Layout::Bhsd, 3996 + i as u64));
+    }
+}
+
+#[test]
 fn gradients_repeat_bit_for_bit() {
     let Some(ctx) = common::ctx() else { return };
     let s = AttentionShape::new(2, 4, 2, 50, 70, 32, 32);
