@@ -173,6 +173,23 @@ fn key_end(b: u32, i: u32) -> u32 {
     return key_ends(b, vec4<u32>(i)).x;
 }
 
+// The first key of batch element b whose K and V rows may hold anything: past its key
+// length, a KV buffer's unused rows (NaN included). Such keys weigh exactly 0, but
+// 0 x NaN would spread into whatever multiplies their rows.
+fn key_limit(b: u32) -> u32 {
+    if p.has_key_lengths != 0u {
+        return min(p.len_k, side_words[b]);
+    }
+    return p.len_k;
+}
+
+// The last key whose rows a kernel reads for batch element b: loops that run past
+// key_limit (to the end of a block) read this key's K and V rows instead, so the
+// masked keys' zero weights multiply finite values (docs/design.md, "Semantics").
+fn last_read_key(b: u32) -> u32 {
+    return max(key_limit(b), 1u) - 1u;
+}
+
 // Whether keys j lie in the visible ranges start .. end (key_start, key_end).
 fn in_key_range(j: vec4<u32>, start: vec4<u32>, end: vec4<u32>) -> vec4<bool> {
     return (j >= start) & (j < end);
@@ -343,10 +360,10 @@ fn kv_run_end(j: u32) -> u32 {
     return (j / p.page_size + 1u) * p.page_size;
 }
 
-// Offsets of the rows of keys j0..j0+3 of batch element b in K or V (clamped to the
-// last key: rows past the end are loaded but always masked).
+// Offsets of the rows of keys j0..j0+3 of batch element b in K or V (clamped to
+// last_read_key: rows past it are never read, their keys always masked).
 fn row_offsets(src_is_k: bool, b: u32, base: u32, j0: u32) -> vec4<u32> {
-    let j = min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(p.len_k - 1u));
+    let j = min(vec4<u32>(j0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_read_key(b)));
     if p.page_size == 0u {
         // The common case in one vector multiply (the subgroup kernel ran 4% slower on
         // lavapipe with four kv_offset calls here).

@@ -79,15 +79,6 @@ fn dx_of(pr: vec4<f32>, dp: vec4<f32>, delta: vec4<f32>, slope: vec4<f32>) -> ve
     return select(pr * (dp - delta) * slope, vec4<f32>(0.0), pr == vec4<f32>(0.0));
 }
 
-// The first key of batch element b whose K and V rows may hold anything (past its key
-// length): the dQ pass multiplies K rows by dX, and 0 x NaN would spread.
-fn key_limit(b: u32) -> u32 {
-    if p.has_key_lengths != 0u {
-        return min(p.len_k, side_words[b]);
-    }
-    return p.len_k;
-}
-
 // Four consecutive elements of a dO row (laid out as the output), zero past Dv.
 fn doload4(base: u32, t4: u32) -> vec4<f32> {
     let d = t4 * 4u;

@@ -59,7 +59,7 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     // Keys per tile: as many as fit, a multiple of 4 (at least 8 since d4 + dv4 <= 128).
     let tile_keys = (TILE_VEC4 / (d4 + dv4)) / 4u * 4u;
     let v_off = tile_keys * d4; // V rows follow the K rows in kv_tile
-    let last_k = p.len_k - 1u;
+    let last_k = last_read_key(s.hd.b); // keys past it are masked; their rows may hold anything
     let keys = block_keys(wid);
     for (var tile0 = keys.x; tile0 < keys.y; tile0 += tile_keys) {
         // Cooperative load: K rows then V rows of keys tile0 .. tile0 + tile_keys.

@@ -85,12 +85,13 @@ var<workgroup> row_alpha: array<f32, BR>;
 
 var<private> acc: array<vec4<f32>, MRO * OC>;
 
-// Quad x % D4 of key tile0 + x / D4 of K (is_k) or V: zeros past the last key and
-// the head dim (d4 quads of `len` elements).
-fn fetch_quad(is_k: bool, b: u32, base: u32, tile0: u32, x: u32, d4: u32, len: u32) -> vec4<f32> {
+// Quad x % D4 of key tile0 + x / D4 of K (is_k) or V: zeros past `stop` keys
+// (key_limit: rows past it may hold anything) and the head dim (d4 quads of `len`
+// elements).
+fn fetch_quad(is_k: bool, b: u32, base: u32, tile0: u32, x: u32, d4: u32, len: u32, stop: u32) -> vec4<f32> {
     let j = x / D4;
     let t = x % D4;
-    if t < d4 && tile0 + j < p.len_k {
+    if t < d4 && tile0 + j < stop {
         return kv_quad(is_k, base + kv_offset(is_k, b, tile0 + j), t, len);
     }
     return vec4<f32>(0.0);
@@ -130,6 +131,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
     let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;
+    let kv_stop = key_limit(hd.b);
     // Score mapping.
     let scorer = tid < NS;
     let trs = tid / TCS;
@@ -159,7 +161,7 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
     if block_begin < block_end {
         for (var i = 0u; i < ITEMS; i++) {
             let x = tid + i * NT;
-            put_k(x, fetch_quad(true, hd.b, k_base, block_begin, x, d4, p.head_dim));
+            put_k(x, fetch_quad(true, hd.b, k_base, block_begin, x, d4, p.head_dim, kv_stop));
         }
     }
     // Score invocations: each row's running maximum, this invocation's share of its
@@ -206,9 +208,9 @@ fn flash_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_i
         // 1. Loads of V of this tile and K of the next, into registers.
         for (var i = 0u; i < ITEMS; i++) {
             let x = tid + i * NT;
-            v_this[i] = fetch_quad(false, hd.b, v_base, tile0, x, dv4, p.head_dim_v);
+            v_this[i] = fetch_quad(false, hd.b, v_base, tile0, x, dv4, p.head_dim_v, kv_stop);
             if has_next {
-                k_next[i] = fetch_quad(true, hd.b, k_base, next, x, d4, p.head_dim);
+                k_next[i] = fetch_quad(true, hd.b, k_base, next, x, d4, p.head_dim, kv_stop);
             }
         }
         // Scores of rows trs * MRS + r and keys j0 .. j0 + 3.

@@ -75,7 +75,7 @@ fn decode_split(
     }
     let k_base = b * p.k_stride_b + hk * p.k_stride_h;
     let v_base = b * p.v_stride_b + hk * p.v_stride_h;
-    let last_k = p.len_k - 1u;
+    let last_k = last_read_key(b); // keys past it are masked; their rows may hold anything
 
     for (var tile0 = split_begin; tile0 < split_stop; tile0 += DEC_TILE) {
         // 1. Scores of key tile0 + lid against the block's rows, a quad at a time.

@@ -240,10 +240,10 @@ struct RunState {
     sum1: vec4<f32>,
 }
 
-// Where the rows of key j start in K (x) and V (y): clamped to the last key (a masked
-// key's rows are read but add nothing).
+// Where the rows of key j start in K (x) and V (y): clamped to last_read_key (keys
+// past it are masked, and their rows may hold anything).
 fn key_rows(blk: DecodeBlock, j: u32) -> vec2<u32> {
-    let jc = min(j, p.len_k - 1u);
+    let jc = min(j, last_read_key(blk.b));
     return vec2<u32>(
         blk.b * p.k_stride_b + blk.hk * p.k_stride_h + kv_offset(true, blk.b, jc),
         blk.b * p.v_stride_b + blk.hk * p.v_stride_h + kv_offset(false, blk.b, jc),

@@ -34,12 +34,12 @@ override FULL_RULES: u32 = 1u;
 // 1 for paged K and V (p.page_size > 0).
 override PAGED: u32 = 1u;
 
-// The first word of key j's row in K or V (j clamped to the last key: rows past the
-// end are fetched but always masked). The host guarantees whole words. Through the
+// The first word of key j's row in K or V (j clamped to last_read_key: rows past it
+// are never fetched, their keys always masked). The host guarantees whole words. Through the
 // block table only in pipelines made for paged K and V (PAGED): kv_offset's branch
 // on the page size, though uniform, slowed the key loop and its cold compile.
 fn row_word(src_is_k: bool, b: u32, base: u32, j: u32) -> u32 {
-    let jc = min(j, p.len_k - 1u);
+    let jc = min(j, last_read_key(b));
     var offset = jc * select(p.v_stride_s, p.k_stride_s, src_is_k);
     if PAGED != 0u {
         offset = kv_offset(src_is_k, b, jc);

@@ -299,9 +299,8 @@ impl KvCache {
         self.rotary.as_ref()
     }
 
-    /// Forgets every row: the buffers are kept and zeroed again, so rows past a length
-    /// stay finite, as masked value rows must be (a stale infinity times a zero weight
-    /// would be NaN).
+    /// Forgets every row: the buffers are kept and zeroed again, so nothing of the old
+    /// rows remains (attention never reads rows past a length in any case).
     pub fn clear(&mut self, ctx: &Context) -> Result<()> {
         self.k.check_context(ctx, "KV cache")?;
         ctx.record_and_submit("submitting a KV cache clear", |encoder| {

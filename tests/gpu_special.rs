@@ -122,6 +122,55 @@ fn nan_and_inf_at_masked_keys_never_contribute() {
     }
 }
 
+/// NaN and inf in the K and V rows past each batch's key length (a KV buffer's unused
+/// rows may hold anything), on every path, dtype and a prefill and a decode shape
+/// (whole 16-byte rows, so that the texel kernels serve them where they run).
+#[test]
+fn nan_and_inf_in_k_and_v_rows_past_a_key_length_never_reach_the_output() {
+    let Some(ctx) = common::ctx() else { return };
+    let mut failures = Vec::new();
+    let mut seed = 14;
+    for shape in [
+        AttentionShape::new(3, 2, 1, 19, 40, 16, 16),
+        AttentionShape::new(3, 4, 2, 1, 40, 16, 8),
+    ] {
+        let lens = vec![17, 0, 9];
+        for dtype in common::dtypes(ctx) {
+            seed += 1;
+            let options = AttentionOptions {
+                key_lengths: Some(lens.clone()),
+                ..Default::default()
+            };
+            let mut c = case(shape, options, seed);
+            c.dtype = dtype;
+            let [q, mut k, mut v] = random_qkv(&c);
+            for (b, &len) in lens.iter().enumerate() {
+                for h in 0..shape.heads_kv {
+                    for j in len as usize..shape.len_k {
+                        let poison = if j % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                        let row = (b * shape.heads_kv + h) * shape.len_k + j;
+                        k[row * shape.head_dim..][..shape.head_dim].fill(poison);
+                        v[row * shape.head_dim_v..][..shape.head_dim_v].fill(-poison);
+                    }
+                }
+            }
+            for (kernel, tiling) in common::paths(ctx) {
+                let mut c = c.clone();
+                c.options.kernel = kernel;
+                c.options.tiling = tiling;
+                let outcome = run_case_with(ctx, &c, &q, &k, &v).expect("runs");
+                if !outcome.passed {
+                    failures.push(format!(
+                        "{shape:?} {dtype:?} {kernel:?}/{tiling:?} (seed {seed}): {}",
+                        outcome.summary()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn key_lengths_of_zero_and_full() {
     let options = AttentionOptions {
