@@ -34,11 +34,13 @@ mkdir -p "$out"
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
     mha=1,64,64,4 reps=2 probe=64 tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1)
+    probe_tune=(--shape 1,1,1,1,1,16 --dtype f16 --emulate-coop --reps 1) probes="none store-marker"
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
+    probe_tune=(--shape 1,1,1,1,1,64 --dtype f16 --reps 1)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
 fi
 shape_args=()
@@ -74,6 +76,8 @@ step check "$bin" check --json "$out/check.json"
 # real tensor cores until a GPU run shows it right (docs/design.md, "Tensor cores"):
 # its rows say whether it is right yet; a table is written only if every row is.
 step tune env WGPU_ATTENTION_UNVERIFIED_COOP=1 "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
+# The kernel's diagnostic probes (docs/gpu/coop_probes.sh says how to read them).
+step coop-probes env PROBES="${probes:-}" "$(dirname "$0")/coop_probes.sh" "$bin" "${probe_tune[@]}"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \

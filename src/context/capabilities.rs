@@ -57,6 +57,9 @@ pub struct Capabilities {
     /// cores": an NVIDIA H200 gave wrong results in November 2026). The tensor-core
     /// GEMM, shown right there, is not affected.
     pub coop_attention_unverified: bool,
+    /// Diagnostic edits of that kernel for debugging it on a GPU
+    /// (`WGPU_ATTENTION_COOP_PROBES`, [`crate::kernels::flash::coop_probes`]); none by default.
+    pub coop_probes: crate::kernels::flash::CoopProbes,
 }
 
 #[cfg(test)]
@@ -86,6 +89,7 @@ impl Capabilities {
             mesa_version,
             coop_tuned: Vec::new(),
             coop_attention_unverified: false,
+            coop_probes: Default::default(),
         }
     }
 }
@@ -208,6 +212,7 @@ impl Capabilities {
             mesa_version: mesa_version(&info.driver_info),
             coop_tuned: Vec::new(),
             coop_attention_unverified: std::env::var("WGPU_ATTENTION_UNVERIFIED_COOP").is_ok_and(|v| v == "1"),
+            coop_probes: Default::default(),
         }
     }
 }

@@ -202,6 +202,7 @@ impl Context {
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
+        ctx.caps.coop_probes = crate::kernels::flash::CoopProbes::from_env()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -213,6 +214,15 @@ impl Context {
     /// the adapter is passed over for the picker's rule.
     pub fn use_coop_variants(&mut self, variants: Vec<crate::kernels::flash::CoopVariant>) {
         self.caps.coop_tuned = variants;
+    }
+
+    /// Builds this context's tensor-core attention pipelines with diagnostic edits
+    /// ([`crate::kernels::flash::coop_probes`]; what `WGPU_ATTENTION_COOP_PROBES` sets
+    /// for contexts made by [`Context::new`]). For debugging that kernel on a GPU; call
+    /// it before the context's first tensor-core attention call (pipelines are kept).
+    #[doc(hidden)]
+    pub fn use_coop_probes(&mut self, probes: crate::kernels::flash::CoopProbes) {
+        self.caps.coop_probes = probes;
     }
 
     /// Records the cooperative-matrix configurations of the adapter this context's

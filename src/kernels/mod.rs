@@ -204,9 +204,23 @@ pub(crate) fn pipeline(
         constants: constants.to_vec(),
     };
     ctx.pipeline(key, |key| {
-        let label = format!("{}:{}{} ({})", kernel.file, kernel.entry, kernel.variant, dtype.name());
-        let mut source = shader_source(kernel, dtype);
         let caps = ctx.capabilities();
+        let mut source = shader_source(kernel, dtype);
+        let mut constants = key.constants.clone();
+        // Diagnostic edits of the tensor-core attention kernel (flash::coop_probes).
+        let probes = &caps.coop_probes;
+        let probed = kernel.entry == "flash_coop" && !probes.is_empty();
+        if probed {
+            (source, constants) = probes.edit(&source, &constants)?;
+        }
+        let probe_label = if probed { probes.label() } else { String::new() };
+        let label = format!(
+            "{}:{}{}{probe_label} ({})",
+            kernel.file,
+            kernel.entry,
+            kernel.variant,
+            dtype.name()
+        );
         if caps.coop_emulated && source.contains("enable wgpu_cooperative_matrix;") {
             let sg = caps.coop_subgroup_size().unwrap_or(0);
             source = coop_emulation::rewrite(&source, sg)?;
@@ -216,7 +230,7 @@ pub(crate) fn pipeline(
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             });
-            let constants: Vec<(&str, f64)> = key.constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+            let constants: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
             Ok(ctx.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,
@@ -224,7 +238,8 @@ pub(crate) fn pipeline(
                 entry_point: Some(kernel.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
-                    zero_initialize_workgroup_memory: false,
+                    // Off: every kernel writes what it reads (a probe turns it on).
+                    zero_initialize_workgroup_memory: probed && probes.has(crate::kernels::flash::CoopProbe::ZeroInit),
                 },
                 cache: None,
             }))

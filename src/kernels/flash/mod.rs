@@ -11,11 +11,13 @@
 //! (recording a dispatch).
 
 mod coop;
+pub mod coop_probes;
 mod encode;
 mod tilings;
 mod variants;
 
 pub use coop::*;
+pub use coop_probes::{CoopProbe, CoopProbes};
 pub(crate) use encode::{encode, texel_mirror};
 pub use tilings::*;
 pub use variants::*;
