@@ -370,11 +370,18 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
         upload(&d_out, [1, 2, 5, 4]),
     );
     // Every backward tiling the adapter has: its own, rows (through the forward's
-    // registers tiling) and blocked (through shared).
-    for tiling in [FusedTiling::Auto, FusedTiling::Registers, FusedTiling::Shared] {
+    // registers tiling) and blocked (through shared); and the materialized backward.
+    let paths = [
+        (KernelChoice::Fused, FusedTiling::Auto),
+        (KernelChoice::Fused, FusedTiling::Registers),
+        (KernelChoice::Fused, FusedTiling::Shared),
+        (KernelChoice::Materialized, FusedTiling::Auto),
+    ];
+    for (kernel, tiling) in paths {
         let options = AttentionOptions {
             key_lengths: Some(vec![5]),
             need_lse: true,
+            kernel,
             tiling,
             ..Default::default()
         };
@@ -392,7 +399,7 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
             for (i, (a, b)) in got.iter().zip(w).enumerate() {
                 assert!(
                     a.is_finite() && (f64::from(*a) - b).abs() <= 1e-5,
-                    "{tiling:?} {name}[{i}]: {a} against {b}"
+                    "{kernel:?}/{tiling:?} {name}[{i}]: {a} against {b}"
                 );
             }
         }
