@@ -300,7 +300,7 @@ impl KvCache {
     }
 
     /// Forgets every row: the buffers are kept and zeroed again, so nothing of the old
-    /// rows remains (attention never reads rows past a length in any case).
+    /// rows remains (no attention result depends on rows past a length in any case).
     pub fn clear(&mut self, ctx: &Context) -> Result<()> {
         self.k.check_context(ctx, "KV cache")?;
         ctx.record_and_submit("submitting a KV cache clear", |encoder| {

@@ -221,9 +221,9 @@ impl PagedKvCache {
             ));
         }
         // Buffers start zeroed, and a page is cleared again whenever it is handed to a
-        // sequence: rows past a length are never another sequence's (the kernels do not
-        // read them, docs/design.md "Semantics", but nothing of a freed page's last
-        // owner should outlive it).
+        // sequence: rows past a length are never another sequence's (no result depends
+        // on them, docs/design.md "Semantics", but nothing of a freed page's last owner
+        // should outlive it).
         let k = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?;
         // New textures are zeroed too.

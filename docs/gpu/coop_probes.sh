@@ -3,7 +3,8 @@
 # left open (docs/design.md, "Tensor cores"), in one pass of a few seconds on a GPU:
 # `tune` checks every variant of the kernel against the CPU reference, once as it is
 # and once per diagnostic probe (src/kernels/flash/coop_probes.rs says what each edits),
-# and this prints two variants' rows per probe: 64x16x64 (one band) and 64x64x64.
+# and this prints a few variants' rows per probe: 64x16x16 and 64x16x64 (one band) and
+# 64x64x64.
 #
 # Reading the rows (as of the H200 run: every variant wrong, output error about 1 and
 # lse error about 0.36, as if scores and outputs were all zero):
@@ -11,7 +12,8 @@
 #     it did not write; const-overrides, tid-from-lanes, always-rescale: the driver
 #     mishandles that construct);
 #   - store-marker: errors near 64 (output) and 7 (lse) mean the kernel runs to its end
-#     and stores; errors unchanged mean it never gets there (or never runs);
+#     and stores (1000 more where what it computed was +inf); errors unchanged mean it
+#     never gets there (or never runs);
 #   - scores-marker: an lse error that changes means the scores' coopStoreT into
 #     workgroup memory never lands (the softmax then reads the marker, 3.0); unchanged
 #     means the stores land and the products themselves are zero.
@@ -34,11 +36,17 @@ failed=0
 for p in "${probes[@]}"; do
     echo "== probes: $p"
     [ "$p" = none ] && p=
-    rows=$(WGPU_ATTENTION_UNVERIFIED_COOP=1 WGPU_ATTENTION_COOP_PROBES=$p "$bin" tune "${args[@]}" 2>&1 |
-        grep -E 'coop +[0-9]+x(16x64|64x64|16x16) |rror')
+    log=$(WGPU_ATTENTION_UNVERIFIED_COOP=1 WGPU_ATTENTION_COOP_PROBES=$p "$bin" tune "${args[@]}" 2>&1)
+    rc=$?
+    rows=$(echo "$log" | grep -E 'coop +[0-9]+x(16x64|64x64|16x16) |^error|panicked')
     echo "$rows" | cut -c1-220
-    # Wrong rows are what this gathers; an error (a probe that no longer applies, no
-    # adapter) is this script's failure.
-    if [ -z "$rows" ] || echo "$rows" | grep -q rror; then failed=1; fi
+    # Wrong rows are what this gathers (tune then exits 1, saying FAILED: wrong
+    # results); anything else (a probe that no longer applies, no adapter, a panic, a
+    # lost device) is this script's failure.
+    if [ -z "$rows" ] || echo "$rows" | grep -qE '^error|panicked' ||
+        { [ "$rc" != 0 ] && ! echo "$log" | grep -q '^FAILED: wrong results'; }; then
+        echo "   (tune exited $rc)"
+        failed=1
+    fi
 done
 exit $failed

@@ -198,27 +198,29 @@ pub(crate) fn pipeline(
     dtype: DType,
     constants: &[(&'static str, u32)],
 ) -> Result<CompiledPipeline> {
+    // Diagnostic edits of the tensor-core attention kernel (flash::coop_probes), part
+    // of the key so that a probed pipeline never stands in for a plain one.
+    let caps = ctx.capabilities();
+    let probes = &caps.coop_probes;
+    let probed = kernel.entry == "flash_coop" && !probes.is_empty();
     let key = PipelineKey {
         shader: (kernel.file, kernel.entry, kernel.variant),
         dtype,
         constants: constants.to_vec(),
+        probes: if probed { probes.label() } else { String::new() },
     };
     ctx.pipeline(key, |key| {
-        let caps = ctx.capabilities();
         let mut source = shader_source(kernel, dtype);
         let mut constants = key.constants.clone();
-        // Diagnostic edits of the tensor-core attention kernel (flash::coop_probes).
-        let probes = &caps.coop_probes;
-        let probed = kernel.entry == "flash_coop" && !probes.is_empty();
         if probed {
             (source, constants) = probes.edit(&source, &constants)?;
         }
-        let probe_label = if probed { probes.label() } else { String::new() };
         let label = format!(
-            "{}:{}{}{probe_label} ({})",
+            "{}:{}{}{} ({})",
             kernel.file,
             kernel.entry,
             kernel.variant,
+            key.probes,
             dtype.name()
         );
         if caps.coop_emulated && source.contains("enable wgpu_cooperative_matrix;") {

@@ -138,15 +138,18 @@ impl CoopProbes {
             )?;
         }
         if self.has(CoopProbe::StoreMarker) {
+            // The markers still depend on what the kernel computed (so nothing before
+            // the stores can be dropped as dead), but only where it is +inf, never
+            // through a NaN or an lse of -inf: select(marker, marker + 1000, value > 1e30).
             s = replace_once(
                 &s,
                 "= elem(ss[(band + r) * LDS + j + e] * inv);",
-                "= elem(f32(col) + 1.0 + 0.0 * ss[(band + r) * LDS + j + e] * inv);",
+                "= elem(select(f32(col) + 1.0, f32(col) + 1001.0, ss[(band + r) * LDS + j + e] * inv > 1e30));",
             )?;
             s = replace_once(
                 &s,
                 "= row_lse(row_max[rr], row_sum[rr]);",
-                "= 7.0 + 0.0 * row_lse(row_max[rr], row_sum[rr]);",
+                "= select(7.0, 1007.0, row_lse(row_max[rr], row_sum[rr]) > 1e30);",
             )?;
         }
         Ok((s, constants))
