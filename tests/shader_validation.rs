@@ -556,6 +556,30 @@ fn dispatchable() -> Vec<Dispatchable> {
             }
         }
     }
+    // The tensor-core attention kernel as each diagnostic probe edits it
+    // (kernels::flash::coop_probes), as a GPU with 32-lane subgroups compiles it (the
+    // emulated forms run in tests/gpu_coop_emulated.rs).
+    for probe in wgpu_attention::kernels::flash::CoopProbe::ALL {
+        let probes = wgpu_attention::kernels::flash::CoopProbes::parse(probe.name()).expect("a known probe");
+        let kernel = wgpu_attention::kernels::flash::CoopVariant::new(64, 64, 64).kernel(32);
+        for dtype in [DType::F32, DType::F16] {
+            let (source, _) = probes
+                .edit(&shader_source(&kernel, dtype), &[("WORDS", 1)])
+                .unwrap_or_else(|e| panic!("{}: {e}", probe.name()));
+            all.push(Dispatchable {
+                name: format!(
+                    "{}:{}{}+{} ({dtype:?})",
+                    kernel.file,
+                    kernel.entry,
+                    kernel.variant,
+                    probe.name()
+                ),
+                source,
+                entry: kernel.entry,
+                pinned: Vec::new(),
+            });
+        }
+    }
     // The cooperative-matrix probe (tests/gpu_coop_patterns.rs): every entry point, as a
     // GPU with 32-lane subgroups compiles it, and as its emulation rewrites it on 4, 8
     // and 16 lanes (SG is the probe's lane count in each).
