@@ -14,7 +14,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::backward_blocked::{self, BlockedVariant};
 use crate::kernels::backward_texel::{self, BackwardTexelVariant};
-use crate::kernels::kv_texels::{KvTexels, TexelGrid};
+use crate::kernels::kv_texels::{self, KvTexels, TexelGrid};
 use crate::kernels::{
     dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
     BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
@@ -485,10 +485,10 @@ pub fn encode_sdpa_backward(
     // dispatches of at most the device's workgroups per dimension, each starting at
     // p.bh_start.
     let max_pairs = ctx.capabilities().max_workgroups_per_dim.max(1) as usize;
-    // `texels`: the mirrors a texel kernel reads (K and V, or Q and dO).
+    // `textures`: the texel slots a texel kernel binds, and what is bound there.
     let run_reading = |encoder: &mut wgpu::CommandEncoder,
                        pipeline: &crate::context::CompiledPipeline,
-                       (slots, texels): (&[Slot], Option<&KvTexels>),
+                       (slots, textures): (&[Slot], &[(Slot, &wgpu::TextureView)]),
                        params: AttentionParams,
                        groups_x: u32,
                        pairs: usize|
@@ -503,13 +503,9 @@ pub fn encode_sdpa_backward(
             let uniform = crate::attention::uniform(ctx, "backward params", &chunk)?;
             let mut entries = bind(slots);
             entries[0].resource = uniform.as_entire_binding();
-            if let Some(t) = texels {
-                for entry in &mut entries {
-                    if entry.binding == Slot::KTexels as u32 {
-                        entry.resource = wgpu::BindingResource::TextureView(t.keys());
-                    } else if entry.binding == Slot::VTexels as u32 {
-                        entry.resource = wgpu::BindingResource::TextureView(t.values());
-                    }
+            for entry in &mut entries {
+                if let Some((_, view)) = textures.iter().find(|(slot, _)| *slot as u32 == entry.binding) {
+                    entry.resource = wgpu::BindingResource::TextureView(view);
                 }
             }
             dispatch_entries(ctx, encoder, pipeline, &entries, [groups_x, count as u32, 1])?;
@@ -521,7 +517,7 @@ pub fn encode_sdpa_backward(
                slots: &[Slot],
                params: AttentionParams,
                groups_x: u32,
-               pairs: usize| run_reading(encoder, pipeline, (slots, None), params, groups_x, pairs);
+               pairs: usize| run_reading(encoder, pipeline, (slots, &[]), params, groups_x, pairs);
 
     // D = rowsum(dO ∘ O).
     let delta_pipeline = pipeline(ctx, &DELTA, dtype, &[])?;
@@ -567,62 +563,130 @@ pub fn encode_sdpa_backward(
         &s,
     );
     let kernels = tiling.kernels(&s);
-    // The texel kernels where the subgroup tiling runs and they serve the problem,
-    // each pass reading mirrors of the two operands it walks (where those fit the
-    // device's textures; else that pass runs its buffer kernel).
-    let texel = texel_variant(ctx, tiling, dtype, &base);
-    let mirrors = |a: &wgpu::Buffer, b: &wgpu::Buffer, encoder: &mut wgpu::CommandEncoder| match texel {
-        Some(_) => KvTexels::copy_of(ctx, encoder, a, b),
-        None => Ok(None),
-    };
-    let texel_constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
     let group = s.heads_q / s.heads_kv.max(1);
 
-    // dQ, over key ranges that fit the loop cap.
-    let dq_texels = mirrors(k.buffer(), v.buffer(), encoder)?;
-    let (dq_kernel, dq_rows, dq_constants) = match (texel, &dq_texels) {
-        (Some(variant), Some(_)) => (variant.dq(), variant.rows, texel_constants.to_vec()),
-        _ => (kernels.dq, tiling.rows_per_workgroup(), tiling.constants()),
-    };
-    let dq_pipeline = pipeline(ctx, &dq_kernel, dtype, &dq_constants)?;
-    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| match dq_texels {
-        Some(_) => backward_texel::dq_iterations(keys),
-        None => tiling.dq_iterations(&s, keys),
-    })?;
+    // The texel kernels where the subgroup tiling runs and they serve the problem: per
+    // band of query rows, the dK/dV pass (reading Q and dO from mirrors) writes the
+    // band's dX to a scratch that the dQ pass (reading K from a mirror) then reads.
+    if let Some(variant) = texel_variant(ctx, tiling, dtype, &base) {
+        if let Some(bands) = TexelBands::for_problem(ctx, &s, group)? {
+            let q_and_do = KvTexels::copy_of(ctx, encoder, q.buffer(), d_out.buffer())?;
+            let k_texels = kv_texels::copy_one(ctx, encoder, k.buffer(), "keys as texels")?;
+            let scratch = kv_texels::scratch(ctx, bands.scratch_bytes, "attention backward dX band")?;
+            if let (Some(q_and_do), Some(k_texels), Some(scratch)) = (q_and_do, k_texels, scratch) {
+                let constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
+                let (dkdv, dq) = (variant.dkdv(), variant.dq());
+                let dkdv_pipeline = pipeline(ctx, &dkdv, dtype, &constants)?;
+                let dq_pipeline = pipeline(ctx, &dq, dtype, &constants)?;
+                let dkdv_textures = [
+                    (Slot::KTexels, q_and_do.keys()),
+                    (Slot::VTexels, q_and_do.values()),
+                    (Slot::DxStore, &scratch),
+                ];
+                let dq_textures = [(Slot::KTexels, &k_texels), (Slot::DxTexels, &scratch)];
+                for begin in (0..s.len_q).step_by(bands.rows) {
+                    let stop = (begin + bands.rows).min(s.len_q);
+                    let band = AttentionParams {
+                        key_begin: begin as u32,
+                        key_stop: stop as u32,
+                        ..base
+                    };
+                    let key_groups = groups_for(s.len_k, variant.rows as usize);
+                    let kv_pairs = s.batch * s.heads_kv;
+                    run_reading(
+                        encoder,
+                        &dkdv_pipeline,
+                        (dkdv.slots, &dkdv_textures),
+                        band,
+                        key_groups,
+                        kv_pairs,
+                    )?;
+                    let row_groups = groups_for(stop - begin, variant.rows as usize);
+                    run_reading(
+                        encoder,
+                        &dq_pipeline,
+                        (dq.slots, &dq_textures),
+                        band,
+                        row_groups,
+                        s.batch_heads(),
+                    )?;
+                }
+                return Ok(grads);
+            }
+        }
+    }
+
+    // The buffer kernels. dQ, over key ranges that fit the loop cap.
+    let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &tiling.constants())?;
+    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
         let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_key_range).min(s.len_k) as u32,
             ..base
         };
-        let groups = groups_for(s.len_q, dq_rows as usize);
-        let reads = (dq_kernel.slots, dq_texels.as_ref());
-        run_reading(encoder, &dq_pipeline, reads, range, groups, s.batch_heads())?;
+        let groups = groups_for(s.len_q, tiling.rows_per_workgroup() as usize);
+        run(encoder, &dq_pipeline, kernels.dq.slots, range, groups, s.batch_heads())?;
     }
 
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
     // key_begin / key_stop: the WGSL says so).
-    let dkdv_texels = mirrors(q.buffer(), d_out.buffer(), encoder)?;
-    let (dkdv_kernel, dkdv_rows, dkdv_constants) = match (texel, &dkdv_texels) {
-        (Some(variant), Some(_)) => (variant.dkdv(), variant.rows, texel_constants.to_vec()),
-        _ => (kernels.dkdv, tiling.rows_per_workgroup(), tiling.constants()),
-    };
-    let dkdv_pipeline = pipeline(ctx, &dkdv_kernel, dtype, &dkdv_constants)?;
-    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| match dkdv_texels {
-        Some(_) => backward_texel::dkdv_iterations(rows, group),
-        None => tiling.dkdv_iterations(&s, rows),
-    })?;
+    let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &tiling.constants())?;
+    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
     for begin in (0..s.len_q).step_by(per_row_range) {
         let range = AttentionParams {
             key_begin: begin as u32,
             key_stop: (begin + per_row_range).min(s.len_q) as u32,
             ..base
         };
-        let groups = groups_for(s.len_k, dkdv_rows as usize);
-        let reads = (dkdv_kernel.slots, dkdv_texels.as_ref());
-        run_reading(encoder, &dkdv_pipeline, reads, range, groups, s.batch * s.heads_kv)?;
+        let groups = groups_for(s.len_k, tiling.rows_per_workgroup() as usize);
+        run(
+            encoder,
+            &dkdv_pipeline,
+            kernels.dkdv.slots,
+            range,
+            groups,
+            s.batch * s.heads_kv,
+        )?;
     }
     Ok(grads)
+}
+
+/// Bytes the texel backward's dX scratch takes at most by default
+/// ([`Context::limit_backward_scratch`] changes it): 64 MiB, one layer of the texel
+/// grid. Larger problems run in more bands of query rows.
+pub const SCRATCH_BYTES: u64 = 64 << 20;
+
+/// How the texel backward splits the query rows: bands of `rows` rows (the last may be
+/// shorter), each one dK/dV dispatch that writes the band's dX (f32, `[rows, B·Hq,
+/// ceil(Lk / 4)]` texels of 4 keys) to a scratch of `scratch_bytes`, then one dQ
+/// dispatch that reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TexelBands {
+    rows: usize,
+    scratch_bytes: u64,
+}
+
+impl TexelBands {
+    /// The bands for a problem: as many rows as the context's scratch budget holds (at
+    /// least one) and the loop cap lets the dK/dV pass walk; `None` where the dQ pass
+    /// cannot walk every key under the loop cap (the buffer kernels serve those).
+    fn for_problem(ctx: &Context, s: &AttentionShape, group: usize) -> Result<Option<TexelBands>> {
+        if ctx
+            .loop_cap()
+            .is_some_and(|cap| backward_texel::dq_iterations(s.len_k) > cap)
+        {
+            return Ok(None);
+        }
+        let row_bytes = (s.batch_heads() * s.len_k.div_ceil(4) * 16).max(16) as u64;
+        let fits = (ctx.backward_scratch_bytes() / row_bytes).max(1) as usize;
+        let walkable = range_per_dispatch(ctx, s.len_q, |rows| backward_texel::dkdv_iterations(rows, group))?;
+        let rows = fits.min(walkable).min(s.len_q).max(1);
+        Ok(Some(TexelBands {
+            rows,
+            scratch_bytes: rows as u64 * row_bytes,
+        }))
+    }
 }
 
 /// The texel kernels' variant for a problem whose backward runs `tiling`, where they

@@ -48,6 +48,8 @@ pub struct Context {
     /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
     /// or why it could not be parsed.
     env_tiling: std::result::Result<FusedTiling, String>,
+    /// Bytes the texel backward's dX scratch may take (`crate::backward`).
+    backward_scratch_bytes: u64,
 }
 
 static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -216,6 +218,18 @@ impl Context {
         self.caps.coop_tuned = variants;
     }
 
+    /// Caps the dX scratch of the texel backward (CPU adapters; docs/design.md,
+    /// "Backward") at `bytes`: smaller bands of query rows, more of them. For tests of
+    /// the banding; the default is [`crate::backward::SCRATCH_BYTES`].
+    #[doc(hidden)]
+    pub fn limit_backward_scratch(&mut self, bytes: u64) {
+        self.backward_scratch_bytes = bytes;
+    }
+
+    pub(crate) fn backward_scratch_bytes(&self) -> u64 {
+        self.backward_scratch_bytes
+    }
+
     /// Builds this context's tensor-core attention pipelines with diagnostic edits
     /// ([`crate::kernels::flash::coop_probes`]; what `WGPU_ATTENTION_COOP_PROBES` sets
     /// for contexts made by [`Context::new`]). For debugging that kernel on a GPU; call
@@ -313,6 +327,7 @@ impl Context {
             watch,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
             env_tiling: tiling_from_env(),
+            backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
         }
     }
 

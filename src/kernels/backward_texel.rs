@@ -11,7 +11,7 @@
 //! [`variant_for`] says which, and the buffer kernels
 //! (`flash_backward_subgroup.wgsl`) take the rest.
 
-use super::flash_texel::{lane_element, whole_words, write_quad_rows, write_query_head, write_word_halves};
+use super::flash_texel::{lane_element, whole_words, write_word_halves};
 use super::{Kernel, Slot, BACKWARD_COMMON, COMMON, TEXEL_WORDS};
 use crate::context::Capabilities;
 use crate::tensor::DType;
@@ -21,19 +21,10 @@ use std::sync::OnceLock;
 const HELPERS: &str = include_str!("../../shaders/backward_texel.wgsl");
 const PRELUDES: &[&str] = &[COMMON, BACKWARD_COMMON, TEXEL_WORDS, HELPERS];
 
-/// The dQ pass's bindings: K and V as texels at KTexels and VTexels.
-pub const DQ_SLOTS: &[Slot] = &[
-    Slot::Params,
-    Slot::Q,
-    Slot::SideWords,
-    Slot::Scores,
-    Slot::Lse,
-    Slot::DOut,
-    Slot::DQ,
-    Slot::KTexels,
-    Slot::VTexels,
-];
-/// The dK/dV pass's: Q's mirror at KTexels, dO's at VTexels.
+/// The dQ pass's bindings: K as texels at KTexels, the band's dX at DxTexels.
+pub const DQ_SLOTS: &[Slot] = &[Slot::Params, Slot::SideWords, Slot::DQ, Slot::KTexels, Slot::DxTexels];
+/// The dK/dV pass's: Q's mirror at KTexels, dO's at VTexels, the band's dX written at
+/// DxStore.
 pub const DKDV_SLOTS: &[Slot] = &[
     Slot::Params,
     Slot::K,
@@ -45,6 +36,7 @@ pub const DKDV_SLOTS: &[Slot] = &[
     Slot::DV,
     Slot::KTexels,
     Slot::VTexels,
+    Slot::DxStore,
 ];
 
 /// Lanes of the subgroup (the workgroup) that share a block of walked rows.
@@ -240,21 +232,21 @@ impl Shape {
         }
     }
 
-    /// `{acc}_{ch}_{c}_{r}_{h} += {coef}_{c}_{k}[r] (lane x's) × word 8ch + lane of walked
-    /// row x`, for every walked row x of the block (lane x % 8's row k): the word
-    /// fetched from `fetch` at the row's first word, broadcast from that lane. `keep`
-    /// gives, per walked row (k, x), a WGSL condition for its word to count (else 0),
-    /// beside the word lying within the head dim (`dim_words`).
+    /// `{acc}_{ch}_{c}_{r}_{h} += coefficient × word 8ch + lane of walked row x`, for
+    /// every walked row x of the block (lane x % 8's row k): the word fetched from
+    /// `fetch` at the row's first word, broadcast from that lane. `keep` gives, per
+    /// walked row (k, x), a WGSL condition for its word to count (else 0), beside the
+    /// word lying within the head dim (`dim_words`). `products(w, ch, c)` writes the
+    /// fmas of owned quad c into chunk ch, with the walked words as `ax_{k}_{x}_{h}`.
     #[allow(clippy::too_many_arguments)]
     fn accumulate(
         &self,
         w: &mut String,
-        acc: &str,
-        coef: &str,
         fetch: &str,
         rows: &str,
         dim_words: &str,
         keep: &dyn Fn(u32, u32) -> Option<String>,
+        products: &dyn Fn(&mut String, u32, u32),
     ) {
         for k in 0..PER_LANE {
             for x in 0..LANES {
@@ -276,24 +268,59 @@ impl Shape {
                 }
             }
             for c in 0..self.quads {
-                for k in 0..PER_LANE {
-                    for x in 0..LANES {
+                products(w, ch, c);
+            }
+            let _ = writeln!(w, "        }}");
+        }
+    }
+
+    /// [`Shape::accumulate`]'s products where each lane computed the coefficients of
+    /// its own walked rows (`{coef}_{c}_{k}`, a vec4 over quad c's owned rows): each
+    /// broadcast from its lane, then `{acc}_.. += coefficient[r] × walked word`.
+    fn broadcast_products(&self, w: &mut String, acc: &str, coef: &str, (ch, c): (u32, u32)) {
+        for k in 0..PER_LANE {
+            for x in 0..LANES {
+                let _ = writeln!(
+                    w,
+                    "            let cb_{c}_{k}_{x} = subgroupBroadcast({coef}_{c}_{k}, {x}u);"
+                );
+                for r in 0..4 {
+                    for h in 0..self.halves {
                         let _ = writeln!(
                             w,
-                            "            let cb_{c}_{k}_{x} = subgroupBroadcast({coef}_{c}_{k}, {x}u);"
+                            "            {acc}_{ch}_{c}_{r}_{h} = fma(vec4<f32>(cb_{c}_{k}_{x}[{r}]), ax_{k}_{x}_{h}, {acc}_{ch}_{c}_{r}_{h});"
                         );
-                        for r in 0..4 {
-                            for h in 0..self.halves {
-                                let _ = writeln!(
-                                    w,
-                                    "            {acc}_{ch}_{c}_{r}_{h} = fma(vec4<f32>(cb_{c}_{k}_{x}[{r}]), ax_{k}_{x}_{h}, {acc}_{ch}_{c}_{r}_{h});"
-                                );
-                            }
-                        }
                     }
                 }
             }
-            let _ = writeln!(w, "        }}");
+        }
+    }
+
+    /// The dQ pass's products: dX comes from the scratch, in texels of 4 keys of one
+    /// owned row (`f_{cc}_{r}`: lane `q + 4 half` holds key quad q of the block for
+    /// row 4cc + r of its half of the owned rows); each is broadcast from that lane and
+    /// its components multiply the walked words of those 4 keys.
+    fn scratch_products(&self, w: &mut String, (ch, c): (u32, u32)) {
+        let per_half = self.quads / 2;
+        for q in 0..BLOCK / 4 {
+            for r in 0..4 {
+                let _ = writeln!(
+                    w,
+                    "            let t_{c}_{r}_{q} = subgroupBroadcast(f_{}_{r}, {}u);",
+                    c % per_half,
+                    q + 4 * (c / per_half)
+                );
+                for e in 0..4 {
+                    let walked = 4 * q + e;
+                    let (k, x) = (walked / LANES, walked % LANES);
+                    for h in 0..self.halves {
+                        let _ = writeln!(
+                            w,
+                            "            acc_{ch}_{c}_{r}_{h} = fma(vec4<f32>(t_{c}_{r}_{q}[{e}]), ax_{k}_{x}_{h}, acc_{ch}_{c}_{r}_{h});"
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -362,59 +389,80 @@ fn entry_point(v: BackwardTexelVariant, pass: Pass) -> String {
     s
 }
 
-/// `bwd_dq_texel`: owns query rows row0 .. row0 + ROWS of one (batch, head), walks the
-/// keys of p.key_begin .. p.key_stop they see.
+/// `bwd_dq_texel`: owns query rows row0 .. row0 + ROWS of the band p.key_begin ..
+/// p.key_stop of one (batch, head), walks the keys they see, reading dX from the
+/// band's scratch (which the dK/dV pass wrote).
 fn dq_body(w: &mut String, sh: &Shape) {
     let (v, quads) = (sh.v, sh.quads);
     let _ = writeln!(
         w,
         "fn bwd_dq_texel(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) sg_lane: u32) {{"
     );
-    write_query_head(w, v.rows);
+    let _ = writeln!(w, "    let hd = head_of(p.bh_start + wid.y);");
+    let _ = writeln!(w, "    let lane = sg_lane % {LANES}u;");
+    let _ = writeln!(w, "    let row0 = p.key_begin + wid.x * {}u;", v.rows);
+    let _ = writeln!(w, "    let last_row = p.key_stop - 1u;");
+    let _ = writeln!(w, "    let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;");
+    let _ = writeln!(w, "    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;");
     let _ = writeln!(w, "    let k_words = word_at(p.head_dim);");
-    let _ = writeln!(w, "    let v_words = word_at(p.head_dim_v);");
     let _ = writeln!(w, "    let limit = key_limit(hd.b);");
+    let _ = writeln!(w, "    let bh = hd.b * p.heads_q + hd.h;");
+    let _ = writeln!(w, "    let last_quad = (p.len_k + 3u) / 4u - 1u;");
     for c in 0..quads {
-        write_quad_rows(w, c);
-        let _ = writeln!(w, "    let o_rows_{c} = vec4<u32>(o_head) + rows_{c} * p.o_stride_s;");
-        let _ = writeln!(w, "    let lse_{c} = vec4<f32>(lse_at(hd, rows_{c}.x), lse_at(hd, rows_{c}.y), lse_at(hd, rows_{c}.z), lse_at(hd, rows_{c}.w));");
-        let _ = writeln!(w, "    let delta_{c} = vec4<f32>(delta_at(hd, rows_{c}.x), delta_at(hd, rows_{c}.y), delta_at(hd, rows_{c}.z), delta_at(hd, rows_{c}.w));");
-        sh.owned_slices(w, "q", "q_quad", "q_rows", c);
-        sh.owned_slices(w, "o", "do_quad", "o_rows", c);
+        let _ = writeln!(
+            w,
+            "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_row));",
+            4 * c
+        );
+        let _ = writeln!(w, "    let q_rows_{c} = vec4<u32>(q_head) + rows_{c} * p.q_stride_s;");
         sh.zeroed(w, "acc", c);
+    }
+    let _ = writeln!(
+        w,
+        "    // This lane fetches key quad lane % 4 of each block for the rows of half lane / 4,"
+    );
+    let _ = writeln!(w, "    // each masked by its row's visible key range.");
+    let _ = writeln!(w, "    let fq = lane % 4u;");
+    let _ = writeln!(w, "    let frow0 = row0 + lane / 4u * {}u;", v.rows / 2);
+    for cc in 0..quads / 2 {
+        let _ = writeln!(
+            w,
+            "    let frows_{cc} = min(vec4<u32>(frow0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_row));",
+            4 * cc
+        );
+        let _ = writeln!(w, "    let fstarts_{cc} = key_starts(hd.b, frows_{cc});");
+        let _ = writeln!(w, "    let fends_{cc} = key_ends(hd.b, frows_{cc});");
+        let _ = writeln!(
+            w,
+            "    let fw_{cc} = vec4<u32>(dx_row_word(frows_{cc}.x, bh), dx_row_word(frows_{cc}.y, bh), dx_row_word(frows_{cc}.z, bh), dx_row_word(frows_{cc}.w, bh));"
+        );
     }
     let _ = writeln!(
         w,
         "    // Uniform across the workgroup: from its first row's first key to the last key"
     );
     let _ = writeln!(w, "    // its last row sees.");
-    let _ = writeln!(w, "    let block_begin = block_key_begin(hd.b, min(row0, last_q));");
+    let _ = writeln!(w, "    let block_begin = key_start(hd.b, row0) / 4u * 4u;");
     let _ = writeln!(
         w,
-        "    let block_end = min(key_end(hd.b, min(row0 + {}u, last_q)), p.key_stop);",
+        "    let block_end = key_end(hd.b, min(row0 + {}u, last_row));",
         v.rows - 1
     );
     let _ = writeln!(w, "    for (var j0 = block_begin; j0 < block_end; j0 += {BLOCK}u) {{");
     for k in 0..PER_LANE {
         let j = format!("min(j0 + {}u + lane, p.len_k - 1u)", k * LANES);
         let _ = writeln!(w, "        let kr_{k} = word_at(k_base + {j} * p.k_stride_s);");
-        let _ = writeln!(w, "        let vr_{k} = word_at(v_base + {j} * p.v_stride_s);");
-        for c in 0..quads {
-            let _ = writeln!(w, "        var s_{c}_{k} = vec4<f32>(0.0);");
-            let _ = writeln!(w, "        var dp_{c}_{k} = vec4<f32>(0.0);");
-        }
     }
-    let _ = writeln!(w, "        // Scores (Q carries the scale) and dP = dO·V.");
-    sh.product(w, "s", "q", "k_word", "kr", "k_words");
-    sh.product(w, "dp", "o", "v_word", "vr", "v_words");
-    let _ = writeln!(w, "        // Visible key ranges, P and dX.");
-    for k in 0..PER_LANE {
-        let _ = writeln!(w, "        let keys_{k} = vec4<u32>(j0 + {}u + lane);", k * LANES);
-        for c in 0..quads {
-            let _ = writeln!(w, "        let sm_{c}_{k} = select(vec4<f32>(neg_inf()), s_{c}_{k}, in_key_range(keys_{k}, starts_{c}, ends_{c}));");
+    let _ = writeln!(w, "        let kq = min(j0 / 4u + fq, last_quad);");
+    let _ = writeln!(
+        w,
+        "        let fkeys = vec4<u32>(j0 + 4u * fq) + vec4<u32>(0u, 1u, 2u, 3u);"
+    );
+    for cc in 0..quads / 2 {
+        for r in 0..4 {
             let _ = writeln!(
                 w,
-                "        let dx_{c}_{k} = dx_of(probs_of(sm_{c}_{k}, lse_{c}), dp_{c}_{k}, delta_{c}, vec4<f32>(1.0));"
+                "        let f_{cc}_{r} = dx_fetch(fw_{cc}[{r}] + kq, in_key_range(fkeys, vec4<u32>(fstarts_{cc}[{r}]), vec4<u32>(fends_{cc}[{r}])));"
             );
         }
     }
@@ -422,14 +470,19 @@ fn dq_body(w: &mut String, sh: &Shape) {
         w,
         "        // dQ += dX·K, keys past the key length kept out (their rows may hold NaN)."
     );
-    sh.accumulate(w, "acc", "dx", "k_word", "kr", "k_words", &|k, x| {
-        Some(format!("j0 + {}u < limit", k * LANES + x))
-    });
+    sh.accumulate(
+        w,
+        "k_word",
+        "kr",
+        "k_words",
+        &|k, x| Some(format!("j0 + {}u < limit", k * LANES + x)),
+        &|w, ch, c| sh.scratch_products(w, (ch, c)),
+    );
     let _ = writeln!(w, "    }}");
     let _ = writeln!(w, "    // dQ = scale · Σ dX k.");
     for c in 0..quads {
         for r in 0..4 {
-            let _ = writeln!(w, "    if row0 + {}u < p.len_q {{", 4 * c + r);
+            let _ = writeln!(w, "    if row0 + {}u < p.key_stop {{", 4 * c + r);
             sh.store(w, "store_dq", "q_rows", "acc", (c, r), " * p.scale");
             let _ = writeln!(w, "    }}");
         }
@@ -488,6 +541,7 @@ fn dkdv_body(w: &mut String, sh: &Shape) {
     );
     let _ = writeln!(w, "    for (var gh = 0u; gh < group; gh++) {{");
     let _ = writeln!(w, "    let hd = Head(b, hk * group + gh, hk);");
+    let _ = writeln!(w, "    let bh = b * p.heads_q + hd.h;");
     let _ = writeln!(w, "    let q_head = b * p.q_stride_b + hd.h * p.q_stride_h;");
     let _ = writeln!(w, "    let o_head = b * p.o_stride_b + hd.h * p.o_stride_h;");
     let _ = writeln!(w, "    for (var i0 = range.x; i0 < range.y; i0 += {BLOCK}u) {{");
@@ -524,9 +578,24 @@ fn dkdv_body(w: &mut String, sh: &Shape) {
             );
         }
     }
+    let _ = writeln!(w, "        // dX to the band's scratch, for the dQ pass.");
+    for k in 0..PER_LANE {
+        let _ = writeln!(w, "        let xw_{k} = dx_row_word(ic_{k}, bh) + key0 / 4u;");
+        for c in 0..quads {
+            let _ = writeln!(
+                w,
+                "        if i_{k} < range.y && key0 + {}u < p.len_k {{ store_dx(xw_{k} + {c}u, dx_{c}_{k}); }}",
+                4 * c
+            );
+        }
+    }
     let _ = writeln!(w, "        // dV += P·dO, dK += dX·Q.");
-    sh.accumulate(w, "dv", "pr", "v_word", "or", "v_words", &|_, _| None);
-    sh.accumulate(w, "dk", "dx", "k_word", "qr", "k_words", &|_, _| None);
+    sh.accumulate(w, "v_word", "or", "v_words", &|_, _| None, &|w, ch, c| {
+        sh.broadcast_products(w, "dv", "pr", (ch, c))
+    });
+    sh.accumulate(w, "k_word", "qr", "k_words", &|_, _| None, &|w, ch, c| {
+        sh.broadcast_products(w, "dk", "dx", (ch, c))
+    });
     let _ = writeln!(w, "    }}");
     let _ = writeln!(w, "    }}");
     let _ = writeln!(w, "    // dK = scale · Σ dX q; dV = Σ P dO.");
@@ -588,12 +657,21 @@ mod tests {
             assert_eq!(dq.matches("for (").count(), 1, "{}", v.name);
             let dkdv = entry_point(v, Pass::DkDv);
             assert_eq!(dkdv.matches("for (").count(), 2, "{}", v.name);
-            // Each owned element of a word is broadcast once per quad and word, in
-            // both products.
+            // dK/dV: each owned element of a word is broadcast once per quad and word,
+            // in both products. dQ computes no products: it reads dX, each lane 4 keys
+            // of every row of its half of the owned rows a block, each broadcast once
+            // per chunk of the head dim.
             let per_product = v.rows / 4 * v.groups * LANES * v.word_elems();
-            for source in [&dq, &dkdv] {
-                assert_eq!(source.matches("let b_").count() as u32, 2 * per_product, "{}", v.name);
-            }
+            assert_eq!(dkdv.matches("let b_").count() as u32, 2 * per_product, "{}", v.name);
+            assert_eq!(dq.matches("let b_").count(), 0, "{}", v.name);
+            assert_eq!(dq.matches("dx_fetch(").count() as u32, v.rows / 2, "{}", v.name);
+            assert_eq!(dq.matches("let t_").count() as u32, v.rows * 4 * v.groups, "{}", v.name);
+            assert_eq!(
+                dkdv.matches("store_dx(").count() as u32,
+                v.rows / 4 * PER_LANE,
+                "{}",
+                v.name
+            );
         }
     }
 

@@ -139,7 +139,7 @@ impl KvTexels {
     }
 
     /// Mirrors of two plain buffers for one attention call (K and V for the fused texel
-    /// kernel, `kernels::flash_texel`; K and V, or Q and dO, for the backward's,
+    /// kernel, `kernels::flash_texel`; Q and dO for the backward's dK/dV pass,
     /// `kernels::backward_texel`), filled by buffer-to-texture copies recorded on
     /// `encoder`: a driver copy, no shader. `None` where the buffers outgrow the
     /// device's textures or cannot be copied from (a caller's buffer wrapped by
@@ -150,8 +150,7 @@ impl KvTexels {
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
     ) -> Result<Option<KvTexels>> {
-        let copyable = |b: &wgpu::Buffer| b.usage().contains(wgpu::BufferUsages::COPY_SRC);
-        if extent(ctx, k.size()).is_none() || extent(ctx, v.size()).is_none() || !copyable(k) || !copyable(v) {
+        if !copyable(ctx, k) || !copyable(ctx, v) {
             return Ok(None);
         }
         let texels = KvTexels {
@@ -170,6 +169,36 @@ impl KvTexels {
     pub(crate) fn values(&self) -> &wgpu::TextureView {
         &self.v
     }
+}
+
+/// Whether a buffer can be mirrored for one call: it fits the device's textures and
+/// can be copied from.
+fn copyable(ctx: &Context, buffer: &wgpu::Buffer) -> bool {
+    extent(ctx, buffer.size()).is_some() && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
+}
+
+/// A mirror of one buffer for one call, as [`KvTexels::copy_of`] makes two.
+pub(crate) fn copy_one(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    buffer: &wgpu::Buffer,
+    label: &str,
+) -> Result<Option<wgpu::TextureView>> {
+    if !copyable(ctx, buffer) {
+        return Ok(None);
+    }
+    let view = mirror(ctx, buffer.size(), label, COPY_USAGE)?;
+    copy_words(ctx, encoder, buffer, view.texture());
+    Ok(Some(view))
+}
+
+/// A texture of `bytes` on the mirrors' grid that kernels write (as storage) and read
+/// (as texels), or `None` past the device's texture limits.
+pub(crate) fn scratch(ctx: &Context, bytes: u64, label: &str) -> Result<Option<wgpu::TextureView>> {
+    if extent(ctx, bytes).is_none() {
+        return Ok(None);
+    }
+    mirror(ctx, bytes, label, CACHE_USAGE).map(Some)
 }
 
 /// Keeps (`on`) or drops the mirror in `slot` of a cache's buffers `k` and `v`, as the
@@ -258,7 +287,7 @@ fn extent(ctx: &Context, bytes: u64) -> Option<wgpu::Extent3d> {
     })
 }
 
-/// A cache's mirror is written by `kv_append.wgsl`.
+/// A cache's mirror is written by `kv_append.wgsl` (and a scratch by its kernels).
 const CACHE_USAGE: wgpu::TextureUsages =
     wgpu::TextureUsages::STORAGE_BINDING.union(wgpu::TextureUsages::TEXTURE_BINDING);
 /// A mirror made for one call only receives copies.

@@ -371,6 +371,11 @@ pub enum Slot {
     Probs = 18,
     /// The materialized backward's dX matrix.
     DScores = 19,
+    /// The texel backward's dX scratch for a band of rows, read by its dQ pass
+    /// (`backward_texel.wgsl`).
+    DxTexels = 20,
+    /// The same scratch, written by its dK/dV pass.
+    DxStore = 21,
 }
 
 impl Slot {
@@ -397,6 +402,8 @@ impl Slot {
             Slot::ForwardOut => "o_in",
             Slot::Probs => "probs",
             Slot::DScores => "d_scores",
+            Slot::DxTexels => "dx_texels",
+            Slot::DxStore => "dx_store",
         }
     }
 }
@@ -420,7 +427,15 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
-                    Slot::DOut | Slot::DQ | Slot::DK | Slot::DV | Slot::ForwardOut | Slot::Probs | Slot::DScores => {
+                    Slot::DOut
+                    | Slot::DQ
+                    | Slot::DK
+                    | Slot::DV
+                    | Slot::ForwardOut
+                    | Slot::Probs
+                    | Slot::DScores
+                    | Slot::DxTexels
+                    | Slot::DxStore => {
                         return Err(Error::invalid(
                             "attention bindings",
                             "the backward pass binds its gradients itself",
