@@ -4,8 +4,10 @@
 //! FlashAttention-2's algorithm (`shaders/flash_backward.wgsl`): a pass computing
 //! `D = rowsum(dO ∘ O)`, a pass where each invocation keeps one key and walks the query
 //! rows (dK, dV), and one where each keeps a query row and walks the keys (dQ); the
-//! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows. The
-//! score matrix is never stored; no atomics, so results repeat bit for bit. Under
+//! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows (the
+//! texel kernels on Mesa 22 go in bands of query rows, the dQ pass reading the dK/dV
+//! pass's dX for its band from a scratch of at most [`SCRATCH_BYTES`]). The score
+//! matrix is never stored; no atomics, so results repeat bit for bit. Under
 //! llvmpipe's loop cap the walks are split across dispatches that add to the previous
 //! ones' sums, in a fixed order.
 
