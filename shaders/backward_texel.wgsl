@@ -15,8 +15,8 @@
 // rows, or keys) is walked in blocks of 16, 2 per lane: lane l takes walked rows
 // i0 + l and i0 + 8 + l.
 //
-// The dK/dV pass runs first, over a band of query rows (p.key_begin .. p.key_stop in
-// both passes). For each block:
+// The dK/dV pass runs first, over a band: query rows p.key_begin .. p.key_stop (in
+// both passes) of the dispatch's pairs. For each block:
 //   - the transposed scores and dP = V·dOᵀ against the owned keys, as
 //     flash_texel.wgsl's Q·Kᵀ: lane l holds the owned quads' elements of word 8g + l of
 //     each group g of 8 words; for word t of its walked rows, a lane takes the quads'
@@ -24,7 +24,8 @@
 //   - P = exp(s − lse) and dX = P (dP − D) per (owned, walked) pair, masked by the
 //     visible key ranges only (the host sends problems with other rules to the buffer
 //     kernels); each lane stores its walked rows' dX, a texel per quad of owned keys,
-//     to the band's dX scratch (`dx_store`: row-major, 4 keys a texel);
+//     to the band's dX scratch (`dx_store`: row-major, 4 keys a texel). A band is a
+//     range of query rows of a group of (batch, kv head) pairs;
 //   - two accumulations, as flash_texel.wgsl's P·V: lane l owns word 8c + l of each
 //     chunk c of the owned keys' gradients and, for each walked row of the block,
 //     fetches that word of it and adds it times the pair's coefficient (broadcast
@@ -44,11 +45,13 @@
 @group(0) @binding(20) var dx_texels: texture_2d_array<u32>;
 @group(0) @binding(21) var dx_store: texture_storage_2d_array<rgba32uint, write>;
 
-// The scratch word of keys 0 .. 3 of query row i of (batch, head) pair bh = b·Hq + h:
-// rows of the band outermost, then pairs, then quads of keys. Key quad kq is this
-// word + kq.
-fn dx_row_word(i: u32, bh: u32) -> u32 {
-    return ((i - p.key_begin) * p.batch * p.heads_q + bh) * ((p.len_k + 3u) / 4u);
+// The scratch word of keys 0 .. 3 of query row i of the band's (batch, head) pair
+// `pair` of `pairs`: rows of the band outermost, then its pairs, then quads of keys.
+// Key quad kq is this word + kq. A band is one dispatch of each pass over its pairs
+// (the host's TexelBands), so the dQ pass's pair is wid.y of p.bh_count, and the dK/dV
+// pass's is counted from its first kv pair's first query head.
+fn dx_row_word(i: u32, pair: u32, pairs: u32) -> u32 {
+    return ((i - p.key_begin) * pairs + pair) * ((p.len_k + 3u) / 4u);
 }
 
 fn store_dx(w: u32, x: vec4<f32>) {

@@ -493,10 +493,10 @@ pub fn encode_sdpa_backward(
                        (slots, textures): (&[Slot], &[(Slot, &wgpu::TextureView)]),
                        params: AttentionParams,
                        groups_x: u32,
-                       pairs: usize|
+                       pairs: std::ops::Range<usize>|
      -> Result<()> {
-        for start in (0..pairs).step_by(max_pairs) {
-            let count = (pairs - start).min(max_pairs);
+        for start in pairs.clone().step_by(max_pairs) {
+            let count = (pairs.end - start).min(max_pairs);
             let chunk = AttentionParams {
                 bh_start: start as u32,
                 bh_count: count as u32,
@@ -519,7 +519,7 @@ pub fn encode_sdpa_backward(
                slots: &[Slot],
                params: AttentionParams,
                groups_x: u32,
-               pairs: usize| run_reading(encoder, pipeline, (slots, &[]), params, groups_x, pairs);
+               pairs: usize| run_reading(encoder, pipeline, (slots, &[]), params, groups_x, 0..pairs);
 
     // D = rowsum(dO ∘ O).
     let delta_pipeline = pipeline(ctx, &DELTA, dtype, &[])?;
@@ -568,24 +568,34 @@ pub fn encode_sdpa_backward(
     let group = s.heads_q / s.heads_kv.max(1);
 
     // The texel kernels where the subgroup tiling runs and they serve the problem: per
-    // band of query rows, the dK/dV pass (reading Q and dO from mirrors) writes the
-    // band's dX to a scratch that the dQ pass (reading K from a mirror) then reads.
+    // band (query rows of a group of kv pairs), the dK/dV pass (reading Q and dO from
+    // mirrors) writes the band's dX to a scratch that the dQ pass (reading K from a
+    // mirror) then reads.
     if let Some(variant) = texel_variant(ctx, tiling, dtype, &base) {
-        if let Some(bands) = TexelBands::for_problem(ctx, &s, group)? {
+        let mirrored = [q, k, d_out].iter().all(|t| kv_texels::can_copy(ctx, t.buffer()));
+        if let Some(bands) = TexelBands::for_problem(ctx, &s, group).filter(|_| mirrored) {
             let q_and_do = KvTexels::copy_of(ctx, encoder, q.buffer(), d_out.buffer())?;
             let k_texels = kv_texels::copy_one(ctx, encoder, k.buffer(), "keys as texels")?;
             let scratch = kv_texels::scratch(ctx, bands.scratch_bytes, "attention backward dX band")?;
-            if let (Some(q_and_do), Some(k_texels), Some(scratch)) = (q_and_do, k_texels, scratch) {
-                let constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
-                let (dkdv, dq) = (variant.dkdv(), variant.dq());
-                let dkdv_pipeline = pipeline(ctx, &dkdv, dtype, &constants)?;
-                let dq_pipeline = pipeline(ctx, &dq, dtype, &constants)?;
-                let dkdv_textures = [
-                    (Slot::KTexels, q_and_do.keys()),
-                    (Slot::VTexels, q_and_do.values()),
-                    (Slot::DxStore, &scratch),
-                ];
-                let dq_textures = [(Slot::KTexels, &k_texels), (Slot::DxTexels, &scratch)];
+            let (Some(q_and_do), Some(k_texels)) = (q_and_do, k_texels) else {
+                return Err(Error::invalid(
+                    "attention backward",
+                    "a mirror checked as copyable was not made",
+                ));
+            };
+            let constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
+            let (dkdv, dq) = (variant.dkdv(), variant.dq());
+            let dkdv_pipeline = pipeline(ctx, &dkdv, dtype, &constants)?;
+            let dq_pipeline = pipeline(ctx, &dq, dtype, &constants)?;
+            let dkdv_textures = [
+                (Slot::KTexels, q_and_do.keys()),
+                (Slot::VTexels, q_and_do.values()),
+                (Slot::DxStore, &scratch),
+            ];
+            let dq_textures = [(Slot::KTexels, &k_texels), (Slot::DxTexels, &scratch)];
+            let kv_pairs = s.batch * s.heads_kv;
+            for first in (0..kv_pairs).step_by(bands.pairs) {
+                let pairs = first..(first + bands.pairs).min(kv_pairs);
                 for begin in (0..s.len_q).step_by(bands.rows) {
                     let stop = (begin + bands.rows).min(s.len_q);
                     let band = AttentionParams {
@@ -594,27 +604,21 @@ pub fn encode_sdpa_backward(
                         ..base
                     };
                     let key_groups = groups_for(s.len_k, variant.rows as usize);
-                    let kv_pairs = s.batch * s.heads_kv;
-                    run_reading(
-                        encoder,
-                        &dkdv_pipeline,
-                        (dkdv.slots, &dkdv_textures),
-                        band,
-                        key_groups,
-                        kv_pairs,
-                    )?;
+                    let reads = (dkdv.slots, &dkdv_textures[..]);
+                    run_reading(encoder, &dkdv_pipeline, reads, band, key_groups, pairs.clone())?;
                     let row_groups = groups_for(stop - begin, variant.rows as usize);
+                    let query_pairs = pairs.start * group..pairs.end * group;
                     run_reading(
                         encoder,
                         &dq_pipeline,
                         (dq.slots, &dq_textures),
                         band,
                         row_groups,
-                        s.batch_heads(),
+                        query_pairs,
                     )?;
                 }
-                return Ok(grads);
             }
+            return Ok(grads);
         }
     }
 
@@ -656,38 +660,58 @@ pub fn encode_sdpa_backward(
 
 /// Bytes the texel backward's dX scratch takes at most by default
 /// ([`Context::limit_backward_scratch`] changes it): 64 MiB, one layer of the texel
-/// grid. Larger problems run in more bands of query rows.
+/// grid. Larger problems run in more bands, down to [`MIN_BAND_ROWS`].
 pub const SCRATCH_BYTES: u64 = 64 << 20;
 
-/// How the texel backward splits the query rows: bands of `rows` rows (the last may be
-/// shorter), each one dK/dV dispatch that writes the band's dX (f32, `[rows, B·Hq,
+/// The fewest query rows of a band where the problem has more: each band re-runs the
+/// dK/dV pass's setup and the read-modify-write of its gradients (about 12 ms for 8
+/// heads of 2048 keys at D 64 on Mesa 22.3, against about 100 ms of work per 512
+/// rows), so a row's dX larger than the budget's share grows the scratch instead.
+pub const MIN_BAND_ROWS: usize = 512;
+
+/// How the texel backward splits the problem: bands of `pairs` (batch, kv head) pairs
+/// (the last may have fewer) and `rows` query rows (likewise), each one dK/dV dispatch
+/// over the band's pairs that writes the band's dX (f32, `[rows, pairs·group,
 /// ceil(Lk / 4)]` texels of 4 keys) to a scratch of `scratch_bytes`, then one dQ
-/// dispatch that reads it.
+/// dispatch over the band's query heads that reads it. Pairs go first: a band of
+/// fewer pairs costs less setup, a band of fewer rows as much.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct TexelBands {
+    pairs: usize,
     rows: usize,
     scratch_bytes: u64,
 }
 
 impl TexelBands {
-    /// The bands for a problem: as many rows as the context's scratch budget holds (at
-    /// least one) and the loop cap lets the dK/dV pass walk; `None` where the dQ pass
-    /// cannot walk every key under the loop cap (the buffer kernels serve those).
-    fn for_problem(ctx: &Context, s: &AttentionShape, group: usize) -> Result<Option<TexelBands>> {
+    /// The bands for a problem: all query rows (at least [`MIN_BAND_ROWS`]) of as many
+    /// kv pairs as the context's scratch budget holds (at least one), as many rows as
+    /// the loop cap lets the dK/dV pass walk; `None` where the dQ pass cannot walk every
+    /// key under the loop cap, the scratch outgrows the device's textures or its words
+    /// a u32, or one dispatch cannot hold a kv pair's query heads (the buffer kernels
+    /// serve those).
+    fn for_problem(ctx: &Context, s: &AttentionShape, group: usize) -> Option<TexelBands> {
         if ctx
             .loop_cap()
             .is_some_and(|cap| backward_texel::dq_iterations(s.len_k) > cap)
         {
-            return Ok(None);
+            return None;
         }
-        let row_bytes = (s.batch_heads() * s.len_k.div_ceil(4) * 16).max(16) as u64;
-        let fits = (ctx.backward_scratch_bytes() / row_bytes).max(1) as usize;
-        let walkable = range_per_dispatch(ctx, s.len_q, |rows| backward_texel::dkdv_iterations(rows, group))?;
-        let rows = fits.min(walkable).min(s.len_q).max(1);
-        Ok(Some(TexelBands {
+        let most_pairs = ctx.capabilities().max_workgroups_per_dim as usize / group.max(1);
+        let walkable = range_per_dispatch(ctx, s.len_q, |rows| backward_texel::dkdv_iterations(rows, group)).ok()?;
+        // dX bytes of one query row of one kv pair's query heads.
+        let row_bytes = (group * s.len_k.div_ceil(4) * 16).max(16) as u64;
+        let budget = ctx.backward_scratch_bytes();
+        let rows_fit = (budget / row_bytes) as usize;
+        let rows = rows_fit.max(MIN_BAND_ROWS).min(walkable).min(s.len_q).max(1);
+        let pairs_fit = (budget / (rows as u64 * row_bytes)) as usize;
+        let pairs = pairs_fit.min(most_pairs).min(s.batch * s.heads_kv).max(1);
+        let scratch_bytes = (pairs * rows) as u64 * row_bytes;
+        let words_fit = scratch_bytes / 16 <= u64::from(u32::MAX);
+        (most_pairs > 0 && words_fit && kv_texels::fits(ctx, scratch_bytes)).then_some(TexelBands {
+            pairs,
             rows,
-            scratch_bytes: rows as u64 * row_bytes,
-        }))
+            scratch_bytes,
+        })
     }
 }
 

@@ -262,24 +262,23 @@ fn random_whole_word_problems_with_key_ranges() {
 }
 
 #[test]
-fn bands_of_query_rows_give_the_reference_gradients() {
-    // The texel kernels (Mesa 22.3) run the backward in bands of query rows, each band's
-    // dK/dV pass writing its dX to a scratch that its dQ pass reads. A small scratch
-    // makes many bands of a few rows, none a multiple of the kernels' 32 or 16: dK and
-    // dV add over the bands, each dQ row comes from its own band, and pairs a band
-    // never visited (windows, causal rows, short key lengths) must not leak a stale
-    // dX from an earlier band. Elsewhere the same problems take other kernels.
+fn bands_of_pairs_and_query_rows_give_the_reference_gradients() {
+    // The texel kernels (Mesa 22.3) run the backward in bands (groups of (batch, kv
+    // head) pairs, ranges of query rows), each band's dK/dV pass writing its dX to a
+    // scratch that its dQ pass reads. A small scratch makes a band of each kv pair, and
+    // of 512 query rows (backward::MIN_BAND_ROWS), the last band shorter and not a
+    // multiple of the kernels' 32 or 16 rows: dK and dV add over the row bands, each dQ
+    // row comes from its own band, and pairs a band never visited (windows, causal rows,
+    // short key lengths) must not leak a stale dX from an earlier band. Elsewhere the
+    // same problems take other kernels.
     if common::ctx().is_none() {
         return;
     }
     let mut ctx = Context::new().expect("a second context on the same adapter");
-    let s = AttentionShape::new(2, 4, 2, 70, 45, 64, 32);
-    // B·Hq·ceil(Lk / 4) texels of 16 bytes a row: 13 rows a band.
-    let row_bytes = (s.batch * s.heads_q * s.len_k.div_ceil(4) * 16) as u64;
-    ctx.limit_backward_scratch(13 * row_bytes);
-    let windowed = AttentionOptions {
+    ctx.limit_backward_scratch(1);
+    let windowed = |lengths: Vec<u32>| AttentionOptions {
         causal: Some(CausalAlignment::BottomRight),
-        key_lengths: Some(vec![45, 19]),
+        key_lengths: Some(lengths),
         window: Some(Window {
             left: Some(9),
             right: None,
@@ -290,16 +289,16 @@ fn bands_of_query_rows_give_the_reference_gradients() {
         causal: Some(CausalAlignment::TopLeft),
         ..Default::default()
     };
-    assert_passes(&ctx, case(s, windowed.clone(), DType::F32, Layout::Bhsd, 39801));
+    // Four bands of one kv pair each, all rows.
+    let s = AttentionShape::new(2, 4, 2, 70, 45, 64, 32);
+    assert_passes(&ctx, case(s, windowed(vec![45, 19]), DType::F32, Layout::Bhsd, 39801));
+    // Three bands of rows (512, 512, 76) of one pair, GQA.
+    let s = AttentionShape::new(1, 2, 1, 1100, 24, 64, 64);
     assert_passes(&ctx, case(s, causal, DType::F16, Layout::Bshd, 39802));
-    // One row a band, at D 128.
-    ctx.limit_backward_scratch(1);
-    let s = AttentionShape::new(1, 2, 1, 9, 30, 128, 128);
-    let windowed = AttentionOptions {
-        key_lengths: Some(vec![23]),
-        ..windowed
-    };
-    assert_passes(&ctx, case(s, windowed, DType::F32, Layout::Bhsd, 39803));
+    assert_passes(&ctx, case(s, windowed(vec![17]), DType::F32, Layout::Bhsd, 39803));
+    // Two pairs by two row bands at D 128.
+    let s = AttentionShape::new(1, 4, 2, 600, 30, 128, 96);
+    assert_passes(&ctx, case(s, windowed(vec![23]), DType::F32, Layout::Bshd, 39804));
 }
 
 #[test]

@@ -406,7 +406,6 @@ fn dq_body(w: &mut String, sh: &Shape) {
     let _ = writeln!(w, "    let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;");
     let _ = writeln!(w, "    let k_words = word_at(p.head_dim);");
     let _ = writeln!(w, "    let limit = key_limit(hd.b);");
-    let _ = writeln!(w, "    let bh = hd.b * p.heads_q + hd.h;");
     let _ = writeln!(w, "    let last_quad = (p.len_k + 3u) / 4u - 1u;");
     for c in 0..quads {
         let _ = writeln!(
@@ -434,7 +433,7 @@ fn dq_body(w: &mut String, sh: &Shape) {
         let _ = writeln!(w, "    let fends_{cc} = key_ends(hd.b, frows_{cc});");
         let _ = writeln!(
             w,
-            "    let fw_{cc} = vec4<u32>(dx_row_word(frows_{cc}.x, bh), dx_row_word(frows_{cc}.y, bh), dx_row_word(frows_{cc}.z, bh), dx_row_word(frows_{cc}.w, bh));"
+            "    let fw_{cc} = vec4<u32>(dx_row_word(frows_{cc}.x, wid.y, p.bh_count), dx_row_word(frows_{cc}.y, wid.y, p.bh_count), dx_row_word(frows_{cc}.z, wid.y, p.bh_count), dx_row_word(frows_{cc}.w, wid.y, p.bh_count));"
         );
     }
     let _ = writeln!(
@@ -541,7 +540,7 @@ fn dkdv_body(w: &mut String, sh: &Shape) {
     );
     let _ = writeln!(w, "    for (var gh = 0u; gh < group; gh++) {{");
     let _ = writeln!(w, "    let hd = Head(b, hk * group + gh, hk);");
-    let _ = writeln!(w, "    let bh = b * p.heads_q + hd.h;");
+    let _ = writeln!(w, "    let band_pair = wid.y * group + gh;");
     let _ = writeln!(w, "    let q_head = b * p.q_stride_b + hd.h * p.q_stride_h;");
     let _ = writeln!(w, "    let o_head = b * p.o_stride_b + hd.h * p.o_stride_h;");
     let _ = writeln!(w, "    for (var i0 = range.x; i0 < range.y; i0 += {BLOCK}u) {{");
@@ -580,7 +579,10 @@ fn dkdv_body(w: &mut String, sh: &Shape) {
     }
     let _ = writeln!(w, "        // dX to the band's scratch, for the dQ pass.");
     for k in 0..PER_LANE {
-        let _ = writeln!(w, "        let xw_{k} = dx_row_word(ic_{k}, bh) + key0 / 4u;");
+        let _ = writeln!(
+            w,
+            "        let xw_{k} = dx_row_word(ic_{k}, band_pair, p.bh_count * group) + key0 / 4u;"
+        );
         for c in 0..quads {
             let _ = writeln!(
                 w,

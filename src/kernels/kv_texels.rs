@@ -150,7 +150,7 @@ impl KvTexels {
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
     ) -> Result<Option<KvTexels>> {
-        if !copyable(ctx, k) || !copyable(ctx, v) {
+        if !can_copy(ctx, k) || !can_copy(ctx, v) {
             return Ok(None);
         }
         let texels = KvTexels {
@@ -173,8 +173,13 @@ impl KvTexels {
 
 /// Whether a buffer can be mirrored for one call: it fits the device's textures and
 /// can be copied from.
-fn copyable(ctx: &Context, buffer: &wgpu::Buffer) -> bool {
-    extent(ctx, buffer.size()).is_some() && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
+pub(crate) fn can_copy(ctx: &Context, buffer: &wgpu::Buffer) -> bool {
+    fits(ctx, buffer.size()) && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
+}
+
+/// Whether `bytes` fit a mirror or scratch on the device's textures.
+pub(crate) fn fits(ctx: &Context, bytes: u64) -> bool {
+    extent(ctx, bytes).is_some()
 }
 
 /// A mirror of one buffer for one call, as [`KvTexels::copy_of`] makes two.
@@ -184,7 +189,7 @@ pub(crate) fn copy_one(
     buffer: &wgpu::Buffer,
     label: &str,
 ) -> Result<Option<wgpu::TextureView>> {
-    if !copyable(ctx, buffer) {
+    if !can_copy(ctx, buffer) {
         return Ok(None);
     }
     let view = mirror(ctx, buffer.size(), label, COPY_USAGE)?;
@@ -193,12 +198,9 @@ pub(crate) fn copy_one(
 }
 
 /// A texture of `bytes` on the mirrors' grid that kernels write (as storage) and read
-/// (as texels), or `None` past the device's texture limits.
-pub(crate) fn scratch(ctx: &Context, bytes: u64, label: &str) -> Result<Option<wgpu::TextureView>> {
-    if extent(ctx, bytes).is_none() {
-        return Ok(None);
-    }
-    mirror(ctx, bytes, label, CACHE_USAGE).map(Some)
+/// (as texels); `Unsupported` past the device's texture limits ([`fits`] says).
+pub(crate) fn scratch(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
+    mirror(ctx, bytes, label, CACHE_USAGE)
 }
 
 /// Keeps (`on`) or drops the mirror in `slot` of a cache's buffers `k` and `v`, as the
