@@ -5,8 +5,9 @@
 //! `D = rowsum(dO ∘ O)`, a pass where each invocation keeps one key and walks the query
 //! rows (dK, dV), and one where each keeps a query row and walks the keys (dQ); the
 //! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows (the
-//! texel kernels on Mesa 22 go in bands of query rows, the dQ pass reading the dK/dV
-//! pass's dX for its band from a scratch of at most [`SCRATCH_BYTES`]). The score
+//! texel kernels on Mesa 22 go in bands of kv pairs and query rows, the dQ pass
+//! reading the dK/dV pass's dX for its band from a scratch of [`SCRATCH_BYTES`], or of
+//! [`MIN_BAND_ROWS`] rows of one pair where that is more). The score
 //! matrix is never stored; no atomics, so results repeat bit for bit. Under
 //! llvmpipe's loop cap the walks are split across dispatches that add to the previous
 //! ones' sums, in a fixed order.

@@ -218,9 +218,10 @@ impl Context {
         self.caps.coop_tuned = variants;
     }
 
-    /// Caps the dX scratch of the texel backward (CPU adapters; docs/design.md,
-    /// "Backward") at `bytes`: smaller bands of query rows, more of them. For tests of
-    /// the banding; the default is [`crate::backward::SCRATCH_BYTES`].
+    /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
+    /// "Backward") to `bytes`: smaller bands of pairs and query rows, more of them (never
+    /// below [`crate::backward::MIN_BAND_ROWS`] rows). For tests of the banding; the
+    /// default is [`crate::backward::SCRATCH_BYTES`].
     #[doc(hidden)]
     pub fn limit_backward_scratch(&mut self, bytes: u64) {
         self.backward_scratch_bytes = bytes;
