@@ -296,20 +296,31 @@ impl Shape {
         }
     }
 
-    /// The dQ pass's products: dX comes from the scratch, in texels of 4 keys of one
-    /// owned row (`f_{cc}_{r}`: lane `q + 4 half` holds key quad q of the block for
-    /// row 4cc + r of its half of the owned rows); each is broadcast from that lane and
-    /// its components multiply the walked words of those 4 keys.
-    fn scratch_products(&self, w: &mut String, (ch, c): (u32, u32)) {
+    /// The dQ pass's coefficients: dX comes from the scratch, in texels of 4 keys of
+    /// one owned row (`f_{cc}_{r}`: lane `q + 4 half` holds key quad q of the block for
+    /// row 4cc + r of its half of the owned rows); each is broadcast from that lane
+    /// once a block, as `t_{c}_{r}_{q}`.
+    fn scratch_coefficients(&self, w: &mut String) {
         let per_half = self.quads / 2;
+        for c in 0..self.quads {
+            for q in 0..BLOCK / 4 {
+                for r in 0..4 {
+                    let _ = writeln!(
+                        w,
+                        "        let t_{c}_{r}_{q} = subgroupBroadcast(f_{}_{r}, {}u);",
+                        c % per_half,
+                        q + 4 * (c / per_half)
+                    );
+                }
+            }
+        }
+    }
+
+    /// The dQ pass's products: the components of `t_{c}_{r}_{q}` multiply the walked
+    /// words of the block's keys 4q .. 4q + 3.
+    fn scratch_products(&self, w: &mut String, (ch, c): (u32, u32)) {
         for q in 0..BLOCK / 4 {
             for r in 0..4 {
-                let _ = writeln!(
-                    w,
-                    "            let t_{c}_{r}_{q} = subgroupBroadcast(f_{}_{r}, {}u);",
-                    c % per_half,
-                    q + 4 * (c / per_half)
-                );
                 for e in 0..4 {
                     let walked = 4 * q + e;
                     let (k, x) = (walked / LANES, walked % LANES);
@@ -465,6 +476,7 @@ fn dq_body(w: &mut String, sh: &Shape) {
             );
         }
     }
+    sh.scratch_coefficients(w);
     let _ = writeln!(
         w,
         "        // dQ += dX·K, keys past the key length kept out (their rows may hold NaN)."
@@ -661,13 +673,12 @@ mod tests {
             assert_eq!(dkdv.matches("for (").count(), 2, "{}", v.name);
             // dK/dV: each owned element of a word is broadcast once per quad and word,
             // in both products. dQ computes no products: it reads dX, each lane 4 keys
-            // of every row of its half of the owned rows a block, each broadcast once
-            // per chunk of the head dim.
+            // of every row of its half of the owned rows a block, each broadcast once.
             let per_product = v.rows / 4 * v.groups * LANES * v.word_elems();
             assert_eq!(dkdv.matches("let b_").count() as u32, 2 * per_product, "{}", v.name);
             assert_eq!(dq.matches("let b_").count(), 0, "{}", v.name);
             assert_eq!(dq.matches("dx_fetch(").count() as u32, v.rows / 2, "{}", v.name);
-            assert_eq!(dq.matches("let t_").count() as u32, v.rows * 4 * v.groups, "{}", v.name);
+            assert_eq!(dq.matches("let t_").count() as u32, v.rows * 4, "{}", v.name);
             assert_eq!(
                 dkdv.matches("store_dx(").count() as u32,
                 v.rows / 4 * PER_LANE,
