@@ -684,12 +684,12 @@ struct TexelBands {
 }
 
 impl TexelBands {
-    /// The bands for a problem: all query rows (at least [`MIN_BAND_ROWS`]) of as many
-    /// kv pairs as the context's scratch budget holds (at least one), as many rows as
-    /// the loop cap lets the dK/dV pass walk; `None` where the dQ pass cannot walk every
-    /// key under the loop cap, the scratch outgrows the device's textures or its words
-    /// a u32, or one dispatch cannot hold a kv pair's query heads (the buffer kernels
-    /// serve those).
+    /// The bands for a problem: as many query rows as the context's scratch budget holds
+    /// for one kv pair (at least [`MIN_BAND_ROWS`], at most all of them and what the
+    /// loop cap lets the dK/dV pass walk), then as many kv pairs as it holds with those
+    /// rows (at least one); `None` where the dQ pass cannot walk every key under the
+    /// loop cap, the scratch outgrows the device's textures or its words a u32, or one
+    /// dispatch cannot hold a kv pair's query heads (the buffer kernels serve those).
     fn for_problem(ctx: &Context, s: &AttentionShape, group: usize) -> Option<TexelBands> {
         if ctx
             .loop_cap()
