@@ -36,7 +36,8 @@
 // the scratch (texels masked by the rows' visible key ranges: a pair the dK/dV pass
 // never visited holds a stale value), and dQ += dX·K accumulates as above, each
 // coefficient broadcast from the lane that fetched it.
-// The mirrors are bound at k_texels (K, or Q) and v_texels (dO). No workgroup memory,
+// The mirrors are bound at k_texels (Q in the dK/dV pass, K in the dQ pass) and
+// v_texels (dO, in the dK/dV pass). No workgroup memory,
 // no barriers, no atomics: each gradient element is one lane's sum in a fixed order,
 // so results repeat bit for bit. docs/design.md, "Backward", has the measurements.
 
