@@ -296,6 +296,18 @@ fn bands_of_pairs_and_query_rows_give_the_reference_gradients() {
     let s = AttentionShape::new(1, 2, 1, 1100, 24, 64, 64);
     assert_passes(&ctx, case(s, causal, DType::F16, Layout::Bshd, 39802));
     assert_passes(&ctx, case(s, windowed(vec![17]), DType::F32, Layout::Bhsd, 39803));
+    // A window wider than a band: keys a row of the second band cannot see, which the
+    // first band's row in the same scratch slot could, lie inside the dQ pass's walk.
+    let wide = AttentionOptions {
+        causal: Some(CausalAlignment::TopLeft),
+        window: Some(Window {
+            left: Some(600),
+            right: None,
+        }),
+        ..Default::default()
+    };
+    let s = AttentionShape::new(1, 1, 1, 1100, 1100, 32, 32);
+    assert_passes(&ctx, case(s, wide, DType::F32, Layout::Bhsd, 39805));
     // Two pairs by two row bands at D 128.
     let s = AttentionShape::new(1, 4, 2, 600, 30, 128, 96);
     assert_passes(&ctx, case(s, windowed(vec![23]), DType::F32, Layout::Bshd, 39804));
