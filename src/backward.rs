@@ -16,6 +16,7 @@ use crate::attention::{mask_words, side_words, upload_words, Plan};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::backward_blocked::{self, BlockedVariant};
+use crate::kernels::backward_coop::{self, CoopBackwardVariant};
 use crate::kernels::backward_texel::{self, BackwardTexelVariant};
 use crate::kernels::kv_texels::{self, KvTexels, TexelGrid};
 use crate::kernels::{
@@ -206,12 +207,18 @@ pub enum BackwardTiling {
     /// 48 KiB, 32 rows and keys per tile at D 64, and at D 128 16 in f32 and 32 in
     /// f16).
     Blocked(BlockedVariant),
+    /// Where the forward runs its tensor-core tiling (`coop`: f16 inputs, or f32 below
+    /// [`Precision::Highest`]) and a variant holds the head dims (up to 128): every
+    /// product a 16 x 16 x 16 f16 cooperative-matrix multiply-add with f32
+    /// accumulation (`kernels::backward_coop`), on subgroups of the given lanes.
+    Coop(CoopBackwardVariant, u32),
 }
 
 impl BackwardTiling {
     /// The tiling for a problem of `dtype` at `precision` whose forward runs the fused
     /// tiling `forward` on `ctx`. Below [`Precision::Highest`], f32 inputs take the
-    /// blocked tiling's f16 tiles where the adapter has f16.
+    /// blocked tiling's f16 tiles where the adapter has f16, and follow a tensor-core
+    /// forward onto tensor cores as f16 inputs do.
     pub fn for_forward(
         ctx: &Context,
         forward: FusedTiling,
@@ -222,6 +229,17 @@ impl BackwardTiling {
         let dims = shape.head_dim.max(shape.head_dim_v);
         let caps = ctx.capabilities();
         let half_tiles = precision != Precision::Highest && caps.f16;
+        if forward == FusedTiling::Coop && (dtype == DType::F16 || precision != Precision::Highest) {
+            let coop = caps.coop_subgroup_size().and_then(|sg| {
+                let dims = u32::try_from(dims).ok()?;
+                backward_coop::variant_for(dims, sg, caps.max_workgroup_storage, caps.max_invocations).map(|v| (v, sg))
+            });
+            // Its dK/dV pass binds 14 storage buffers (the others' 10, and 4 as words).
+            let storage = ctx.device().limits().max_storage_buffers_per_shader_stage as usize;
+            if let Some((v, sg)) = coop.filter(|_| storage >= backward_coop::DKDV_SLOTS.len() - 1) {
+                return BackwardTiling::Coop(v, sg);
+            }
+        }
         match forward {
             FusedTiling::Subgroup if dims <= 128 => BackwardTiling::Subgroup,
             FusedTiling::Shared | FusedTiling::Blocked | FusedTiling::Coop => {
@@ -241,6 +259,7 @@ impl BackwardTiling {
             BackwardTiling::Rows => "rows",
             BackwardTiling::Subgroup => "subgroup",
             BackwardTiling::Blocked(_) => "blocked",
+            BackwardTiling::Coop(..) => "coop",
         }
     }
 
@@ -254,6 +273,10 @@ impl BackwardTiling {
                 dq: v.dq(DQ_SLOTS),
                 dkdv: v.dkdv(DKDV_SLOTS),
             },
+            BackwardTiling::Coop(v, sg) => PassKernels {
+                dq: v.dq(sg),
+                dkdv: v.dkdv(sg),
+            },
         }
     }
 
@@ -261,7 +284,7 @@ impl BackwardTiling {
     /// `subgroup`'s; the blocked variants fix theirs in the prelude).
     fn constants(self) -> Vec<(&'static str, u32)> {
         match self {
-            BackwardTiling::Blocked(_) => Vec::new(),
+            BackwardTiling::Blocked(_) | BackwardTiling::Coop(..) => Vec::new(),
             _ => vec![("ROWS", ROWS)],
         }
     }
@@ -270,6 +293,7 @@ impl BackwardTiling {
     fn rows_per_workgroup(self) -> u32 {
         match self {
             BackwardTiling::Blocked(v) => v.tile,
+            BackwardTiling::Coop(v, _) => v.br,
             _ => ROWS,
         }
     }
@@ -281,6 +305,7 @@ impl BackwardTiling {
             BackwardTiling::Rows => loop_budget::backward_dq_iterations(s, keys),
             BackwardTiling::Subgroup => loop_budget::backward_subgroup_dq_iterations(s, keys),
             BackwardTiling::Blocked(v) => backward_blocked::dq_iterations(&v, vec4s(s), keys),
+            BackwardTiling::Coop(v, sg) => backward_coop::dq_iterations(&v, sg, keys),
         }
     }
 
@@ -291,6 +316,10 @@ impl BackwardTiling {
             BackwardTiling::Blocked(v) => {
                 let group = (s.heads_q / s.heads_kv.max(1)) as u64;
                 backward_blocked::dkdv_iterations(&v, vec4s(s), rows, group)
+            }
+            BackwardTiling::Coop(v, sg) => {
+                let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+                backward_coop::dkdv_iterations(&v, sg, rows, group)
             }
         }
     }
@@ -455,6 +484,23 @@ pub fn encode_sdpa_backward(
     } else {
         None
     };
+    let tiling = BackwardTiling::for_forward(
+        ctx,
+        plan.fused_tiling().unwrap_or(FusedTiling::Auto),
+        dtype,
+        options.precision,
+        &s,
+    );
+    // The coop passes read Q, dO, K and V as 16-byte words where every one's rows are
+    // whole words (their WORDS override). A buffer shorter than a word cannot be bound
+    // as words: a placeholder stands in, and the kernels read elements.
+    let coop = matches!(tiling, BackwardTiling::Coop(..));
+    let whole = [q, k, v, d_out].iter().all(|t| t.buffer().size() >= 16);
+    let word_stand_in = match coop && !whole {
+        true => Some(ctx.create_buffer("coop backward word placeholder", 16, tensor_usage())?),
+        false => None,
+    };
+    let words = coop && whole && coop_words(dtype, &base);
     // The bind group entries of a kernel's buffer slots (texel slots: see run_reading).
     let bind = |slots: &[Slot]| -> Vec<wgpu::BindGroupEntry> {
         slots
@@ -475,6 +521,10 @@ pub fn encode_sdpa_backward(
                     Slot::DV => grads.dv.buffer(),
                     Slot::Probs => matrices.as_ref().map_or(q.buffer(), |m| m.0.buffer()),
                     Slot::DScores => matrices.as_ref().map_or(q.buffer(), |m| &m.1),
+                    Slot::Q4 => word_stand_in.as_ref().unwrap_or(q.buffer()),
+                    Slot::K4 => word_stand_in.as_ref().unwrap_or(k.buffer()),
+                    Slot::V4 => word_stand_in.as_ref().unwrap_or(v.buffer()),
+                    Slot::DOut4 => word_stand_in.as_ref().unwrap_or(d_out.buffer()),
                     _ => q.buffer(), // Params and texels: replaced below
                 };
                 wgpu::BindGroupEntry {
@@ -558,13 +608,6 @@ pub fn encode_sdpa_backward(
         return Ok(grads);
     }
 
-    let tiling = BackwardTiling::for_forward(
-        ctx,
-        plan.fused_tiling().unwrap_or(FusedTiling::Auto),
-        dtype,
-        options.precision,
-        &s,
-    );
     let kernels = tiling.kernels(&s);
     let group = s.heads_q / s.heads_kv.max(1);
 
@@ -624,7 +667,11 @@ pub fn encode_sdpa_backward(
     }
 
     // The buffer kernels. dQ, over key ranges that fit the loop cap.
-    let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &tiling.constants())?;
+    let mut constants = tiling.constants();
+    if coop {
+        constants.push(("WORDS", u32::from(words)));
+    }
+    let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &constants)?;
     let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
         let range = AttentionParams {
@@ -638,7 +685,7 @@ pub fn encode_sdpa_backward(
 
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
     // key_begin / key_stop: the WGSL says so).
-    let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &tiling.constants())?;
+    let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &constants)?;
     let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
     for begin in (0..s.len_q).step_by(per_row_range) {
         let range = AttentionParams {
@@ -657,6 +704,23 @@ pub fn encode_sdpa_backward(
         )?;
     }
     Ok(grads)
+}
+
+/// Whether the coop passes stage in 16-byte words for a problem: head dims and every
+/// stride of Q, dO (the output's), K and V (a paged cache's page strides too) whole
+/// words.
+fn coop_words(dtype: DType, p: &AttentionParams) -> bool {
+    let per_word = 16 / dtype.size() as u32;
+    let rows = [
+        p.q_stride_b,
+        p.q_stride_h,
+        p.q_stride_s,
+        p.o_stride_b,
+        p.o_stride_h,
+        p.o_stride_s,
+    ];
+    let strides: Vec<u32> = p.kv_strides().into_iter().chain(rows).collect();
+    crate::kernels::flash::words_fit(per_word, (p.head_dim, p.head_dim_v), &strides)
 }
 
 /// Bytes the texel backward's dX scratch takes at most by default

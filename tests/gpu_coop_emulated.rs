@@ -7,11 +7,11 @@
 
 mod common;
 use common::paged::{PagedInputs, D};
-use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
+use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};
 use wgpu_attention::{
-    AttentionOptions, AttentionShape, CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Precision,
-    Tensor,
+    backward_tiling, sdpa, sdpa_backward, AttentionOptions, AttentionShape, BackwardTiling, CausalAlignment, Context,
+    DType, FusedTiling, KernelChoice, Layout, Precision, Tensor, Window,
 };
 
 /// A context that emulates cooperative matrices (`common::emulating_ctx`: skips where
@@ -453,4 +453,176 @@ fn coop_probes_change_only_what_they_say() {
     }
     let lse = out.lse.expect("lse").to_f32_vec(&ctx).expect("read");
     assert!(lse.iter().all(|&x| x == 7.0), "{lse:?}");
+}
+
+/// A backward case on the tensor-core tiling (the forward's `coop` at precision medium,
+/// so f32 inputs take it too), checked against the f64 reference gradients with the
+/// bound of docs/design.md ("Backward"); the tiling is asserted, not assumed.
+fn assert_backward_passes(ctx: &Context, case: &CheckCase) {
+    let tiling = backward_tiling(ctx, case.dtype, &case.options, &case.shape).expect("a tiling");
+    assert!(
+        matches!(tiling, BackwardTiling::Coop(..)),
+        "seed {}: {tiling:?}",
+        case.seed
+    );
+    let outcome = run_backward_case(ctx, case).unwrap_or_else(|e| panic!("seed {}: {e}\n{case:?}", case.seed));
+    assert!(
+        outcome.passed,
+        "seed {} {:?} {:?} {:?} {:?}: {}",
+        case.seed,
+        case.shape,
+        case.dtype,
+        case.layout,
+        tiling,
+        outcome.summary()
+    );
+}
+
+#[test]
+fn coop_backward_matches_the_reference_across_shapes_masks_and_dtypes() {
+    let Some(ctx) = emulating() else { return };
+    let mut rng = Rng::new(3971);
+    // Head dims below, at and past a 16-wide chunk and past the 32 class; Dv != D; GQA;
+    // lengths off the 16-row bands and 32-row tiles; one query row; one key.
+    let shapes = [
+        AttentionShape::new(1, 2, 2, 19, 45, 16, 16),
+        AttentionShape::new(2, 4, 2, 37, 29, 24, 40),
+        AttentionShape::new(1, 2, 1, 1, 40, 32, 32),
+        AttentionShape::new(1, 1, 1, 50, 1, 8, 8),
+        AttentionShape::new(1, 2, 2, 33, 70, 64, 36),
+    ];
+    let mut seed = 39710;
+    for shape in shapes {
+        for variant in 0..4 {
+            seed += 1;
+            let [b, hq, lq, lk] = [shape.batch, shape.heads_q, shape.len_q, shape.len_k];
+            let options = match variant {
+                0 => AttentionOptions::default(),
+                1 => AttentionOptions {
+                    causal: Some(if seed % 2 == 0 {
+                        CausalAlignment::TopLeft
+                    } else {
+                        CausalAlignment::BottomRight
+                    }),
+                    key_lengths: Some((0..b).map(|i| (lk - (3 * i).min(lk - 1)) as u32).collect()),
+                    ..Default::default()
+                },
+                2 => AttentionOptions {
+                    mask: Some(random_bool_mask(&mut rng, [b, hq, lq, lk])),
+                    softcap: Some(2.0),
+                    alibi_slopes: Some((0..hq).map(|h| 0.25 / (h + 1) as f32).collect()),
+                    ..Default::default()
+                },
+                _ => AttentionOptions {
+                    window: Some(Window {
+                        left: Some(6),
+                        right: Some(3),
+                    }),
+                    mask: Some(random_additive_mask(&mut rng, [1, 1, lq, lk])),
+                    ..Default::default()
+                },
+            };
+            let dtype = if seed % 2 == 0 { DType::F16 } else { DType::F32 };
+            let mut case = coop_case(shape, options, dtype, seed);
+            if seed % 3 == 0 {
+                case.layout = Layout::Bshd;
+            }
+            assert_backward_passes(&ctx, &case);
+        }
+    }
+}
+
+#[test]
+fn coop_backward_splits_long_walks_under_the_loop_cap() {
+    // Under the emulation's loop cap a walk of a few tiles outgrows one invocation: both
+    // passes split theirs across dispatches that add to the previous ones' sums.
+    use wgpu_attention::kernels::{backward_coop, loop_budget::LLVMPIPE_LOOP_CAP};
+    let Some(ctx) = emulating() else { return };
+    let shape = AttentionShape::new(1, 4, 2, 300, 260, 64, 48);
+    for (dtype, causal, seed) in [
+        (DType::F16, None, 39731),
+        (DType::F32, Some(CausalAlignment::BottomRight), 39732),
+    ] {
+        let case = coop_case(
+            shape,
+            AttentionOptions {
+                causal,
+                ..Default::default()
+            },
+            dtype,
+            seed,
+        );
+        let Ok(BackwardTiling::Coop(v, sg)) = backward_tiling(&ctx, dtype, &case.options, &shape) else {
+            panic!("seed {seed}: not the coop tiling");
+        };
+        assert!(backward_coop::dq_iterations(&v, sg, shape.len_k) > LLVMPIPE_LOOP_CAP);
+        assert!(backward_coop::dkdv_iterations(&v, sg, shape.len_q, 2) > LLVMPIPE_LOOP_CAP);
+        assert_backward_passes(&ctx, &case);
+    }
+}
+
+#[test]
+fn coop_backward_repeats_bit_for_bit_and_keeps_nan_past_key_lengths_out() {
+    // Keys past a key length hold NaN (a KV buffer's unused rows may hold anything):
+    // neither the forward nor the gradients may see it, and three runs agree bit for bit.
+    let Some(ctx) = emulating() else { return };
+    let s = AttentionShape::new(2, 4, 2, 40, 50, 32, 32);
+    let lengths = [50usize, 21];
+    let mut rng = Rng::new(3973);
+    let q = rng.vec(2 * 4 * 40 * 32, -1.0, 1.0);
+    let mut k = rng.vec(2 * 2 * 50 * 32, -1.0, 1.0);
+    let mut v = rng.vec(2 * 2 * 50 * 32, -1.0, 1.0);
+    let d_out = rng.vec(2 * 4 * 40 * 32, -1.0, 1.0);
+    for (at, x) in k.iter_mut().chain(v.iter_mut()).enumerate() {
+        let key = at / 32 % 50;
+        let batch = at / (2 * 50 * 32) % 2;
+        if key >= lengths[batch] {
+            *x = f32::NAN;
+        }
+    }
+    let upload =
+        |data: &[f32], shape| Tensor::from_f32_as(&ctx, shape, Layout::Bhsd, DType::F16, data).expect("upload");
+    let (qt, kt, vt, dt) = (
+        upload(&q, [2, 4, 40, 32]),
+        upload(&k, [2, 2, 50, 32]),
+        upload(&v, [2, 2, 50, 32]),
+        upload(&d_out, [2, 4, 40, 32]),
+    );
+    let options = AttentionOptions {
+        key_lengths: Some(lengths.iter().map(|&l| l as u32).collect()),
+        causal: Some(CausalAlignment::TopLeft),
+        need_lse: true,
+        ..coop_case(s, Default::default(), DType::F16, 3973).options
+    };
+    assert!(matches!(
+        backward_tiling(&ctx, DType::F16, &options, &s),
+        Ok(BackwardTiling::Coop(..))
+    ));
+    let forward = sdpa(&ctx, &qt, &kt, &vt, &options).expect("forward");
+    let lse = forward.lse.as_ref().expect("lse");
+    let run = || {
+        let g = sdpa_backward(&ctx, &qt, &kt, &vt, &forward.out, lse, &dt, &options).expect("backward");
+        [&g.dq, &g.dk, &g.dv].map(|t| t.to_f32_vec(&ctx).expect("read"))
+    };
+    let first = run();
+    for (name, got) in ["dq", "dk", "dv"].iter().zip(&first) {
+        assert!(got.iter().all(|x| x.is_finite()), "{name}: not finite");
+        assert!(got.iter().any(|&x| x != 0.0), "{name}: all zero");
+    }
+    // Keys past a length get exactly zero gradients.
+    for (name, got) in [("dk", &first[1]), ("dv", &first[2])] {
+        for (at, x) in got.iter().enumerate() {
+            let (key, batch) = (at / 32 % 50, at / (2 * 50 * 32));
+            assert!(
+                key < lengths[batch] || *x == 0.0,
+                "{name}[{at}] = {x} past the key length"
+            );
+        }
+    }
+    for _ in 0..2 {
+        let again = run();
+        for (a, b) in first.iter().zip(&again) {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "runs differ");
+        }
+    }
 }

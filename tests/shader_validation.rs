@@ -459,6 +459,45 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
 }
 
 #[test]
+fn coop_backward_variants_declare_the_workgroup_memory_the_host_budgets() {
+    // kernels::backward_coop::variant_for picks by workgroup_bytes; the dK/dV entry
+    // uses every array, the dQ entry no more.
+    for v in wgpu_attention::kernels::backward_coop::VARIANTS {
+        for sg in [8, 32] {
+            let (dq, dkdv) = (v.dq(sg), v.dkdv(sg));
+            assert_eq!(declared_workgroup_bytes(&dkdv), v.workgroup_bytes(), "{}", dkdv.variant);
+            assert!(declared_entry_bytes(&dq) <= v.workgroup_bytes(), "{}", dq.variant);
+            assert_eq!(declared_entry_bytes(&dkdv), v.workgroup_bytes(), "{}", dkdv.variant);
+        }
+    }
+}
+
+/// Bytes of workgroup memory a kernel's entry point uses (naga's analysis of the
+/// globals it reaches).
+fn declared_entry_bytes(kernel: &wgpu_attention::kernels::Kernel) -> u32 {
+    let source = shader_source(kernel, DType::F32);
+    let module = naga::front::wgsl::parse_str(&source).expect("parses");
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .expect("validates");
+    let (index, _) = module
+        .entry_points
+        .iter()
+        .enumerate()
+        .find(|(_, ep)| ep.name == kernel.entry)
+        .expect("the entry point");
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(module.to_ctx()).expect("layout");
+    let used = info.get_entry_point(index);
+    module
+        .global_variables
+        .iter()
+        .filter(|(handle, g)| g.space == naga::AddressSpace::WorkGroup && !used[*handle].is_empty())
+        .map(|(_, g)| layouter[g.ty].size)
+        .sum()
+}
+
+#[test]
 fn blocked_backward_variants_declare_the_workgroup_memory_the_host_budgets() {
     // kernels::backward_blocked::variant_for picks by workgroup_bytes, per dtype (its
     // input tiles hold the inputs' elements); the dK/dV entry uses every array.
@@ -506,9 +545,9 @@ struct Dispatchable {
 /// also as rewritten by their emulation (lavapipe's 8 lanes; 4 and 16 where llvmpipe's
 /// vectors are narrower or wider), whose `SG` is then that lane count.
 fn dispatchable() -> Vec<Dispatchable> {
-    use wgpu_attention::kernels::{flash_texel, ALL_KERNELS};
+    use wgpu_attention::kernels::flash_texel;
     let mut all = Vec::new();
-    for kernel in ALL_KERNELS {
+    for kernel in every_kernel() {
         for dtype in [DType::F32, DType::F16] {
             let source = shader_source(&kernel, dtype);
             let name = format!("{}:{}{} ({dtype:?})", kernel.file, kernel.entry, kernel.variant);

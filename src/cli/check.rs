@@ -9,7 +9,7 @@ use wgpu_attention::check::{
     describe, linear_grid, linear_tilings, run_backward_case, run_linear_case, standard_grid, variants, CheckCase,
 };
 use wgpu_attention::kernels::matmul::LinearTiling;
-use wgpu_attention::{backward_tiling, AttentionOptions, AttentionShape, DType, FusedTiling, KernelChoice};
+use wgpu_attention::{backward_tiling, AttentionOptions, AttentionShape, DType, FusedTiling, KernelChoice, Precision};
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -123,16 +123,27 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     // The backward pass on the same grid (its error over the gradients' magnitude,
     // docs/design.md "Backward"), in each dtype the adapter has, on each of its paths
     // this adapter runs: the fused pass in the adapter's tiling, the portable `rows`
-    // tiling where that is another, and the materialized one (which refuses, and
-    // skips here, what one invocation cannot walk under llvmpipe's loop cap).
+    // tiling where that is another, the tensor-core one where the forward's runs (f32
+    // at precision medium), and the materialized one (which refuses, and skips here,
+    // what one invocation cannot walk under llvmpipe's loop cap).
     let mut paths: Vec<(String, KernelChoice, FusedTiling)> = Vec::new();
-    for tiling in [FusedTiling::Auto, FusedTiling::Shared, FusedTiling::Registers] {
+    for tiling in [
+        FusedTiling::Auto,
+        FusedTiling::Shared,
+        FusedTiling::Registers,
+        FusedTiling::Coop,
+    ] {
         let options = AttentionOptions {
             tiling,
             ..Default::default()
         };
         let base = AttentionShape::new(1, 1, 1, 1, 1, 64, 64);
-        if let Ok(t) = backward_tiling(&ctx, DType::F32, &options, &base) {
+        let dtype = if tiling == FusedTiling::Coop {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        if let Ok(t) = backward_tiling(&ctx, dtype, &options, &base) {
             let name = format!("backward/{}", t.name());
             if !paths.iter().any(|(n, ..)| *n == name) {
                 paths.push((name, KernelChoice::Auto, tiling));
@@ -147,9 +158,16 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     for (name, kernel, tiling) in &paths {
         for &dtype in dtypes {
             for case in standard_grid(args.seed) {
+                // Tensor cores take f32 only at precision medium.
+                let medium = *tiling == FusedTiling::Coop && dtype == DType::F32;
                 let options = AttentionOptions {
                     kernel: *kernel,
                     tiling: *tiling,
+                    precision: if medium {
+                        Precision::Medium
+                    } else {
+                        case.options.precision
+                    },
                     ..case.options.clone()
                 };
                 let case = CheckCase { dtype, options, ..case };
@@ -159,7 +177,7 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
                     _ => backward_tiling(&ctx, dtype, &case.options, &case.shape)
                         .map_or_else(|_| name.clone(), |t| format!("backward/{}", t.name())),
                 };
-                let label = format!("{name} {}", dtype.name());
+                let label = format!("{name} {}{}", dtype.name(), if medium { " medium" } else { "" });
                 let started = Instant::now();
                 let outcome = run_backward_case(&ctx, &case);
                 let seconds = started.elapsed().as_secs_f64();

@@ -8,6 +8,7 @@
 //! else is specialised with WGSL `override` constants.
 
 pub mod backward_blocked;
+pub mod backward_coop;
 pub mod backward_texel;
 pub mod coop_emulation;
 pub mod decode;
@@ -102,6 +103,7 @@ pub fn every_kernel() -> Vec<Kernel> {
                 .flat_map(|v| [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)]),
         )
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
+        .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
         .collect()
 }
 
@@ -376,6 +378,10 @@ pub enum Slot {
     DxTexels = 20,
     /// The same scratch, written by its dK/dV pass.
     DxStore = 21,
+    /// Q again, as 16-byte units (the tensor-core backward, `flash_backward_coop.wgsl`).
+    Q4 = 22,
+    /// The output's gradient again, as 16-byte units.
+    DOut4 = 23,
 }
 
 impl Slot {
@@ -404,6 +410,8 @@ impl Slot {
             Slot::DScores => "d_scores",
             Slot::DxTexels => "dx_texels",
             Slot::DxStore => "dx_store",
+            Slot::Q4 => "q4",
+            Slot::DOut4 => "do4",
         }
     }
 }
@@ -435,7 +443,9 @@ impl<'a> AttentionBindings<'a> {
                     | Slot::Probs
                     | Slot::DScores
                     | Slot::DxTexels
-                    | Slot::DxStore => {
+                    | Slot::DxStore
+                    | Slot::Q4
+                    | Slot::DOut4 => {
                         return Err(Error::invalid(
                             "attention bindings",
                             "the backward pass binds its gradients itself",

@@ -1,0 +1,249 @@
+//! The tensor-core backward tiling's kernels (`shaders/flash_backward_coop.wgsl`, whose
+//! opening comment explains the tiling): FlashAttention-2's dQ and dK/dV passes with
+//! every product a 16 x 16 x 16 f16 cooperative-matrix multiply-add. A
+//! [`CoopBackwardVariant`] is three numbers (largest head dim, rows or keys per
+//! workgroup, rows or keys per walked tile) and its kernels are the WGSL behind a
+//! one-line prelude generated from them and the adapter's subgroup size, as the
+//! forward's [`crate::kernels::flash::CoopVariant`]. [`variant_for`] takes the first
+//! variant of the smallest head-dim class that fits the adapter's workgroup memory.
+
+use super::{Kernel, Slot, BACKWARD_COMMON, COMMON};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+const SOURCE: &str = include_str!("../../shaders/flash_backward_coop.wgsl");
+
+/// The passes' bindings: the other backward kernels' (`crate::backward`) and Q, dO, K
+/// and V again as 16-byte words (the WGSL's WORDS staging).
+pub const DQ_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::Lse,
+    Slot::DOut,
+    Slot::DQ,
+    Slot::K4,
+    Slot::V4,
+    Slot::Q4,
+    Slot::DOut4,
+];
+pub const DKDV_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::Lse,
+    Slot::DOut,
+    Slot::DK,
+    Slot::DV,
+    Slot::K4,
+    Slot::V4,
+    Slot::Q4,
+    Slot::DOut4,
+];
+
+/// One variant of `flash_backward_coop.wgsl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopBackwardVariant {
+    /// Head dims up to this (a multiple of 16).
+    pub dmax: u32,
+    /// Query rows (dQ) or keys (dK/dV) per workgroup: one 16-row band per subgroup.
+    pub br: u32,
+    /// Keys (dQ) or query rows (dK/dV) per walked tile (a multiple of 16).
+    pub bc: u32,
+}
+
+/// By head-dim class, the variant for NVIDIA's 48 KiB of workgroup memory, then one
+/// for 32 KiB (Apple, Intel, lavapipe under emulation). Head dims past 128 keep the
+/// `blocked` tiling: a subgroup would hold 4 · 256/16 tiles of 16 x 16 in registers.
+/// None has run on tensor cores yet.
+pub const VARIANTS: [CoopBackwardVariant; 6] = [
+    CoopBackwardVariant::new(32, 64, 32),
+    CoopBackwardVariant::new(32, 32, 32),
+    CoopBackwardVariant::new(64, 64, 32),
+    CoopBackwardVariant::new(64, 32, 32),
+    CoopBackwardVariant::new(128, 64, 32),
+    CoopBackwardVariant::new(128, 32, 32),
+];
+
+impl CoopBackwardVariant {
+    pub const fn new(dmax: u32, br: u32, bc: u32) -> Self {
+        CoopBackwardVariant { dmax, br, bc }
+    }
+
+    /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
+    /// with naga's layout): two walked tiles of rows of DMAX + 8 halves, the scores and
+    /// dP (f32 rows of BC + 4) and P and dX (f16 rows of BC + 8) of every band.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        2 * 2 * self.bc * (self.dmax + 8) + 2 * 4 * self.br * (self.bc + 4) + 2 * 2 * self.br * (self.bc + 8)
+    }
+
+    /// Lanes per band row in the element-wise step for subgroups of `sg` lanes.
+    const fn lanes_per_row(sg: u32) -> u32 {
+        if sg > 16 {
+            sg / 16
+        } else {
+            1
+        }
+    }
+
+    /// Whether the WGSL holds together for subgroups of `sg` lanes: whole 16-wide
+    /// chunks, the owned rows staged through the walked tiles (BR <= 2 BC), the
+    /// element-wise step's column quads shared evenly by a row's lanes, and subgroups
+    /// that divide a band (narrow) or a multiple of it (wide).
+    pub fn valid_for(&self, sg: u32) -> bool {
+        let lpr = Self::lanes_per_row(sg);
+        sg > 0
+            && sg <= 128
+            && (16 % sg == 0 || sg.is_multiple_of(16))
+            && self.dmax > 0
+            && self.dmax <= 128
+            && self.dmax.is_multiple_of(16)
+            && self.br > 0
+            && self.br <= 128
+            && self.br.is_multiple_of(16)
+            && self.bc > 0
+            && self.bc <= 256
+            && self.bc.is_multiple_of(16)
+            && self.br <= 2 * self.bc
+            && self.bc.is_multiple_of(4 * lpr)
+    }
+
+    /// Invocations per workgroup with subgroups of `sg` lanes.
+    pub fn invocations(&self, sg: u32) -> u32 {
+        self.br / 16 * sg
+    }
+
+    /// The dQ pass for subgroups of `sg` lanes.
+    pub fn dq(&self, sg: u32) -> Kernel {
+        self.kernel("bwd_dq_coop", sg, DQ_SLOTS)
+    }
+
+    /// The dK/dV pass for subgroups of `sg` lanes.
+    pub fn dkdv(&self, sg: u32) -> Kernel {
+        self.kernel("bwd_dkdv_coop", sg, DKDV_SLOTS)
+    }
+
+    /// A pass's kernel (its prelude built once per process and kept).
+    fn kernel(&self, entry: &'static str, sg: u32, slots: &'static [Slot]) -> Kernel {
+        type Built = HashMap<(CoopBackwardVariant, u32), (&'static [&'static str], &'static str)>;
+        static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
+        let mut built = BUILT
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (preludes, variant) = *built.entry((*self, sg)).or_insert_with(|| {
+            let lpr = Self::lanes_per_row(sg);
+            let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
+            let constants = format!(
+                "const DMAX: u32 = {}u;\nconst BR: u32 = {}u;\nconst BC: u32 = {}u;\nconst SG: u32 = {sg}u;\n\
+                 const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n",
+                self.dmax, self.br, self.bc
+            );
+            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, BACKWARD_COMMON, leak(constants)]));
+            (
+                preludes,
+                leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc)),
+            )
+        });
+        Kernel {
+            file: "flash_backward_coop.wgsl",
+            source: SOURCE,
+            entry,
+            slots,
+            preludes,
+            variant,
+        }
+    }
+}
+
+/// A generated string kept for the life of the process (kernels hold `&'static str`;
+/// a handful of variants are ever built).
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// The variant for head dims up to `dims` on an adapter with subgroups of `sg` lanes
+/// granting `bytes` of workgroup memory and `max_invocations` per workgroup: the
+/// smallest head-dim class that holds them, and in it the first that fits.
+pub fn variant_for(dims: u32, sg: u32, bytes: u32, max_invocations: u32) -> Option<CoopBackwardVariant> {
+    let class = VARIANTS.iter().map(|v| v.dmax).find(|&dmax| dims <= dmax)?;
+    VARIANTS.iter().copied().find(|v| {
+        v.dmax == class && v.valid_for(sg) && v.workgroup_bytes() <= bytes && v.invocations(sg) <= max_invocations
+    })
+}
+
+/// Loop trips of one invocation of a pass under the emulation of cooperative matrices
+/// (`kernels::coop_emulation`, the only place a loop cap meets these kernels), every
+/// loop counted with its exit check, on subgroups of `sg` lanes: a fragment load or
+/// store is 256/sg trips, a multiply-add 256/sg times 16 plus 2. `walked` tiles of the
+/// other side (the dQ pass's keys; the dK/dV pass's rows, times the query heads of a
+/// group) each cost a stage, the band's two products, the element-wise step and the
+/// gradient products (`per_tile`); around them, the owned rows' fragments and the
+/// gradients' stores.
+fn iterations(v: &CoopBackwardVariant, sg: u32, walked: u64, gradients: u64) -> u64 {
+    let sg = u64::from(sg.clamp(1, 16));
+    let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
+    let looped = |n: u64| n + 1;
+    let slots = 256 / sg;
+    let nt = (br / 16 * sg).max(1);
+    let (d16, wc) = (dmax / 16, bc / 16);
+    let rows = (16 / sg).max(1);
+    let quads = bc / 4;
+    let (load, store, mma) = (looped(slots), looped(slots), slots * 18 + 1);
+    let stage = |n: u64| looped((n * dmax).div_ceil(nt));
+    let products = looped(wc) + wc * (looped(d16) + d16 * (load + mma) + store);
+    let gradient = looped(wc) + wc * (load + looped(d16) + d16 * (load + mma));
+    let elementwise = looped(rows) + rows * looped(quads);
+    let per_tile = 1 + 2 * stage(bc) + 2 * products + elementwise + gradients * gradient;
+    let rounds = d16.div_ceil(wc.max(1));
+    let store_band = looped(rounds) + rounds * (looped(wc) + wc * store + looped(rows * quads * 4));
+    let around = 2 * stage(br) + 2 * (looped(d16) + d16 * load) + looped(rows) + gradients * (looped(d16) + store_band);
+    1 + walked * per_tile + around
+}
+
+/// [`iterations`] of the dQ pass over a range of `keys` keys (its walk starts within
+/// the range, so it takes at most this many tiles).
+pub fn dq_iterations(v: &CoopBackwardVariant, sg: u32, keys: usize) -> u64 {
+    iterations(v, sg, keys.div_ceil(v.bc as usize) as u64, 1)
+}
+
+/// [`iterations`] of the dK/dV pass over a range of `rows` query rows of each of
+/// `group` query heads (with its group loop and the two binary searches for the rows
+/// its keys are visible to).
+pub fn dkdv_iterations(v: &CoopBackwardVariant, sg: u32, rows: usize, group: u64) -> u64 {
+    let tiles = rows.div_ceil(v.bc as usize) as u64;
+    let searches = 2 * (u64::from(usize::BITS - rows.leading_zeros()) + 2);
+    iterations(v, sg, group * tiles, 2) + searches + group + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_holds_together_on_the_subgroup_sizes_it_meets() {
+        for v in VARIANTS {
+            for sg in [8, 16, 32, 64] {
+                assert!(v.valid_for(sg), "{v:?} on {sg} lanes");
+            }
+        }
+        // Each class has a variant for 48 KiB and one for lavapipe's 32 KiB.
+        for class in [32, 64, 128] {
+            let pick = |bytes| variant_for(class, 32, bytes, 1024).map(|v| v.br);
+            assert_eq!(pick(48 * 1024), Some(64), "class {class}");
+            assert_eq!(pick(32 * 1024), Some(32), "class {class}");
+        }
+        assert_eq!(variant_for(129, 32, 1 << 20, 1024), None);
+        assert_eq!(variant_for(40, 8, 32 * 1024, 1024).map(|v| v.dmax), Some(64));
+        // 4 subgroups of 64 lanes pass a 128-invocation limit: the 2-band one is taken.
+        assert_eq!(variant_for(64, 64, 48 * 1024, 128).map(|v| v.br), Some(32));
+    }
+}
