@@ -4,7 +4,7 @@
 # variant checked and timed; the winners in OUT/tune.tsv, to check in as
 # tune/winners.tsv), fused attention (f32, f16, f32 on tensor cores, causal, GQA) with
 # the GEMM probe, decode against a long cache, a sliding window, an MHA layer, the
-# backward pass (the rows tiling and PyTorch's backward beside it), and PyTorch's SDPA
+# backward pass (the rows and tensor-core tilings and PyTorch's backward beside it), and PyTorch's SDPA
 # beside them where it is installed (docs/design.md, "Measuring on a GPU"). Every step writes JSON; with PREVIOUS set, the bench JSON is compared row by
 # row with the same files of an earlier pass (`bench --compare`).
 #
@@ -103,6 +103,13 @@ step backward "$bin" bench "${backward_args[@]}" --causal --dtype both --kernel 
     --reps 3 --probe "$probe" --json "$out/backward.json"
 step backward-rows env WGPU_ATTENTION_TILING=registers "$bin" bench "${backward_args[@]}" --dtype both \
     --kernel backward --reps 3 --probe "$probe" --json "$out/backward-rows.json"
+# The tensor-core backward (`coop`), through the forward's coop tiling, which the library
+# runs on real tensor cores only when opted into (as `tune` above): f16, and f32 at
+# precision medium; its rows name the tiling each pass ran. Needs tensor cores (the
+# smoke pass leaves it out: `bench` has no emulation).
+step backward-coop env WGPU_ATTENTION_UNVERIFIED_COOP=1 WGPU_ATTENTION_TILING=coop "$bin" bench \
+    "${backward_args[@]}" --causal --dtype both --precision medium --kernel fused+backward \
+    --reps 3 --probe "$probe" --json "$out/backward-coop.json"
 torch_backward=$(dirname "$0")/torch_backward.py
 if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch-backward ${TORCH:-python3} "$torch_backward" "${backward[@]}"
@@ -112,7 +119,7 @@ fi
 
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
-    for name in fused fused-medium decode window backward; do
+    for name in fused fused-medium decode window backward backward-coop; do
         if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
             step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
         fi
