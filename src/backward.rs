@@ -496,9 +496,10 @@ pub fn encode_sdpa_backward(
     // as words: a placeholder stands in, and the kernels read elements.
     let coop = matches!(tiling, BackwardTiling::Coop(..));
     let whole = [q, k, v, d_out].iter().all(|t| t.buffer().size() >= 16);
-    let word_stand_in = match coop && !whole {
-        true => Some(ctx.create_buffer("coop backward word placeholder", 16, tensor_usage())?),
-        false => None,
+    let word_stand_in = if coop && !whole {
+        Some(ctx.create_buffer("coop backward word placeholder", 16, tensor_usage())?)
+    } else {
+        None
     };
     let words = coop && whole && coop_words(dtype, &base);
     // The bind group entries of a kernel's buffer slots (texel slots: see run_reading).

@@ -483,8 +483,11 @@ fn coop_backward_matches_the_reference_across_shapes_masks_and_dtypes() {
     let Some(ctx) = emulating() else { return };
     let mut rng = Rng::new(3971);
     // Head dims below, at and past a 16-wide chunk and past the 32 class; Dv != D; GQA;
-    // lengths off the 16-row bands and 32-row tiles; one query row; one key.
+    // lengths off the 16-row bands and 32-row tiles; one query row; one key; buffers
+    // shorter than a 16-byte word (f16 at D 4: a placeholder stands in for the words).
+    // Both staging paths run: whole-word rows (D 16, 32 in f16, 24/40 in f32) and not.
     let shapes = [
+        AttentionShape::new(1, 1, 1, 3, 1, 4, 4),
         AttentionShape::new(1, 2, 2, 19, 45, 16, 16),
         AttentionShape::new(2, 4, 2, 37, 29, 24, 40),
         AttentionShape::new(1, 2, 1, 1, 40, 32, 32),
