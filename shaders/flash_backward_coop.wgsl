@@ -81,7 +81,6 @@ var<workgroup> px: array<f16, 2u * BR * LDP>;
 
 override WORDS: bool = false; // every operand's rows whole words at word offsets (host)
 
-const VE: u32 = 4u * ELEMS_PER_WORD; // elements per 16-byte word
 const WPR: u32 = DMAX / VE; // words per staged row
 
 // The operands a pass stages, by code.
@@ -156,31 +155,6 @@ fn fetch_word(op: u32, hd: Head, row: u32, w: u32, stop: u32) -> vec4<u32> {
         return operand_word(op, operand_row(op, hd, row) + w * VE);
     }
     return vec4<u32>(0u);
-}
-
-// Writes a word's elements as f16 at tiles[at ..]: halves of its u32s (f16 storage) or
-// its u32s as f32 bits (split with unpack2x16float, as naga 30 mis-types
-// bitcast<vec2<f16>>(u32); flash_coop.wgsl's put_word does the same into its tile).
-fn put_word(at: u32, v: vec4<u32>) {
-    if ELEMS_PER_WORD == 2u {
-        let h0 = vec2<f16>(unpack2x16float(v.x));
-        let h1 = vec2<f16>(unpack2x16float(v.y));
-        let h2 = vec2<f16>(unpack2x16float(v.z));
-        let h3 = vec2<f16>(unpack2x16float(v.w));
-        tiles[at] = h0.x;
-        tiles[at + 1u] = h0.y;
-        tiles[at + 2u] = h1.x;
-        tiles[at + 3u] = h1.y;
-        tiles[at + 4u] = h2.x;
-        tiles[at + 5u] = h2.y;
-        tiles[at + 6u] = h3.x;
-        tiles[at + 7u] = h3.y;
-    } else {
-        tiles[at] = f16(bitcast<f32>(v.x));
-        tiles[at + 1u] = f16(bitcast<f32>(v.y));
-        tiles[at + 2u] = f16(bitcast<f32>(v.z));
-        tiles[at + 3u] = f16(bitcast<f32>(v.w));
-    }
 }
 
 // Stages rows first .. first + rows of operand ops.x at tiles[0 ..] and, with `both`, of

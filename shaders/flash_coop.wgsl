@@ -25,7 +25,7 @@ enable wgpu_cooperative_matrix;
 //   B. softmax by every lane of the subgroup: LPR lanes per row, each on BC/LPR of its
 //      columns (subgroup shuffles combine their maxima and sums); masks are skipped for
 //      tiles every row of the band sees whole; P = exp(s - m) goes to `ps` as f16.
-//      Meanwhile the next K tile and this V tile are written into `kv`;
+//      Meanwhile the next K tile and this V tile are written into `tiles`;
 //   -- the rescale flag's workgroupUniformLoad (two barriers, back to back) --
 //   C. rare: a row's reference maximum m moves only when the tile's maximum passes it
 //      by more than TAU (so P <= e^TAU, which f16 holds with full relative precision);
@@ -36,13 +36,13 @@ enable wgpu_cooperative_matrix;
 // crosses a workgroup barrier the round has anyway: three per tile, none finer (naga
 // writes subgroupBarrier() without the storage-class bit Vulkan requires).
 //
-// Staging: K and V tiles live in `kv` (K, then V; rows padded to DMAX + 8 halves so the
+// Staging: K and V tiles live in `tiles` (K, then V; rows padded to DMAX + 8 halves so the
 // 8-row phases of a fragment load hit distinct banks). With WORDS (head dims and K/V
 // strides whole 16-byte words, set by the host) every invocation fetches its share of
 // the next K tile's and this V tile's words into registers at the start of round t,
 // and writes them (as f16) in step B, so the loads overlap step A. Without WORDS the
 // tiles are staged element by element with checks in step B. Rows past a key range's
-// end are staged as zeros. Before the loop, `kv` holds the first K tile and a zero V
+// end are staged as zeros. Before the loop, `tiles` holds the first K tile and a zero V
 // tile, `ps` zeros: round 0's P·V adds nothing.
 //
 // The key loop ends at the last key the block's last row can see (causal, key lengths)
@@ -63,18 +63,17 @@ const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const KC: u32 = BC / 16u; // 16-key chunks of a tile
 const LDQ: u32 = DMAX + 8u; // halves per staged Q, K or V row
-const V_AT: u32 = BC * LDQ; // where the V tile starts in `kv`
+const V_AT: u32 = BC * LDQ; // where the V tile starts in `tiles`
 const LDS: u32 = BC + 4u; // floats per row of `ss`
 const LDP: u32 = BC + 8u; // halves per row of `ps`
 const QPL: u32 = BC / (4u * LPR); // column quads per lane and row in the softmax
 const ROW_STEP: u32 = SG / LPR; // band rows between one lane's rows
 const TAU: f32 = 8.0; // how far a row's maximum may run ahead of its reference
-const VE: u32 = 4u * ELEMS_PER_WORD; // elements per 16-byte word
 const WPR: u32 = DMAX / VE; // words per staged row
 const TILE_WORDS: u32 = BC * WPR; // words of one K (or V) tile
 const NPRE: u32 = (TILE_WORDS + NT - 1u) / NT; // of them per invocation
 
-var<workgroup> kv: array<f16, 2u * BC * LDQ>;
+var<workgroup> tiles: array<f16, 2u * BC * LDQ>;
 var<workgroup> ss: array<f32, BR * LDS>;
 var<workgroup> ps: array<f16, BR * LDP>;
 var<workgroup> moved: atomic<u32>; // some row's reference maximum moved this tile
@@ -107,32 +106,7 @@ fn fetch_words(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u3
     }
 }
 
-// Writes a word's elements as f16 at kv[at ..]: halves of its u32s (f16 storage) or
-// its u32s as f32 bits (split with unpack2x16float, as naga 30 mis-types
-// bitcast<vec2<f16>>(u32)).
-fn put_word(at: u32, v: vec4<u32>) {
-    if ELEMS_PER_WORD == 2u {
-        let h0 = vec2<f16>(unpack2x16float(v.x));
-        let h1 = vec2<f16>(unpack2x16float(v.y));
-        let h2 = vec2<f16>(unpack2x16float(v.z));
-        let h3 = vec2<f16>(unpack2x16float(v.w));
-        kv[at] = h0.x;
-        kv[at + 1u] = h0.y;
-        kv[at + 2u] = h1.x;
-        kv[at + 3u] = h1.y;
-        kv[at + 4u] = h2.x;
-        kv[at + 5u] = h2.y;
-        kv[at + 6u] = h3.x;
-        kv[at + 7u] = h3.y;
-    } else {
-        kv[at] = f16(bitcast<f32>(v.x));
-        kv[at + 1u] = f16(bitcast<f32>(v.y));
-        kv[at + 2u] = f16(bitcast<f32>(v.z));
-        kv[at + 3u] = f16(bitcast<f32>(v.w));
-    }
-}
-
-// Writes the fetched K (or V) words into their tile of `kv`.
+// Writes the fetched K (or V) words into their tile of `tiles`.
 fn put_words(src_is_k: bool, tid: u32) {
     let region = select(V_AT, 0u, src_is_k);
     for (var t = 0u; t < NPRE; t++) {
@@ -164,7 +138,7 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
                 value = f16(v[at]);
             }
         }
-        kv[region + j * LDQ + d] = value;
+        tiles[region + j * LDQ + d] = value;
     }
 }
 
@@ -176,7 +150,7 @@ fn pv_step(o: ptr<function, array<coop_mat16x16<f32, C>, D16>>, band: u32) {
         let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
         for (var c = 0u; c < D16; c++) {
             let ib = V_AT + kc * 16u * LDQ + c * 16u;
-            let b = coopLoadT<coop_mat16x16<f16, B>>(&kv[ib], LDQ);
+            let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
             (*o)[c] = coopMultiplyAdd(a, b, (*o)[c]);
         }
     }
@@ -204,7 +178,7 @@ fn flash_coop(
         kv_stop = min(kv_stop, side_words[hd.b]);
     }
 
-    // Q, unscaled (f16 inputs stay exact), 2 BC rows at a time through `kv` (every
+    // Q, unscaled (f16 inputs stay exact), 2 BC rows at a time through `tiles` (every
     // variant has BR <= 2 BC): each subgroup takes its band's fragments.
     let q_head = hd.b * p.q_stride_b + hd.h * p.q_stride_h;
     for (var x = tid; x < BR * DMAX; x += NT) {
@@ -214,7 +188,7 @@ fn flash_coop(
         if row0 + r < p.len_q && d < p.head_dim {
             value = f16(q[q_head + (row0 + r) * p.q_stride_s + d]);
         }
-        kv[r * LDQ + d] = value;
+        tiles[r * LDQ + d] = value;
     }
     if tid == 0u {
         atomicStore(&moved, 0u);
@@ -223,7 +197,7 @@ fn flash_coop(
     var qf: array<coop_mat16x16<f16, A>, D16>;
     for (var dc = 0u; dc < D16; dc++) {
         let ia = band * LDQ + dc * 16u;
-        qf[dc] = coopLoadT<coop_mat16x16<f16, A>>(&kv[ia], LDQ);
+        qf[dc] = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
     }
 
     // This lane's rows of the band: running maximum, sum and last rescale factor.
@@ -283,11 +257,11 @@ fn flash_coop(
     let band_end = min(key_end(hd.b, band_first), p.key_stop);
     let plain = only_key_ranges();
 
-    // Every band has its Q fragments: `kv` takes the first K tile and a zero V tile,
+    // Every band has its Q fragments: `tiles` takes the first K tile and a zero V tile,
     // `ps` zeros (the first round's P·V below adds nothing).
     workgroupBarrier();
     for (var x = tid; x < BC * LDQ; x += NT) {
-        kv[V_AT + x] = f16(0.0);
+        tiles[V_AT + x] = f16(0.0);
     }
     for (var x = lane; x < 16u * LDP; x += SG) {
         ps[band * LDP + x] = f16(0.0);
@@ -322,7 +296,7 @@ fn flash_coop(
             var s = coop_mat16x16<f32, C>();
             for (var dc = 0u; dc < D16; dc++) {
                 let ib = kc * 16u * LDQ + dc * 16u;
-                let b = coopLoad<coop_mat16x16<f16, B>>(&kv[ib], LDQ);
+                let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
                 s = coopMultiplyAdd(qf[dc], b, s);
             }
             let is = band * LDS + kc * 16u;

@@ -7,7 +7,7 @@
 //! forward's [`crate::kernels::flash::CoopVariant`]. [`variant_for`] takes the first
 //! variant of the smallest head-dim class that fits the adapter's workgroup memory.
 
-use super::{Kernel, Slot, BACKWARD_COMMON, COMMON};
+use super::{flash, Kernel, Slot, BACKWARD_COMMON, COMMON, COOP_STAGING};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -85,35 +85,10 @@ impl CoopBackwardVariant {
         2 * 2 * self.bc * (self.dmax + 8) + 2 * 4 * self.br * (self.bc + 4) + 2 * 2 * self.br * (self.bc + 8)
     }
 
-    /// Lanes per band row in the element-wise step for subgroups of `sg` lanes.
-    const fn lanes_per_row(sg: u32) -> u32 {
-        if sg > 16 {
-            sg / 16
-        } else {
-            1
-        }
-    }
-
-    /// Whether the WGSL holds together for subgroups of `sg` lanes: whole 16-wide
-    /// chunks, the owned rows staged through the walked tiles (BR <= 2 BC), the
-    /// element-wise step's column quads shared evenly by a row's lanes, and subgroups
-    /// that divide a band (narrow) or a multiple of it (wide).
+    /// Whether the WGSL holds together for subgroups of `sg` lanes: the forward's band
+    /// layout ([`flash::band_layout_holds`]) at head dims up to 128.
     pub fn valid_for(&self, sg: u32) -> bool {
-        let lpr = Self::lanes_per_row(sg);
-        sg > 0
-            && sg <= 128
-            && (16 % sg == 0 || sg.is_multiple_of(16))
-            && self.dmax > 0
-            && self.dmax <= 128
-            && self.dmax.is_multiple_of(16)
-            && self.br > 0
-            && self.br <= 128
-            && self.br.is_multiple_of(16)
-            && self.bc > 0
-            && self.bc <= 256
-            && self.bc.is_multiple_of(16)
-            && self.br <= 2 * self.bc
-            && self.bc.is_multiple_of(4 * lpr)
+        self.dmax <= 128 && flash::band_layout_holds(self.dmax, self.br, self.bc, sg)
     }
 
     /// Invocations per workgroup with subgroups of `sg` lanes.
@@ -140,18 +115,11 @@ impl CoopBackwardVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (preludes, variant) = *built.entry((*self, sg)).or_insert_with(|| {
-            let lpr = Self::lanes_per_row(sg);
-            let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
-            let constants = format!(
-                "const DMAX: u32 = {}u;\nconst BR: u32 = {}u;\nconst BC: u32 = {}u;\nconst SG: u32 = {sg}u;\n\
-                 const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n",
-                self.dmax, self.br, self.bc
-            );
-            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, BACKWARD_COMMON, leak(constants)]));
-            (
-                preludes,
-                leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc)),
-            )
+            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg);
+            let preludes: &'static [&'static str] =
+                Box::leak(Box::new([COMMON, BACKWARD_COMMON, COOP_STAGING, constants]));
+            let label = flash::leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc));
+            (preludes, label)
         });
         Kernel {
             file: "flash_backward_coop.wgsl",
@@ -162,12 +130,6 @@ impl CoopBackwardVariant {
             variant,
         }
     }
-}
-
-/// A generated string kept for the life of the process (kernels hold `&'static str`;
-/// a handful of variants are ever built).
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 /// The variant for head dims up to `dims` on an adapter with subgroups of `sg` lanes

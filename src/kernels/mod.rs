@@ -39,6 +39,8 @@ const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
 /// The 4-rows-per-invocation subgroup helpers (quads, broadcast products, column loads,
 /// row-oriented masks) of the CPU-adapter subgroup kernels, forward and backward.
 const SUBGROUP_QUADS: &str = include_str!("../../shaders/subgroup_quads.wgsl");
+/// The tensor-core kernels' 16-byte staging (`flash_coop.wgsl`, `flash_backward_coop.wgsl`).
+const COOP_STAGING: &str = include_str!("../../shaders/coop_staging.wgsl");
 /// The rotation rule of rotary embeddings (`rotary.wgsl`, `kv_append.wgsl`).
 pub(crate) const ROTARY_COMMON: &str = include_str!("../../shaders/rotary_common.wgsl");
 

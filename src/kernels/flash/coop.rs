@@ -5,7 +5,7 @@
 //! adapter's workgroup memory, unless a tuning table names another
 //! ([`crate::tune`]); tests and `tune` build any other variant the same way.
 
-use super::super::{Kernel, Slot, COMMON};
+use super::super::{Kernel, Slot, COMMON, COOP_STAGING};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -67,36 +67,10 @@ impl CoopVariant {
         2 * 2 * self.bc * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 4
     }
 
-    /// Lanes per band row in the softmax for subgroups of `sg` lanes.
-    const fn lanes_per_row(sg: u32) -> u32 {
-        if sg > 16 {
-            sg / 16
-        } else {
-            1
-        }
-    }
-
-    /// Whether the variant's WGSL holds together for subgroups of `sg` lanes: head dims
-    /// up to at most 256, 1 to 8 bands, whole 16-key chunks up to 256
-    /// keys, Q staged through the K/V tile (BR <= 2 BC), the softmax's column quads
-    /// shared evenly by a row's lanes, and subgroups that divide a band (narrow) or a
-    /// multiple of it (wide).
+    /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
+    /// ([`band_layout_holds`]).
     pub fn valid_for(&self, sg: u32) -> bool {
-        let lpr = Self::lanes_per_row(sg);
-        sg > 0
-            && sg <= 128
-            && self.dmax <= 256
-            && self.br <= 128
-            && self.bc <= 256
-            && (16 % sg == 0 || sg.is_multiple_of(16))
-            && self.dmax.is_multiple_of(16)
-            && self.dmax > 0
-            && self.br.is_multiple_of(16)
-            && self.br > 0
-            && self.bc.is_multiple_of(16)
-            && self.bc > 0
-            && self.br <= 2 * self.bc
-            && self.bc.is_multiple_of(4 * lpr)
+        band_layout_holds(self.dmax, self.br, self.bc, sg)
     }
 
     /// Invocations per workgroup with subgroups of `sg` lanes.
@@ -112,14 +86,8 @@ impl CoopVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *built.entry((*self, sg)).or_insert_with(|| {
-            let lpr = Self::lanes_per_row(sg);
-            let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
-            let constants = format!(
-                "const DMAX: u32 = {}u;\nconst BR: u32 = {}u;\nconst BC: u32 = {}u;\nconst SG: u32 = {sg}u;\n\
-                 const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n",
-                self.dmax, self.br, self.bc
-            );
-            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, leak(constants)]));
+            let constants = generator_prelude(self.dmax, self.br, self.bc, sg);
+            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, COOP_STAGING, constants]));
             Kernel {
                 file: "flash_coop.wgsl",
                 source: SOURCE,
@@ -163,8 +131,54 @@ impl CoopVariant {
 
 /// A generated string kept for the life of the process (kernels hold `&'static str`;
 /// a handful of variants are ever built).
-fn leak(s: String) -> &'static str {
+pub(crate) fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
+}
+
+/// Lanes per band row in the tensor-core kernels' element-wise steps (the forward's
+/// softmax, the backward's P and dX) for subgroups of `sg` lanes.
+const fn lanes_per_row(sg: u32) -> u32 {
+    if sg > 16 {
+        sg / 16
+    } else {
+        1
+    }
+}
+
+/// Whether a tensor-core kernel's band layout holds together for subgroups of `sg`
+/// lanes (`flash_coop.wgsl` and `flash_backward_coop.wgsl` share it): head dims up to
+/// at most 256 in whole 16-wide chunks, 1 to 8 bands, whole 16-wide tiles of up to 256
+/// keys or rows, the owned rows staged through the walked tiles (BR <= 2 BC), the
+/// element-wise step's column quads shared evenly by a row's lanes, and subgroups that
+/// divide a band (narrow) or a multiple of it (wide).
+pub(crate) fn band_layout_holds(dmax: u32, br: u32, bc: u32, sg: u32) -> bool {
+    let lpr = lanes_per_row(sg);
+    sg > 0
+        && sg <= 128
+        && dmax <= 256
+        && br <= 128
+        && bc <= 256
+        && (16 % sg == 0 || sg.is_multiple_of(16))
+        && dmax.is_multiple_of(16)
+        && dmax > 0
+        && br.is_multiple_of(16)
+        && br > 0
+        && bc.is_multiple_of(16)
+        && bc > 0
+        && br <= 2 * bc
+        && bc.is_multiple_of(4 * lpr)
+}
+
+/// The one-line generator prelude of a tensor-core kernel (kept for the life of the
+/// process): DMAX, BR, BC, the subgroup size SG, and LPR / RPL, the element-wise
+/// step's lanes per band row and band rows per lane.
+pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32) -> &'static str {
+    let lpr = lanes_per_row(sg);
+    let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
+    leak(format!(
+        "const DMAX: u32 = {dmax}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\nconst SG: u32 = {sg}u;\n\
+         const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n"
+    ))
 }
 
 /// The variant of [`COOP_VARIANTS`] for head dims `d`, `dv` on an adapter granting
