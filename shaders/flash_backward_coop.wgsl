@@ -255,6 +255,30 @@ fn element_at(lane: u32, n: u32) -> vec2<u32> {
     return vec2<u32>(lane / LPR + rr * ROW_STEP, 4u * (lane % LPR + LPR * u) + n % 4u);
 }
 
+// Writes the band's dK (is_k) or dV tiles `acc` for keys key0 + band .. + 15 of the
+// (batch, kv head) pair of `owner`, BC columns at a time through its rows of `sx`.
+fn store_key_band(acc: ptr<function, array<coop_mat16x16<f32, C>, D16>>, is_k: bool, owner: Head, key0: u32, band: u32, lane: u32) {
+    let op = select(OP_V, OP_K, is_k);
+    for (var c0 = 0u; c0 < D16; c0 += WC) {
+        workgroupBarrier();
+        spill(acc, c0, band);
+        workgroupBarrier();
+        for (var n = 0u; n < RPL * QPL * 4u; n++) {
+            let at = element_at(lane, n);
+            let j = key0 + band + at.x;
+            let col = c0 * 16u + at.y;
+            if j < p.len_k && col < operand_len(op) {
+                let value = sx[(band + at.x) * LDS + at.y];
+                if is_k {
+                    store_dk_element(operand_row(op, owner, j) + col, value);
+                } else {
+                    store_dv_element(operand_row(op, owner, j) + col, value);
+                }
+            }
+        }
+    }
+}
+
 @compute @workgroup_size(NT, 1, 1)
 fn bwd_dq_coop(
     @builtin(local_invocation_index) tid: u32,
@@ -432,29 +456,7 @@ fn bwd_dkdv_coop(
             accumulate(&acc_k, PD_AT, 0u, band);
         }
     }
-    // dK and dV of the owned keys, BC columns at a time through `sx`.
-    for (var c0 = 0u; c0 < D16; c0 += WC) {
-        workgroupBarrier();
-        spill(&acc_k, c0, band);
-        workgroupBarrier();
-        for (var n = 0u; n < RPL * QPL * 4u; n++) {
-            let at = element_at(lane, n);
-            let j = key0 + band + at.x;
-            let col = c0 * 16u + at.y;
-            if j < p.len_k && col < p.head_dim {
-                store_dk_element(operand_row(OP_K, owner, j) + col, sx[(band + at.x) * LDS + at.y]);
-            }
-        }
-        workgroupBarrier();
-        spill(&acc_v, c0, band);
-        workgroupBarrier();
-        for (var n = 0u; n < RPL * QPL * 4u; n++) {
-            let at = element_at(lane, n);
-            let j = key0 + band + at.x;
-            let col = c0 * 16u + at.y;
-            if j < p.len_k && col < p.head_dim_v {
-                store_dv_element(operand_row(OP_V, owner, j) + col, sx[(band + at.x) * LDS + at.y]);
-            }
-        }
-    }
+    // dK and dV of the owned keys.
+    store_key_band(&acc_k, true, owner, key0, band, lane);
+    store_key_band(&acc_v, false, owner, key0, band, lane);
 }
