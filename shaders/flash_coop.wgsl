@@ -76,7 +76,11 @@ const NPRE: u32 = (TILE_WORDS + NT - 1u) / NT; // of them per invocation
 var<workgroup> tiles: array<f16, 2u * BC * LDQ>;
 var<workgroup> ss: array<f32, BR * LDS>;
 var<workgroup> ps: array<f16, BR * LDP>;
-var<workgroup> moved: atomic<u32>; // some row's reference maximum moved this tile
+// Some row's reference maximum moved this tile (element 0). Four words, not one: every
+// workgroup variable of a coop kernel is a multiple of 16 bytes, because the driver
+// orders them as it likes and cooperative loads and stores need 16-byte-aligned
+// pointers (docs/design.md, "Tensor cores"; a lone atomic shifted every tile on an H200).
+var<workgroup> moved: array<atomic<u32>, 4>;
 
 var<private> pre_k: array<vec4<u32>, NPRE>;
 var<private> pre_v: array<vec4<u32>, NPRE>;
@@ -191,7 +195,7 @@ fn flash_coop(
         tiles[r * LDQ + d] = value;
     }
     if tid == 0u {
-        atomicStore(&moved, 0u);
+        atomicStore(&moved[0], 0u);
     }
     workgroupBarrier();
     var qf: array<coop_mat16x16<f16, A>, D16>;
@@ -338,7 +342,7 @@ fn flash_coop(
             } else if tile_max > m + TAU {
                 alpha = softmax_rescale(vec4<f32>(m), vec4<f32>(tile_max)).x;
                 m = tile_max;
-                atomicMax(&moved, 1u);
+                atomicMax(&moved[0], 1u);
             }
             var sum = 0.0;
             for (var u = 0u; u < QPL; u++) {
@@ -380,9 +384,9 @@ fn flash_coop(
         // P·V is added. The flag is cleared after every invocation read it and before
         // any can set it again (past the next round's barrier). A function variable
         // would not do as the condition: naga takes every one as non-uniform.
-        let rescale = workgroupUniformLoad(&moved) != 0u;
+        let rescale = workgroupUniformLoad(&moved[0]) != 0u;
         if tid == 0u {
-            atomicStore(&moved, 0u);
+            atomicStore(&moved[0], 0u);
         }
         if rescale {
             for (var c0 = 0u; c0 < D16; c0 += KC) {

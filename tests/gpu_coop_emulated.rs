@@ -408,53 +408,6 @@ fn every_variant_the_picker_can_choose_runs_at_constants_lavapipe_allows() {
     }
 }
 
-/// The diagnostic probes a GPU run applies to the kernel (`kernels::flash::coop_probes`)
-/// change only what they say: those that keep its arithmetic keep it right (scores
-/// the kernel writes over the marker, the atomic's uniform load, the invocation index,
-/// the override constants, zeroed memory), and `store-marker` stores its markers.
-#[test]
-fn coop_probes_change_only_what_they_say() {
-    use wgpu_attention::kernels::flash::{CoopProbe, CoopProbes};
-    let shape = AttentionShape::new(1, 2, 1, 40, 70, 32, 24);
-    let options = AttentionOptions {
-        causal: Some(CausalAlignment::BottomRight),
-        ..Default::default()
-    };
-    let neutral: Vec<&str> = CoopProbe::ALL
-        .iter()
-        .filter(|p| **p != CoopProbe::StoreMarker)
-        .map(|p| p.name())
-        .collect();
-    let Some(mut ctx) = emulating() else { return };
-    ctx.use_coop_probes(CoopProbes::parse(&neutral.join(",")).expect("probes"));
-    let case = coop_case(shape, options.clone(), DType::F16, 301);
-    assert_passes(&ctx, &case);
-
-    let Some(mut ctx) = emulating() else { return };
-    ctx.use_coop_probes(CoopProbes::parse("store-marker").expect("probe"));
-    let mut rng = Rng::new(302);
-    let s = shape;
-    let upload = |n: usize, dims: [usize; 4], rng: &mut Rng| {
-        Tensor::from_f32_as(&ctx, dims, Layout::Bhsd, DType::F16, &rng.vec(n, -1.0, 1.0)).expect("upload")
-    };
-    let q = upload(s.batch * s.heads_q * s.len_q * s.head_dim, [1, 2, 40, 32], &mut rng);
-    let k = upload(s.len_k * s.head_dim, [1, 1, 70, 32], &mut rng);
-    let v = upload(s.len_k * s.head_dim_v, [1, 1, 70, 24], &mut rng);
-    let options = AttentionOptions {
-        kernel: KernelChoice::Fused,
-        tiling: FusedTiling::Coop,
-        need_lse: true,
-        ..options
-    };
-    let out = wgpu_attention::sdpa(&ctx, &q, &k, &v, &options).expect("runs");
-    let values = out.out.to_f32_vec(&ctx).expect("read");
-    for (i, x) in values.iter().enumerate() {
-        assert_eq!(*x, (i % 24) as f32 + 1.0, "output {i}");
-    }
-    let lse = out.lse.expect("lse").to_f32_vec(&ctx).expect("read");
-    assert!(lse.iter().all(|&x| x == 7.0), "{lse:?}");
-}
-
 /// A backward case on the tensor-core tiling (the forward's `coop` at precision medium,
 /// so f32 inputs take it too), checked against the f64 reference gradients with the
 /// bound of docs/design.md ("Backward"); the tiling is asserted, not assumed.

@@ -595,30 +595,6 @@ fn dispatchable() -> Vec<Dispatchable> {
             }
         }
     }
-    // The tensor-core attention kernel as each diagnostic probe edits it
-    // (kernels::flash::coop_probes), as a GPU with 32-lane subgroups compiles it (the
-    // emulated forms run in tests/gpu_coop_emulated.rs).
-    for probe in wgpu_attention::kernels::flash::CoopProbe::ALL {
-        let probes = wgpu_attention::kernels::flash::CoopProbes::parse(probe.name()).expect("a known probe");
-        let kernel = wgpu_attention::kernels::flash::CoopVariant::new(64, 64, 64).kernel(32);
-        for dtype in [DType::F32, DType::F16] {
-            let (source, _) = probes
-                .edit(&shader_source(&kernel, dtype), &[("WORDS", 1)])
-                .unwrap_or_else(|e| panic!("{}: {e}", probe.name()));
-            all.push(Dispatchable {
-                name: format!(
-                    "{}:{}{}+{} ({dtype:?})",
-                    kernel.file,
-                    kernel.entry,
-                    kernel.variant,
-                    probe.name()
-                ),
-                source,
-                entry: kernel.entry,
-                pinned: Vec::new(),
-            });
-        }
-    }
     // The cooperative-matrix probe (tests/gpu_coop_patterns.rs): every entry point, as a
     // GPU with 32-lane subgroups compiles it, and as its emulation rewrites it on 4, 8
     // and 16 lanes (SG is the probe's lane count in each).
@@ -948,4 +924,98 @@ fn every_variant_passes_spirv_val() {
             failures[..shown].join("\n\n")
         );
     }
+}
+
+#[path = "shader_validation/coop_alignment.rs"]
+mod coop_alignment;
+
+/// Parses, validates and resolves a shader's overrides to `constants`.
+fn resolved(source: &str, entry: &str, constants: &naga::back::PipelineConstants) -> naga::Module {
+    let module = validate(source).unwrap_or_else(|e| panic!("{entry}:\n{e}"));
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .expect("validates");
+    let (module, _) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, entry)),
+        constants,
+    )
+    .unwrap_or_else(|e| panic!("{entry}: overrides {constants:?}: {e}"));
+    module.into_owned()
+}
+
+#[test]
+fn coop_kernels_keep_workgroup_memory_and_coop_accesses_in_16_byte_words() {
+    // docs/design.md, "Tensor cores": a 4-byte workgroup atomic shifted every coop
+    // access of the attention kernel on an H200. Every coop kernel the crate can
+    // dispatch (as a GPU compiles it, not emulated), every variant a tuning table can
+    // pin, and the patterns probe.
+    let mut coop: Vec<Dispatchable> = dispatchable()
+        .into_iter()
+        .filter(|d| d.source.contains("enable wgpu_cooperative_matrix;"))
+        .collect();
+    for dmax in [16, 32, 64, 128, 256] {
+        for sg in [16, 32, 64] {
+            for v in wgpu_attention::tune::coop_candidates(dmax, sg, 48 * 1024, 1024) {
+                let kernel = v.kernel(sg);
+                coop.push(Dispatchable {
+                    name: format!("tunable {}{}", kernel.file, kernel.variant),
+                    source: shader_source(&kernel, DType::F16),
+                    entry: kernel.entry,
+                    pinned: Vec::new(),
+                });
+            }
+        }
+    }
+    assert!(coop.len() > 100, "{} coop shaders", coop.len());
+    let mut breaks = Vec::new();
+    for d in &coop {
+        let module = validate(&d.source).unwrap_or_else(|e| panic!("{}:\n{e}", d.name));
+        for constants in override_combinations(&module, &d.pinned) {
+            let module = resolved(&d.source, d.entry, &constants);
+            breaks.extend(
+                coop_alignment::rule_breaks(&module)
+                    .into_iter()
+                    .map(|b| format!("{}: {b}", d.name)),
+            );
+        }
+    }
+    assert!(breaks.is_empty(), "{}", breaks.join("\n"));
+}
+
+#[test]
+fn the_16_byte_rule_catches_what_breaks_it() {
+    // The analysis above, on edits of the attention kernel that break the rule: the
+    // 4-byte flag that broke it on an H200, a score stride of BC + 2 floats, and an
+    // offset one f32 past a tile.
+    let kernel = wgpu_attention::kernels::flash::CoopVariant::new(64, 64, 32).kernel(32);
+    let source = shader_source(&kernel, DType::F16);
+    let check = |edits: &[(&str, &str)]| {
+        let mut edited = source.clone();
+        for (from, to) in edits {
+            assert!(edited.contains(from), "the kernel no longer has {from:?}");
+            edited = edited.replace(from, to);
+        }
+        coop_alignment::rule_breaks(&resolved(&edited, kernel.entry, &Default::default()))
+    };
+    assert!(check(&[]).is_empty(), "{:?}", check(&[]));
+    let flag = check(&[
+        (
+            "var<workgroup> moved: array<atomic<u32>, 4>;",
+            "var<workgroup> moved: atomic<u32>;",
+        ),
+        ("&moved[0]", "&moved"),
+    ]);
+    assert!(flag.iter().any(|b| b.contains("moved is 4 bytes")), "{flag:?}");
+    let stride = check(&[("const LDS: u32 = BC + 4u;", "const LDS: u32 = BC + 2u;")]);
+    assert!(stride.iter().any(|b| b.contains("stride of 136 bytes")), "{stride:?}");
+    let offset = check(&[(
+        "let is = band * LDS + kc * 16u;",
+        "let is = band * LDS + kc * 16u + 1u;",
+    )]);
+    assert!(
+        offset.iter().any(|b| b.contains("offset of 4-byte alignment")),
+        "{offset:?}"
+    );
 }

@@ -51,15 +51,6 @@ pub struct Capabilities {
     /// Tensor-core variants a tuning table measured fastest on this adapter, one per
     /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
     pub coop_tuned: Vec<crate::kernels::flash::CoopVariant>,
-    /// Run the tensor-core *attention* kernel on real tensor cores although no GPU run
-    /// has shown it right yet (`WGPU_ATTENTION_UNVERIFIED_COOP=1`; for whoever debugs it
-    /// on a GPU). Off, `coop` attention runs only emulated (docs/design.md, "Tensor
-    /// cores": an NVIDIA H200 gave wrong results in November 2026). The tensor-core
-    /// GEMM, shown right there, is not affected.
-    pub coop_attention_unverified: bool,
-    /// Diagnostic edits of that kernel for debugging it on a GPU
-    /// (`WGPU_ATTENTION_COOP_PROBES`, [`crate::kernels::flash::coop_probes`]); none by default.
-    pub coop_probes: crate::kernels::flash::CoopProbes,
 }
 
 #[cfg(test)]
@@ -88,8 +79,6 @@ impl Capabilities {
             loop_cap: None,
             mesa_version,
             coop_tuned: Vec::new(),
-            coop_attention_unverified: false,
-            coop_probes: Default::default(),
         }
     }
 }
@@ -211,8 +200,6 @@ impl Capabilities {
             loop_cap: None,
             mesa_version: mesa_version(&info.driver_info),
             coop_tuned: Vec::new(),
-            coop_attention_unverified: std::env::var("WGPU_ATTENTION_UNVERIFIED_COOP").is_ok_and(|v| v == "1"),
-            coop_probes: Default::default(),
         }
     }
 }

@@ -15,8 +15,6 @@ pub(crate) struct PipelineKey {
     pub shader: (&'static str, &'static str, &'static str),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
-    /// The diagnostic edits it was built with (`kernels::flash::coop_probes`; empty for none).
-    pub probes: String,
 }
 
 /// A compiled pipeline and its (automatic) bind group layout, fetched once: every

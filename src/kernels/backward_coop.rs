@@ -86,7 +86,7 @@ impl CoopBackwardVariant {
     }
 
     /// Whether the WGSL holds together for subgroups of `sg` lanes: the forward's band
-    /// layout ([`flash::band_layout_holds`]) at head dims up to 128.
+    /// layout (`flash::band_layout_holds`) at head dims up to 128.
     pub fn valid_for(&self, sg: u32) -> bool {
         self.dmax <= 128 && flash::band_layout_holds(self.dmax, self.br, self.bc, sg)
     }
@@ -171,13 +171,13 @@ fn iterations(v: &CoopBackwardVariant, sg: u32, walked: u64, gradients: u64) -> 
     1 + walked * per_tile + around
 }
 
-/// [`iterations`] of the dQ pass over a range of `keys` keys (its walk starts within
+/// Loop trips of one invocation of the dQ pass over a range of `keys` keys (its walk starts within
 /// the range, so it takes at most this many tiles).
 pub fn dq_iterations(v: &CoopBackwardVariant, sg: u32, keys: usize) -> u64 {
     iterations(v, sg, keys.div_ceil(v.bc as usize) as u64, 1)
 }
 
-/// [`iterations`] of the dK/dV pass over a range of `rows` query rows of each of
+/// Loop trips of one invocation of the dK/dV pass over a range of `rows` query rows of each of
 /// `group` query heads (with its group loop and the two binary searches for the rows
 /// its keys are visible to).
 pub fn dkdv_iterations(v: &CoopBackwardVariant, sg: u32, rows: usize, group: u64) -> u64 {

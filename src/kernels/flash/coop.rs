@@ -35,7 +35,7 @@ pub const COOP_VARIANTS: [CoopVariant; 6] = [
 
 /// Workgroup memory the coop tiling needs for every head dim: the largest of the
 /// smallest variant of each class.
-pub const COOP_MIN_BYTES: u32 = 31_748;
+pub const COOP_MIN_BYTES: u32 = 31_760;
 // The coop tiling must fit lavapipe's 32 KiB, where CI emulates it.
 const _: () = assert!(COOP_MIN_BYTES <= 32 * 1024);
 
@@ -62,13 +62,14 @@ impl CoopVariant {
 
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
     /// with naga's layout): the K and V tile (rows of DMAX + 8 halves), the f32 score
-    /// rows (BC + 4), the f16 probability rows (BC + 8) and the rescale flag.
+    /// rows (BC + 4), the f16 probability rows (BC + 8) and the rescale flag (16 bytes, as
+    /// every workgroup variable of a coop kernel).
     pub const fn workgroup_bytes(&self) -> u32 {
-        2 * 2 * self.bc * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 4
+        2 * 2 * self.bc * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16
     }
 
     /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
-    /// ([`band_layout_holds`]).
+    /// (`band_layout_holds`).
     pub fn valid_for(&self, sg: u32) -> bool {
         band_layout_holds(self.dmax, self.br, self.bc, sg)
     }
@@ -109,6 +110,12 @@ impl CoopVariant {
         let mut parts = label.trim().split('x').map(|n| n.parse::<u32>().ok());
         let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
         parts.next().is_none().then_some(CoopVariant::new(dmax, br, bc))
+    }
+
+    /// Parses [`CoopVariant::label`]'s form, only for a variant whose WGSL holds
+    /// together on 8- or 32-lane subgroups (`0x0x0` parses, but is no variant).
+    pub fn parse_valid(label: &str) -> Option<Self> {
+        Self::parse(label).filter(|v| v.valid_for(32) || v.valid_for(8))
     }
 
     /// The same code at constants that fit `bytes` of workgroup memory (for the

@@ -11,13 +11,11 @@
 //! (recording a dispatch).
 
 mod coop;
-pub mod coop_probes;
 mod encode;
 mod tilings;
 mod variants;
 
 pub use coop::*;
-pub use coop_probes::{CoopProbe, CoopProbes};
 pub(crate) use encode::{encode, texel_mirror};
 pub use tilings::*;
 pub use variants::*;
@@ -81,8 +79,7 @@ mod tests {
         }
     }
 
-    /// Tensor cores whose attention kernel the context may run (opted in: no GPU run has
-    /// shown it right yet; `without_opt_in` is what users get).
+    /// Tensor cores: the 16x16x16 f16 -> f32 configuration the coop kernels need.
     fn with_tensor_cores(mut caps: Capabilities) -> Capabilities {
         caps.cooperative_matrix = vec![crate::context::CoopConfig {
             m: 16,
@@ -91,12 +88,6 @@ mod tests {
             ab: "f16",
             c: "f32",
         }];
-        caps.coop_attention_unverified = true;
-        caps
-    }
-
-    fn without_opt_in(mut caps: Capabilities) -> Capabilities {
-        caps.coop_attention_unverified = false;
         caps
     }
 
@@ -110,11 +101,6 @@ mod tests {
         assert_eq!(default_tiling(AdapterClass::Gpu, &h100_coop, true), FusedTiling::Coop);
         assert_eq!(
             default_tiling(AdapterClass::Gpu, &h100_coop, false),
-            FusedTiling::Shared
-        );
-        // Real tensor cores without the opt-in: the attention kernel is not trusted there.
-        assert_eq!(
-            default_tiling(AdapterClass::Gpu, &without_opt_in(h100_coop.clone()), true),
             FusedTiling::Shared
         );
         // Tensor cores but no fixed subgroup size (the kernel's SG): not coop.
@@ -160,10 +146,6 @@ mod tests {
         assert!(matches!(spec.unmet("gpu", &small), Some(Error::LimitExceeded { .. })));
         let wide = with_tensor_cores(caps(Some((128, 128)), 48 * 1024));
         assert!(matches!(spec.unmet("gpu", &wide), Some(Error::LimitExceeded { .. })));
-        assert!(matches!(
-            spec.unmet("gpu", &without_opt_in(with_tensor_cores(plain.clone()))),
-            Some(Error::MissingFeature { .. })
-        ));
         assert!(spec.unmet("gpu", &with_tensor_cores(plain)).is_none());
     }
 

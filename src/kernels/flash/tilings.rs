@@ -266,15 +266,6 @@ impl TilingSpec {
                     feature: "EXPERIMENTAL_COOPERATIVE_MATRIX (16x16x16 f16->f32, f16, a fixed subgroup size, SUBGROUP_BARRIER)",
                     needed_for: format!("the {} fused tiling", self.name),
                 }),
-                // No GPU run has shown the attention kernel right on real tensor cores
-                // (an H200 gave wrong results; docs/design.md, "Tensor cores"): only its
-                // emulation runs, unless whoever debugs it opts in.
-                Some(_) if !caps.coop_emulated && !caps.coop_attention_unverified => Some(Error::MissingFeature {
-                    adapter: adapter.into(),
-                    feature: "a tensor-core attention kernel verified on real tensor cores (none yet; \
-                              WGPU_ATTENTION_UNVERIFIED_COOP=1 runs the unverified one)",
-                    needed_for: format!("the {} fused tiling", self.name),
-                }),
                 Some(sg) if 4 * sg > caps.max_invocations => Some(Error::LimitExceeded {
                     what: format!("the {} fused tiling (4 subgroups of {sg})", self.name),
                     limit: "max_compute_invocations_per_workgroup",
