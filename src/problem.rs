@@ -250,12 +250,16 @@ impl AttentionShape {
             }
         }
         // The kernels measure positions p(i) − j in i32 (attention_common.wgsl).
-        if options.position_offset.is_some() && self.len_q + self.len_k + offset_magnitude > MAX_POSITIONS {
-            return Err(Error::unsupported(
-                "query length + key length + |position_offset|",
-                self.len_q + self.len_k + offset_magnitude,
-                format!("at most {MAX_POSITIONS}"),
-            ));
+        if let Some(offset) = options.position_offset {
+            if self.len_q + self.len_k + offset_magnitude > MAX_POSITIONS {
+                // Say the offset given, not the saturated magnitude (issue 55: 2^31 was
+                // reported as 1073741837).
+                return Err(Error::unsupported(
+                    "query length + key length + |position_offset|",
+                    format!("{} + {} + |{offset}|", self.len_q, self.len_k),
+                    format!("at most {MAX_POSITIONS}"),
+                ));
+            }
         }
         if (options.window.is_some() || options.alibi_slopes.is_some()) && self.len_q + self.len_k > MAX_POSITIONS {
             return Err(Error::unsupported(
@@ -265,5 +269,24 @@ impl AttentionShape {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_position_offset_too_far_is_reported_as_given() {
+        // Issue 55: an offset of 2^31 was reported as its saturated magnitude.
+        let shape = AttentionShape::new(1, 1, 1, 5, 8, 4, 4);
+        for offset in [1i64 << 31, -(1i64 << 40)] {
+            let options = AttentionOptions {
+                position_offset: Some(offset),
+                ..Default::default()
+            };
+            let e = shape.check_options(&options).expect_err("too far").to_string();
+            assert!(e.contains(&format!("5 + 8 + |{offset}|")), "{e}");
+        }
     }
 }

@@ -57,6 +57,7 @@ pub fn sdpa_sharded(
             format!("their keys add up to {covered}, not total_keys = {total_keys} (and there must be one shard)"),
         ));
     }
+    check_tiling(shards, total_keys)?;
     let len_q = shards[0].q.shape()[2];
     let global = options.query_position_offset(len_q, total_keys);
     let mut partials = Vec::with_capacity(shards.len());
@@ -96,6 +97,38 @@ pub fn sdpa_sharded(
     let outputs: Vec<&Tensor> = partials.iter().map(|(o, _)| o).collect();
     let lses: Vec<&Tensor> = partials.iter().map(|(_, l)| l).collect();
     merge_attentions(merge_ctx, &outputs, &lses)
+}
+
+/// Refuses shards that do not tile the key axis: taken in order of their offsets, each
+/// must start where the one before it ended, the first at 0, the last ending at
+/// `total_keys` (overlapping shards whose lengths happen to add up would count some
+/// keys twice and silently give another answer).
+fn check_tiling(shards: &[KeyShard], total_keys: usize) -> Result<()> {
+    let mut blocks: Vec<(usize, usize, usize)> = shards
+        .iter()
+        .enumerate()
+        .map(|(n, s)| (s.key_offset, s.k.shape()[2], n))
+        .collect();
+    blocks.sort_unstable();
+    let mut next = 0;
+    for (offset, len, n) in blocks {
+        if offset != next {
+            let how = if offset < next {
+                "overlaps the keys of another shard"
+            } else {
+                "leaves a gap before it"
+            };
+            return Err(Error::invalid(
+                format!("shard {n} of sharded attention"),
+                format!(
+                    "keys {offset} .. {} {how}: shards must tile 0 .. {total_keys} (the next free key is {next})",
+                    offset + len
+                ),
+            ));
+        }
+        next = offset + len;
+    }
+    Ok(())
 }
 
 /// A partial's output and lse on `to`: themselves if `from` is `to`, else copied

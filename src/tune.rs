@@ -60,6 +60,52 @@ impl TuneEntry {
         self.vendor == info.vendor && self.device == info.name && self.driver == info.driver_info
     }
 
+    /// The entry's line in a table (without its newline).
+    pub fn line(&self) -> String {
+        format!(
+            "coop\t{:#06x}\t{}\t{}\t{}",
+            self.vendor,
+            self.device,
+            self.driver,
+            self.variant.label()
+        )
+    }
+
+    /// One line of a table: `None` for a comment or blank line, else the entry, or why
+    /// it is not one.
+    fn parse_line(line: &str) -> std::result::Result<Option<Self>, String> {
+        // Comments are whole lines: device and driver names may hold `#`.
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            return Ok(None);
+        }
+        // Device and driver are kept exactly as written: they must equal what wgpu
+        // reports.
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [tiling, vendor, device, driver, variant] = fields[..] else {
+            return Err(format!(
+                "expected 5 tab-separated fields (tiling, vendor, device, driver, variant), found {}",
+                fields.len()
+            ));
+        };
+        let (tiling, vendor, variant) = (tiling.trim(), vendor.trim(), variant.trim());
+        if tiling != "coop" {
+            return Err(format!("unknown tiling '{tiling}' (only coop is tuned)"));
+        }
+        let vendor = vendor
+            .strip_prefix("0x")
+            .map_or_else(|| vendor.parse::<u32>(), |hex| u32::from_str_radix(hex, 16))
+            .map_err(|_| format!("vendor '{vendor}' is not a number"))?;
+        let variant = CoopVariant::parse_valid(variant)
+            .ok_or_else(|| format!("'{variant}' is not a valid DMAXxBRxBC variant"))?;
+        Ok(Some(TuneEntry {
+            vendor,
+            device: device.to_string(),
+            driver: driver.to_string(),
+            variant,
+        }))
+    }
+
     /// Same adapter and head-dim class.
     fn same_slot(&self, other: &TuneEntry) -> bool {
         self.vendor == other.vendor
@@ -81,40 +127,46 @@ impl TuneTable {
     pub fn parse(source: &str, text: &str) -> Result<Self> {
         let mut entries = Vec::new();
         for (n, line) in text.lines().enumerate() {
-            // Comments are whole lines: device and driver names may hold `#`.
-            let line = line.trim_end_matches('\r');
-            if line.trim().is_empty() || line.trim_start().starts_with('#') {
-                continue;
-            }
             let bad = |reason: String| Error::invalid(format!("tuning table {source}, line {}", n + 1), reason);
-            // Device and driver are kept exactly as written: they must equal what wgpu
-            // reports.
-            let fields: Vec<&str> = line.split('\t').collect();
-            let [tiling, vendor, device, driver, variant] = fields[..] else {
-                return Err(bad(format!(
-                    "expected 5 tab-separated fields (tiling, vendor, device, driver, variant), found {}",
-                    fields.len()
-                )));
-            };
-            let (tiling, vendor, variant) = (tiling.trim(), vendor.trim(), variant.trim());
-            if tiling != "coop" {
-                return Err(bad(format!("unknown tiling '{tiling}' (only coop is tuned)")));
+            if let Some(entry) = TuneEntry::parse_line(line).map_err(bad)? {
+                entries.push(entry);
             }
-            let vendor = vendor
-                .strip_prefix("0x")
-                .map_or_else(|| vendor.parse::<u32>(), |hex| u32::from_str_radix(hex, 16))
-                .map_err(|_| bad(format!("vendor '{vendor}' is not a number")))?;
-            let variant = CoopVariant::parse(variant)
-                .filter(|v| v.valid_for(32) || v.valid_for(8))
-                .ok_or_else(|| bad(format!("'{variant}' is not a valid DMAXxBRxBC variant")))?;
-            entries.push(TuneEntry {
-                vendor,
-                device: device.to_string(),
-                driver: driver.to_string(),
-                variant,
-            });
         }
         Ok(TuneTable { entries })
+    }
+
+    /// `text`, a table's text from `source`, with `entries` set in it: an entry for the
+    /// same adapter and class as one of them is replaced where it stands, the others are
+    /// appended, and every other line (comments, other adapters) is kept as it was.
+    pub fn merged_text(source: &str, text: &str, entries: &[TuneEntry]) -> Result<String> {
+        Self::parse(source, text)?;
+        let mut placed = vec![false; entries.len()];
+        let mut out = if text.trim().is_empty() {
+            Self::default().to_text()
+        } else {
+            String::new()
+        };
+        for line in text.lines() {
+            let old = TuneEntry::parse_line(line).ok().flatten();
+            let new = old.and_then(|old| entries.iter().position(|e| e.same_slot(&old)));
+            match new {
+                Some(i) if !placed[i] => {
+                    placed[i] = true;
+                    out.push_str(&entries[i].line());
+                }
+                // A later line for a slot just replaced: the reader ignored it already.
+                Some(_) => continue,
+                None => out.push_str(line),
+            }
+            out.push('\n');
+        }
+        for (e, placed) in entries.iter().zip(placed) {
+            if !placed {
+                out.push_str(&e.line());
+                out.push('\n');
+            }
+        }
+        Ok(out)
     }
 
     /// The text form (parses back to the same table).
@@ -122,13 +174,8 @@ impl TuneTable {
         let mut out =
             String::from("# wgpu-attention tuning table: tiling, vendor, device, driver, variant (DMAXxBRxBC)\n");
         for e in &self.entries {
-            out.push_str(&format!(
-                "coop\t{:#06x}\t{}\t{}\t{}\n",
-                e.vendor,
-                e.device,
-                e.driver,
-                e.variant.label()
-            ));
+            out.push_str(&e.line());
+            out.push('\n');
         }
         out
     }
@@ -166,13 +213,9 @@ impl TuneTable {
         let Some(path) = Self::user_path() else {
             return Ok(Self::default());
         };
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Self::parse(&path.display().to_string(), &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(Error::invalid(
-                format!("tuning table {}", path.display()),
-                format!("cannot be read: {e}"),
-            )),
+        match read_table_text(&path)? {
+            Some(text) => Self::parse(&path.display().to_string(), &text),
+            None => Ok(Self::default()),
         }
     }
 
@@ -198,6 +241,45 @@ impl TuneTable {
         }
         picked
     }
+}
+
+/// The largest tuning table read: a table holds a line per GPU, driver and head-dim
+/// class, so anything larger is not one (and `/dev/zero` must not fill the memory).
+pub const MAX_TABLE_BYTES: u64 = 1 << 20;
+
+/// The text of the tuning table at `path`, or `None` where there is none. Only a regular
+/// file (or a link to one) of at most [`MAX_TABLE_BYTES`] is read: a device or FIFO
+/// would never end or never start, and a dangling link is refused by name rather than
+/// taken for "no table".
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read_table_text(path: &std::path::Path) -> Result<Option<String>> {
+    use std::io::Read;
+    let bad = |reason: String| Error::invalid(format!("tuning table {}", path.display()), reason);
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match std::fs::symlink_metadata(path) {
+                Ok(_) => Err(bad("is a link to nothing (a dangling link)".into())),
+                Err(_) => Ok(None),
+            };
+        }
+        Err(e) => return Err(bad(format!("cannot be read: {e}"))),
+    };
+    if !meta.is_file() {
+        return Err(bad("is not a regular file (a device, FIFO or directory)".into()));
+    }
+    let too_big = || bad(format!("is larger than {MAX_TABLE_BYTES} bytes: not a tuning table"));
+    if meta.len() > MAX_TABLE_BYTES {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TABLE_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| bad(format!("cannot be read: {e}")))?;
+    if text.len() as u64 > MAX_TABLE_BYTES {
+        return Err(too_big());
+    }
+    Ok(Some(text))
 }
 
 /// The variants `tune` tries for head dims up to `dmax` with subgroups of `sg` lanes
@@ -270,6 +352,46 @@ mod tests {
             assert!(e.contains(needle), "{text:?}: {e}");
         }
         assert!(TuneTable::parse("built-in", BUILTIN).is_ok());
+    }
+
+    #[test]
+    fn merging_keeps_every_other_line_and_replaces_the_slot_in_place() {
+        let h100 = adapter("NVIDIA H100", "580.159.04");
+        let h200 = adapter("NVIDIA H200", "580.159.04");
+        let text = format!(
+            "# owner's note\n{}\n\n# another note\n{}\n",
+            TuneEntry::for_adapter(&h100, CoopVariant::new(64, 64, 64)).line(),
+            TuneEntry::for_adapter(&h200, CoopVariant::new(64, 64, 32)).line()
+        );
+        let new = [
+            TuneEntry::for_adapter(&h100, CoopVariant::new(64, 32, 32)),
+            TuneEntry::for_adapter(&h100, CoopVariant::new(128, 64, 48)),
+        ];
+        let merged = TuneTable::merged_text("t", &text, &new).expect("merges");
+        assert_eq!(
+            merged,
+            format!(
+                "# owner's note\n{}\n\n# another note\n{}\n{}\n",
+                new[0].line(),
+                TuneEntry::for_adapter(&h200, CoopVariant::new(64, 64, 32)).line(),
+                new[1].line()
+            )
+        );
+        // An empty table gets the header; a bad one is refused, not rewritten.
+        assert!(TuneTable::merged_text("t", "", &new)
+            .expect("merges")
+            .starts_with("# wgpu-attention"));
+        assert!(TuneTable::merged_text("t", "nonsense\n", &new).is_err());
+    }
+
+    #[test]
+    fn the_checked_in_table_holds_the_h200_winners() {
+        // Measured 2026-11-28 (docs/benchmarks.md, "NVIDIA H200").
+        let h200 = adapter("NVIDIA H200", "580.159.04");
+        assert_eq!(
+            TuneTable::builtin().coop_variants_for(&h200),
+            vec![CoopVariant::new(64, 64, 32), CoopVariant::new(128, 64, 48)]
+        );
     }
 
     #[test]

@@ -136,7 +136,7 @@ fn keys_sharded_over_two_contexts_equal_one_call() {
 }
 
 #[test]
-fn shards_that_do_not_cover_the_keys_or_ask_for_weights_are_refused() {
+fn shards_that_do_not_tile_the_keys_or_ask_for_weights_are_refused() {
     let Some(ctx) = common::ctx() else { return };
     let t = |shape: [usize; 4]| upload(ctx, &vec![0.5; shape.iter().product()], shape);
     let (q, k, v) = (t([1, 1, 2, 4]), t([1, 1, 3, 4]), t([1, 1, 3, 4]));
@@ -146,6 +146,13 @@ fn shards_that_do_not_cover_the_keys_or_ask_for_weights_are_refused() {
         k: &k,
         v: &v,
         key_offset: 0,
+    };
+    let shard_at = |key_offset: usize| KeyShard {
+        ctx,
+        q: &q,
+        k: &k,
+        v: &v,
+        key_offset,
     };
     let options = AttentionOptions::default();
     for (n, result) in [
@@ -160,6 +167,11 @@ fn shards_that_do_not_cover_the_keys_or_ask_for_weights_are_refused() {
                 ..Default::default()
             },
         ),
+        // Two shards at key offset 0 whose lengths add up to the total: they overlap
+        // (keys 0 .. 3 twice, 3 .. 6 never) and must not merge into a wrong answer.
+        sdpa_sharded(ctx, &[shard_at(0), shard_at(0)], 6, &options),
+        // A gap and an overlap that cancel out in the sum.
+        sdpa_sharded(ctx, &[shard_at(0), shard_at(4)], 6, &options),
         // A mask whose key axis is not the whole one.
         sdpa_sharded(
             ctx,

@@ -99,3 +99,133 @@ fn tune_refuses_bad_arguments_before_measuring() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn tune_merges_its_winner_into_the_table_as_it_is_when_written() {
+    // Issue 55: a run that read the table at its start and rewrote it whole at its end
+    // dropped what another run wrote meanwhile, and every comment. The test holds the
+    // table's lock while `tune` measures, adds an entry as a concurrent run would, then
+    // lets it write: both entries and the comment must survive.
+    use std::io::BufRead;
+    let Some(probe) = common::emulating_ctx() else { return };
+    let info = probe.adapter_info().clone();
+    drop(probe);
+    let dir = scratch("tune-merge");
+    let table = dir.join("tune.tsv");
+    let elsewhere = TuneEntry {
+        vendor: 0x10de,
+        device: "NVIDIA H200".into(),
+        driver: "580.159.04".into(),
+        variant: CoopVariant::new(128, 64, 48),
+    };
+    std::fs::write(&table, "# kept: a comment of the table's owner\n").expect("write");
+    let lock = std::fs::File::create(dir.join(".tune.tsv.lock")).expect("lock file");
+    lock.lock().expect("lock");
+    let mut child = bin()
+        .env_remove(TUNE_FILE_VAR)
+        .args([
+            "tune",
+            "--emulate-coop",
+            "--shape",
+            "1,1,1,8,16,16",
+            "--reps",
+            "1",
+            "--dtype",
+            "f16",
+        ])
+        .args(["--variants", "64x16x16", "--table"])
+        .arg(&table)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // Once a row is printed, tune has read the table and is measuring.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut printed = String::new();
+    while !printed.contains("coop") {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).expect("reads") == 0 {
+            break;
+        }
+        printed.push_str(&line);
+    }
+    let mut text = std::fs::read_to_string(&table).expect("table");
+    text.push_str(&elsewhere.line());
+    text.push('\n');
+    std::fs::write(&table, text).expect("write");
+    lock.unlock().expect("unlock");
+    let out = child.wait_with_output().expect("ends");
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&table).expect("table");
+    assert!(text.starts_with("# kept: a comment of the table's owner\n"), "{text}");
+    let written = TuneTable::parse("tune.tsv", &text).expect("parses");
+    assert_eq!(
+        written.entries,
+        vec![elsewhere, TuneEntry::for_adapter(&info, CoopVariant::new(64, 16, 16))],
+        "{text}"
+    );
+}
+
+#[test]
+fn tune_refuses_tables_that_are_no_regular_file_before_measuring() {
+    // Issue 55: /dev/zero grew without bound, a FIFO hung, a dangling link failed only
+    // after measuring; impossible variants were accepted.
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("tune-hostile");
+    let dangling = dir.join("dangling.tsv");
+    std::os::unix::fs::symlink(dir.join("no-such-dir").join("t.tsv"), &dangling).expect("link");
+    let fifo = dir.join("fifo.tsv");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    let big = dir.join("big.tsv");
+    std::fs::write(&big, "#".repeat(2 << 20)).expect("write");
+    let mut cases = vec![
+        (
+            vec!["tune".into(), "--table".into(), "/dev/zero".into()],
+            "not a regular file",
+        ),
+        (
+            vec!["tune".into(), "--table".into(), dangling.display().to_string()],
+            "dangling",
+        ),
+        (
+            vec!["tune".into(), "--table".into(), big.display().to_string()],
+            "larger than",
+        ),
+        (vec!["tune".into(), "--variants".into(), "0x0x0".into()], "--variants"),
+        (
+            vec!["tune".into(), "--variants".into(), "64x48x16".into()],
+            "--variants",
+        ),
+    ];
+    if made.is_ok_and(|s| s.success()) {
+        cases.push((
+            vec!["tune".into(), "--table".into(), fifo.display().to_string()],
+            "not a regular file",
+        ));
+    }
+    for (args, needle) in cases {
+        let started = std::time::Instant::now();
+        let out = bin().env_remove(TUNE_FILE_VAR).args(&args).output().expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("coop"),
+            "{args:?} measured"
+        );
+        assert!(started.elapsed().as_secs() < 60, "{args:?}");
+    }
+    // The library reads the user's table through the same function (TuneTable::load).
+    for path in [std::path::PathBuf::from("/dev/zero"), big, dangling] {
+        let e = wgpu_attention::tune::read_table_text(&path).expect_err("refused");
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    }
+    assert_eq!(
+        wgpu_attention::tune::read_table_text(&dir.join("absent.tsv")).expect("absent"),
+        None
+    );
+}

@@ -7,12 +7,12 @@
 use super::output::write_all;
 use super::{write_stdout, AdapterArgs, CliError};
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use wgpu_attention::bench::{bench_inputs, gflops, time_gpu};
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::flash::{spec, CoopVariant, FUSED_TILINGS};
 use wgpu_attention::report::adapter_json;
-use wgpu_attention::tune::{coop_candidates, TuneEntry, TuneTable};
+use wgpu_attention::tune::{coop_candidates, read_table_text, TuneEntry, TuneTable};
 use wgpu_attention::{
     encode_sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, FusedTiling, KernelChoice,
     Layout, Precision,
@@ -104,11 +104,11 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         .chain(table_path.as_deref())
         .collect();
     super::output::check_outputs(&outputs, false)?;
-    // The existing table is read first: a bad one is refused before any measuring.
-    let mut table = match &table_path {
-        Some(path) => read_table(path)?,
-        None => TuneTable::default(),
-    };
+    // The existing table is read first: a bad one (or a path that cannot be one) is
+    // refused before any measuring. It is read again, under a lock, when written.
+    if let Some(path) = &table_path {
+        read_table(path)?;
+    }
     let asked: Option<Vec<DType>> = match args.dtype.as_deref() {
         None => None,
         Some("f16") => Some(vec![DType::F16]),
@@ -121,7 +121,12 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         Some(list) => Some(
             list.split(',')
                 .map(|v| {
-                    CoopVariant::parse(v).ok_or_else(|| CliError::bad(format!("--variants: '{v}' is not DMAXxBRxBC")))
+                    CoopVariant::parse_valid(v).ok_or_else(|| {
+                        CliError::bad(format!(
+                            "--variants: '{v}' is not a DMAXxBRxBC variant (multiples of 16: DMAX up to 256, \
+                             BR up to 128 and at most 2 BC, BC up to 256)"
+                        ))
+                    })
                 })
                 .collect::<Result<_, _>>()?,
         ),
@@ -204,12 +209,10 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
             }
         ))?;
     }
-    for e in winners
+    let entries: Vec<TuneEntry> = winners
         .iter()
         .map(|(v, _)| TuneEntry::for_adapter(ctx.adapter_info(), *v))
-    {
-        table.set(e);
-    }
+        .collect();
     let mut files = Vec::new();
     if let Some(path) = &args.json {
         let device = ctx.device();
@@ -238,12 +241,13 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
             )
         })
         .collect();
-    // A table is written only from a run where every candidate was right.
-    if let Some(path) = table_path.as_ref().filter(|_| wrong.is_empty()) {
-        files.push((path.clone(), table.to_text().into_bytes()));
-    }
     write_all(&files)?;
     for (path, _) in &files {
+        eprintln!("wrote {}", path.display());
+    }
+    // A table is written only from a run where every candidate was right.
+    if let Some(path) = table_path.as_ref().filter(|_| wrong.is_empty()) {
+        merge_into_table(path, &entries)?;
         eprintln!("wrote {}", path.display());
     }
     if !wrong.is_empty() {
@@ -255,12 +259,36 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn read_table(path: &std::path::Path) -> Result<TuneTable, CliError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(TuneTable::parse(&path.display().to_string(), &text)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TuneTable::default()),
-        Err(e) => Err(CliError::bad(format!("cannot read {}: {e}", path.display()))),
-    }
+/// The table at `path` as text (empty where there is none yet), refused unless it is a
+/// small regular file that parses.
+fn read_table(path: &Path) -> Result<String, CliError> {
+    let text = read_table_text(path)?.unwrap_or_default();
+    TuneTable::parse(&path.display().to_string(), &text)?;
+    Ok(text)
+}
+
+/// Sets `entries` in the table at `path`, keeping its other lines (comments included).
+/// The read, merge and write happen under an exclusive lock on a file beside the
+/// table, so two `tune` runs ending together both land (each re-reads what the other
+/// wrote) instead of the later one's rewrite dropping the earlier one's entries.
+fn merge_into_table(path: &Path, entries: &[TuneEntry]) -> Result<(), CliError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let lock_path = path.with_file_name(format!(".{name}.lock"));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| CliError::bad(format!("cannot open the table's lock {}: {e}", lock_path.display())))?;
+    lock.lock()
+        .map_err(|e| CliError::bad(format!("cannot lock {}: {e}", lock_path.display())))?;
+    let text = read_table(path)?;
+    let merged = TuneTable::merged_text(&path.display().to_string(), &text, entries)?;
+    write_all(&[(path, merged.into_bytes())])
+    // The lock is released when `lock` is dropped, after the rename.
 }
 
 fn shape_label(s: &AttentionShape) -> String {
