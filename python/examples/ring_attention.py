@@ -10,7 +10,8 @@ and WORLD_SIZE set) it joins the group torchrun made; across machines give torch
 --nnodes, --node-rank and a reachable --master-addr (gloo runs over TCP).
 
 Every rank draws the whole q, k, v from one seed and keeps its shard
-(wgpu_attention.ring.shard); rank 0 gathers the outputs, computes the same attention in
+(wgpu_attention.ring.shard; where --seq does not divide evenly, shards differ in length
+by a row, as np.array_split cuts them); rank 0 gathers the outputs, computes the same attention in
 one call over the whole sequence (and in float64 NumPy), prints the largest difference
 and the timings, and exits 1 if the difference is beyond the tolerance (below). With
 --backward the same for the gradients (wgpu_attention.ring.ring_attention_backward
@@ -23,31 +24,72 @@ import socket
 import sys
 import time
 
+# Quiets Mesa's device-select layer on headless machines before anything lists Vulkan
+# devices, as `import wgpu_attention` does (see its __init__) and the CLI.
+if "XDG_RUNTIME_DIR" not in os.environ:
+    os.environ.setdefault("NODEVICE_SELECT", "1")
+
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import wgpu_attention as wa
-from wgpu_attention.ring import ORDERS, ring_attention, ring_attention_backward, shard, unshard
+from wgpu_attention.ring import ORDERS, chunks_of, ring_attention, ring_attention_backward, shard, unshard
+
+
+def positive(text):
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
+def seconds(text):
+    """An argparse type: a number of seconds above 0."""
+    try:
+        t = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not t > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return t
 
 
 def parse(argv=None):
+    """The arguments, or an argparse error (one line, exit 2) for any the run would
+    refuse: checked here, in the launching process, before any worker starts."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--world-size", type=int, default=2, help="processes to spawn (ignored under torchrun)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--heads-kv", type=int, default=None, help="key/value heads (GQA); default --heads")
-    p.add_argument("--seq", type=int, default=512, help="global sequence length")
-    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--world-size", type=positive, default=2, help="processes to spawn (ignored under torchrun)")
+    p.add_argument("--batch", type=positive, default=1)
+    p.add_argument("--heads", type=positive, default=4)
+    p.add_argument("--heads-kv", type=positive, default=None, help="key/value heads (GQA); default --heads")
+    p.add_argument("--seq", type=positive, default=512, help="global sequence length")
+    p.add_argument("--dim", type=positive, default=64)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--window", type=int, nargs=2, default=None, metavar=("LEFT", "RIGHT"))
     p.add_argument("--order", choices=ORDERS, default="contiguous", help="how the sequence is sharded")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions (after one warm-up)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a collective gives up")
+    p.add_argument("--reps", type=positive, default=3, help="timed repetitions (after one warm-up)")
+    p.add_argument("--timeout", type=seconds, default=300.0, help="seconds before a collective gives up")
     p.add_argument("--backward", action="store_true", help="also the gradients of a random d_out")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
+    if args.heads % (args.heads_kv or args.heads):
+        p.error(f"--heads {args.heads} is not a multiple of --heads-kv {args.heads_kv}")
+    chunks = len(chunks_of(0, world, args.order)[0]) * world
+    if args.seq < chunks:
+        p.error(f"--seq {args.seq} is shorter than the {chunks} chunks {world} processes take in the {args.order} "
+                "order (one row each at least)")
+    return args
+
+
+def under_torchrun():
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def free_port():
@@ -63,6 +105,16 @@ def inputs(args):
     k = rng.standard_normal((args.batch, hkv, args.seq, args.dim)).astype(np.float32)
     v = rng.standard_normal((args.batch, hkv, args.seq, args.dim)).astype(np.float32)
     return q, k, v
+
+
+def gather_rows(x, lengths, rank):
+    """Every rank's ``x`` ``(B, H, lengths[r], E)`` on rank 0 (None elsewhere): padded to
+    the longest for the gather (gloo's takes one size from every rank), cut back after."""
+    padded = np.zeros(x.shape[:-2] + (max(lengths), x.shape[-1]), x.dtype)
+    padded[..., :x.shape[-2], :] = x
+    parts = [torch.empty_like(torch.from_numpy(padded)) for _ in lengths] if rank == 0 else None
+    dist.gather(torch.from_numpy(padded), parts, dst=0)
+    return [p.numpy()[..., :n, :] for p, n in zip(parts, lengths)] if rank == 0 else None
 
 
 def visible_mask(n, causal, window):
@@ -128,11 +180,8 @@ def check_backward(rank, world, args, ctx, q, k, v, mine, out, lse, options, rep
         grads = ring_attention_backward(*mine, out, lse, my_d_out, stats=stats, **options)
         dist.barrier()
         times.append(time.perf_counter() - t0)
-    gathered = []
-    for g in grads:
-        parts = [torch.empty_like(torch.from_numpy(g)) for _ in range(world)] if rank == 0 else None
-        dist.gather(torch.from_numpy(np.ascontiguousarray(g)), parts, dst=0)
-        gathered.append(parts)
+    lengths = [shard(q, r, world, args.order).shape[-2] for r in range(world)]
+    gathered = [gather_rows(g, lengths, rank) for g in grads]
     timing = torch.tensor([min(times), stats["communication_s"]], dtype=torch.float64)
     timings = [torch.empty_like(timing) for _ in range(world)] if rank == 0 else None
     dist.gather(timing, timings, dst=0)
@@ -153,7 +202,7 @@ def check_backward(rank, world, args, ctx, q, k, v, mine, out, lse, options, rep
     report.append(f"  backward: ring {max(t[0].item() for t in timings) * 1e3:.1f} ms (best of {args.reps}), one process "
           f"{t_single * 1e3:.1f} ms; communication {np.mean([t[1].item() for t in timings]) * 1e3:.1f} ms per rank")
     for name, parts, one, e in zip(("dq", "dk", "dv"), gathered, single, exact):
-        ring = unshard([p.numpy() for p in parts], args.order)
+        ring = unshard(parts, args.order)
         err = float(np.abs(ring - one).max())
         err_single = float(np.abs(one - e).max())
         # Each pair's gradients round as the single call's do (at most its error against
@@ -183,9 +232,8 @@ def run(rank, world, args):
         dist.barrier()  # the ring is done when its slowest rank is
         ring_times.append(time.perf_counter() - t0)
         comm_times.append(stats["communication_s"])
-    # Rank 0 gathers every rank's output and its timings.
-    gathered = [torch.empty_like(torch.from_numpy(out)) for _ in range(world)] if rank == 0 else None
-    dist.gather(torch.from_numpy(out), gathered, dst=0)
+    # Rank 0 gathers every rank's output (shards may differ in length) and its timings.
+    gathered = gather_rows(out, [shard(q, r, world, args.order).shape[-2] for r in range(world)], rank)
     timing = torch.tensor([min(ring_times), float(np.median(comm_times)), float(stats["calls"]),
                            float(stats["skipped"])], dtype=torch.float64)
     timings = [torch.empty_like(timing) for _ in range(world)] if rank == 0 else None
@@ -195,7 +243,7 @@ def run(rank, world, args):
         backward_ok = check_backward(rank, world, args, ctx, q, k, v, mine, out, lse, options, report)
     if rank != 0:
         return True
-    ring = unshard([g.numpy() for g in gathered], args.order)
+    ring = unshard(gathered, args.order)
     sdpa_options = dict(is_causal=args.causal, window=window, enable_gqa=q.shape[1] != k.shape[1], context=ctx)
     single, single_lse = wa.scaled_dot_product_attention(q, k, v, return_lse=True, **sdpa_options)  # warm-up
     single_times = []
@@ -250,14 +298,14 @@ def worker(rank, world, args):
 
 def main():
     args = parse()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+    if under_torchrun():
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     try:
         mp.spawn(worker, args=(args.world_size, args), nprocs=args.world_size, join=True)
-    except mp.ProcessExitedException as e:
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:  # its traceback is in e
         print(f"ring attention failed: {e}", file=sys.stderr)
         sys.exit(1)
 

@@ -110,12 +110,35 @@ pub(crate) fn check_size(ctx: &Context, name: &str, shape: &[usize], item: usize
 }
 
 /// Reads `obj` as an attention input whose last axes are in `axes`' order (`Bhsd`:
-/// `(..., H, L, E)`, at least 2 axes; `Bshd`: `(..., L, H, E)`, at least 3).
+/// `(..., H, L, E)`, at least 2 axes; `Bshd`: `(..., L, H, E)`, at least 3). Every
+/// axis must be at least 1.
 pub(crate) fn read_input<'py>(
     ctx: &Context,
     name: &'static str,
     obj: &Bound<'py, PyAny>,
     axes: Layout,
+) -> PyResult<Input<'py>> {
+    read(ctx, name, obj, axes, false)
+}
+
+/// [`read_input`] that also takes empty batch, head and sequence axes (not an empty
+/// feature axis), as PyTorch's SDPA does: the caller returns an empty result for
+/// those ([`Input::is_empty`]) and never uploads them.
+pub(crate) fn read_input_or_empty<'py>(
+    ctx: &Context,
+    name: &'static str,
+    obj: &Bound<'py, PyAny>,
+    axes: Layout,
+) -> PyResult<Input<'py>> {
+    read(ctx, name, obj, axes, true)
+}
+
+fn read<'py>(
+    ctx: &Context,
+    name: &'static str,
+    obj: &Bound<'py, PyAny>,
+    axes: Layout,
+    empty_ok: bool,
 ) -> PyResult<Input<'py>> {
     let array = as_array(name, obj)?;
     let dtype = dtype_of(name, &array)?;
@@ -135,10 +158,11 @@ pub(crate) fn read_input<'py>(
             format!("shape {shape:?} has {n} axes; expected {order}, at least {least} axes"),
         ));
     }
-    if shape.contains(&0) {
+    if shape[n - 1] == 0 || (!empty_ok && shape.contains(&0)) {
+        let which = if empty_ok { "feature axis (E)" } else { "axis" };
         return Err(value_error(
             name,
-            format!("shape {shape:?} has an empty axis; every axis must be at least 1"),
+            format!("shape {shape:?} has an empty {which}; every {which} must be at least 1"),
         ));
     }
     check_size(ctx, name, &shape, dtype.size())?;
@@ -190,6 +214,11 @@ fn readonly<'py, T: Element>(name: &str, array: Bound<'py, PyAny>) -> PyResult<P
 }
 
 impl Input<'_> {
+    /// Whether the array has no elements (an empty batch, head or sequence axis).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.shape.contains(&0)
+    }
+
     /// Uploads the data as a tensor of its logical shape and memory order.
     pub(crate) fn upload(&self, ctx: &Context) -> PyResult<Tensor> {
         let result = match &self.data {
@@ -279,21 +308,59 @@ pub(crate) fn f32_array<'py>(py: Python<'py>, values: Vec<f32>, shape: &[usize])
 }
 
 /// [`read_input`] converting float32 to float16 or back where the array is not
-/// `dtype` already (rows appended to a cache of that dtype, a layer's inputs).
+/// `dtype` already (rows appended to a cache of that dtype, its queries); `owner` names
+/// whose dtype it is, for messages.
 pub(crate) fn read_input_as<'py>(
     ctx: &Context,
     name: &'static str,
     obj: &Bound<'py, PyAny>,
     axes: Layout,
     dtype: DType,
+    owner: &str,
 ) -> PyResult<Input<'py>> {
     let array = as_array(name, obj)?;
     if dtype_of(name, &array)? == dtype {
         return read_input(ctx, name, obj, axes);
     }
     check_size(ctx, name, array.shape(), dtype.size())?;
+    check_f16_fits(name, &array, dtype, owner)?;
     let cast = array.call_method1("astype", (dtype_name(dtype),))?;
     read_input(ctx, name, &cast, axes)
+}
+
+/// Refuses values float16 cannot hold (|x| > 65504, its largest finite value): the
+/// conversion would make them infinities and the results NaN, with no more than a
+/// NumPy warning. Names the array, the first such value and `owner`'s dtype, as the
+/// CLI's check of f16 inputs does.
+pub(crate) fn check_f16_range(name: &str, values: impl IntoIterator<Item = f32>, owner: &str) -> PyResult<()> {
+    let max = f32::from(f16::MAX);
+    match values
+        .into_iter()
+        .enumerate()
+        .find(|(_, x)| x.is_finite() && x.abs() > max)
+    {
+        None => Ok(()),
+        Some((i, x)) => Err(value_error(
+            name,
+            format!(
+                "value {x} at flat index {i} is beyond float16's range (|x| <= {max}, its largest finite value), \
+                 which {owner} dtype float16 needs; scale it down or use float32"
+            ),
+        )),
+    }
+}
+
+/// [`check_f16_range`] for a float32 array about to become `dtype` float16 (any
+/// strides; flat indices in C order); nothing to check for other conversions.
+pub(crate) fn check_f16_fits(name: &str, array: &Bound<'_, PyUntypedArray>, dtype: DType, owner: &str) -> PyResult<()> {
+    if dtype != DType::F16 || dtype_of(name, array)? != DType::F32 {
+        return Ok(());
+    }
+    let array = array.cast::<PyArrayDyn<f32>>()?;
+    let values = array
+        .try_readonly()
+        .map_err(|e| value_error(name, format!("cannot be read: {e}")))?;
+    check_f16_range(name, values.as_array().iter().copied(), owner)
 }
 
 /// Parses `"float32"` or `"float16"` (NumPy's names; `"f32"`/`"f16"` too).

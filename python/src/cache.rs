@@ -3,6 +3,7 @@
 
 use crate::arrays::{dtype_name, output, parse_dtype, read_input_as, Input, Values};
 use crate::context::{resolve, PyContext};
+use crate::exclusive::Exclusive;
 use crate::options::{parse_layout, Raw};
 use crate::sdpa::{attention_result, out_shape};
 use crate::{value_error, OrPy};
@@ -20,7 +21,7 @@ fn rows<'py>(
     axes: Layout,
     dtype: DType,
 ) -> PyResult<Input<'py>> {
-    let input = read_input_as(ctx, name, obj, axes, dtype)?;
+    let input = read_input_as(ctx, name, obj, axes, dtype, "the cache's")?;
     if input.shape.len() != 4 {
         let order = match axes {
             Layout::Bhsd => "(B, H, n, D)",
@@ -107,14 +108,16 @@ fn finish<'py>(
 ///
 /// ``KvCache(batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32",
 /// layout="bhsd", context=None)``. Rows are appended as ``(B, Hkv, n, D)`` arrays
-/// (``(B, n, Hkv, D)`` with ``layout="bshd"``), converted to the cache's dtype;
+/// (``(B, n, Hkv, D)`` with ``layout="bshd"``), converted to the cache's dtype (float32
+/// values beyond float16's range, ``|x| > 65504``, are refused with ``ValueError``);
 /// ``attend`` runs a query ``(B, Hq, Lq, D)`` against what each sequence holds, its
 /// positions aligned to the sequence's end (a causal mask is bottom-right), with
-/// split-K decode for few query rows.
-#[pyclass(name = "KvCache", module = "wgpu_attention")]
+/// split-K decode for few query rows. Calls from several threads take turns.
+#[pyclass(name = "KvCache", module = "wgpu_attention", frozen)]
 pub struct PyKvCache {
     ctx: Arc<Context>,
-    cache: KvCache,
+    /// One call at a time: appends and attends from two threads take turns.
+    cache: Exclusive<KvCache>,
     axes: Layout,
     dtype: DType,
     head_dim_v: usize,
@@ -151,7 +154,7 @@ impl PyKvCache {
         let cache = KvCache::new(&ctx, config).py_err()?;
         Ok(PyKvCache {
             ctx,
-            cache,
+            cache: Exclusive::new(cache),
             axes,
             dtype,
             head_dim_v,
@@ -162,7 +165,7 @@ impl PyKvCache {
     /// ``(B, Hkv, n, Dv)`` to every sequence, or the first ``counts[b]`` to sequence b.
     #[pyo3(signature = (key, value, counts=None))]
     fn append(
-        &mut self,
+        &self,
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
@@ -171,7 +174,9 @@ impl PyKvCache {
         let k = rows(&self.ctx, "key", key, self.axes, self.dtype)?.upload(&self.ctx)?;
         let v = rows(&self.ctx, "value", value, self.axes, self.dtype)?.upload(&self.ctx)?;
         let counts = self::counts(counts)?;
-        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        let turn = self.cache.turn(py, "KvCache")?;
+        let mut guard = turn.get();
+        let (ctx, cache) = (&self.ctx, &mut *guard);
         py.detach(|| match counts {
             None => cache.append(ctx, &k, &v),
             Some(c) => cache.append_rows(ctx, &k, &v, &c),
@@ -201,7 +206,10 @@ impl PyKvCache {
         precision: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let q = rows(&self.ctx, "query", query, self.axes, self.dtype)?;
-        let len_k = self.cache.capacity();
+        let turn = self.cache.turn(py, "KvCache")?;
+        let guard = turn.get();
+        let cache = &*guard;
+        let len_k = cache.capacity();
         let options = attend_options(
             &self.ctx,
             &q,
@@ -218,34 +226,38 @@ impl PyKvCache {
             precision,
         )?;
         let qt = q.upload(&self.ctx)?;
-        let (ctx, cache) = (&*self.ctx, &self.cache);
+        let ctx = &*self.ctx;
         finish(py, ctx, &q, self.axes, self.head_dim_v, len_k, || {
             cache.attend_read(ctx, &qt, &options)
         })
     }
 
     /// Reallocates to hold ``capacity`` rows per sequence, keeping every row held.
-    fn grow(&mut self, py: Python<'_>, capacity: usize) -> PyResult<()> {
-        let (ctx, cache) = (&self.ctx, &mut self.cache);
+    fn grow(&self, py: Python<'_>, capacity: usize) -> PyResult<()> {
+        let turn = self.cache.turn(py, "KvCache")?;
+        let mut guard = turn.get();
+        let (ctx, cache) = (&self.ctx, &mut *guard);
         py.detach(|| cache.grow(ctx, capacity)).py_err()
     }
 
     /// Forgets every row (the memory is kept).
-    fn clear(&mut self, py: Python<'_>) -> PyResult<()> {
-        let (ctx, cache) = (&self.ctx, &mut self.cache);
+    fn clear(&self, py: Python<'_>) -> PyResult<()> {
+        let turn = self.cache.turn(py, "KvCache")?;
+        let mut guard = turn.get();
+        let (ctx, cache) = (&self.ctx, &mut *guard);
         py.detach(|| cache.clear(ctx)).py_err()
     }
 
     /// Rows each sequence holds.
     #[getter]
-    fn lengths(&self) -> Vec<u32> {
-        self.cache.lengths().to_vec()
+    fn lengths(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        Ok(self.cache.turn(py, "KvCache")?.get().lengths().to_vec())
     }
 
     /// Rows each sequence can hold before ``grow``.
     #[getter]
-    fn capacity(&self) -> usize {
-        self.cache.capacity()
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.cache.turn(py, "KvCache")?.get().capacity())
     }
 
     /// ``"float32"`` or ``"float16"``.
@@ -256,22 +268,28 @@ impl PyKvCache {
 
     /// The keys held, ``(B, Hkv, capacity, D)`` in the cache's dtype (a copy).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        read_back(py, &self.ctx, self.cache.keys(), self.axes)
+        let turn = self.cache.turn(py, "KvCache")?;
+        let cache = turn.get();
+        read_back(py, &self.ctx, cache.keys(), self.axes)
     }
 
     /// The values held, ``(B, Hkv, capacity, Dv)`` (a copy).
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        read_back(py, &self.ctx, self.cache.values(), self.axes)
+        let turn = self.cache.turn(py, "KvCache")?;
+        let cache = turn.get();
+        read_back(py, &self.ctx, cache.values(), self.axes)
     }
 
-    fn __repr__(&self) -> String {
-        let [b, h, cap, d] = self.cache.keys().shape();
-        format!(
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let turn = self.cache.turn(py, "KvCache")?;
+        let cache = turn.get();
+        let [b, h, cap, d] = cache.keys().shape();
+        Ok(format!(
             "KvCache(batch={b}, heads_kv={h}, capacity={cap}, head_dim={d}, head_dim_v={}, dtype={:?}, lengths={:?})",
             self.head_dim_v,
             dtype_name(self.dtype),
-            self.cache.lengths()
-        )
+            cache.lengths()
+        ))
     }
 }
 
@@ -308,10 +326,11 @@ impl PySequenceId {
 /// :class:`SequenceId`; ``append(ids, key, value)`` writes rows ``(N, Hkv, n, D)`` to
 /// the N sequences ``ids``, taking free pages as they grow; ``attend(ids, query)``
 /// runs ``(N, Hq, Lq, D)`` against what each holds; ``remove_sequence`` frees its pages.
-#[pyclass(name = "PagedKvCache", module = "wgpu_attention")]
+#[pyclass(name = "PagedKvCache", module = "wgpu_attention", frozen)]
 pub struct PyPagedKvCache {
     ctx: Arc<Context>,
-    cache: PagedKvCache,
+    /// One call at a time, as [`PyKvCache`]'s.
+    cache: Exclusive<PagedKvCache>,
     axes: Layout,
     dtype: DType,
     head_dim_v: usize,
@@ -361,7 +380,7 @@ impl PyPagedKvCache {
         let cache = PagedKvCache::new(&ctx, config).py_err()?;
         Ok(PyPagedKvCache {
             ctx,
-            cache,
+            cache: Exclusive::new(cache),
             axes,
             dtype,
             head_dim_v,
@@ -369,32 +388,35 @@ impl PyPagedKvCache {
     }
 
     /// A new, empty sequence.
-    fn add_sequence(&mut self) -> PySequenceId {
-        PySequenceId {
-            id: self.cache.add_sequence(),
-        }
+    fn add_sequence(&self, py: Python<'_>) -> PyResult<PySequenceId> {
+        let id = self.cache.turn(py, "PagedKvCache")?.get().add_sequence();
+        Ok(PySequenceId { id })
     }
 
     /// Frees the sequence's pages; its id names nothing afterwards.
-    fn remove_sequence(&mut self, id: &Bound<'_, PySequenceId>) -> PyResult<()> {
-        self.cache.remove_sequence(id.get().id).py_err()
+    fn remove_sequence(&self, py: Python<'_>, id: &Bound<'_, PySequenceId>) -> PyResult<()> {
+        let turn = self.cache.turn(py, "PagedKvCache")?;
+        let result = turn.get().remove_sequence(id.get().id);
+        result.py_err()
     }
 
     /// Rows the sequence holds.
-    fn sequence_length(&self, id: &Bound<'_, PySequenceId>) -> PyResult<usize> {
-        self.cache.len(id.get().id).py_err()
+    fn sequence_length(&self, py: Python<'_>, id: &Bound<'_, PySequenceId>) -> PyResult<usize> {
+        let turn = self.cache.turn(py, "PagedKvCache")?;
+        let result = turn.get().len(id.get().id);
+        result.py_err()
     }
 
     /// Pages no sequence holds.
     #[getter]
-    fn free_pages(&self) -> usize {
-        self.cache.free_pages()
+    fn free_pages(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.cache.turn(py, "PagedKvCache")?.get().free_pages())
     }
 
     /// Rows per page.
     #[getter]
-    fn page_size(&self) -> usize {
-        self.cache.page_size()
+    fn page_size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.cache.turn(py, "PagedKvCache")?.get().page_size())
     }
 
     /// Appends all ``n`` rows of ``key`` ``(N, Hkv, n, D)`` and ``value`` to the N
@@ -402,7 +424,7 @@ impl PyPagedKvCache {
     /// the free pages cannot hold raises ``ValueError`` and changes nothing.
     #[pyo3(signature = (ids, key, value, counts=None))]
     fn append(
-        &mut self,
+        &self,
         py: Python<'_>,
         ids: &Bound<'_, PyAny>,
         key: &Bound<'_, PyAny>,
@@ -413,7 +435,9 @@ impl PyPagedKvCache {
         let k = rows(&self.ctx, "key", key, self.axes, self.dtype)?.upload(&self.ctx)?;
         let v = rows(&self.ctx, "value", value, self.axes, self.dtype)?.upload(&self.ctx)?;
         let counts = self::counts(counts)?;
-        let (ctx, cache) = (&self.ctx, &mut self.cache);
+        let turn = self.cache.turn(py, "PagedKvCache")?;
+        let mut guard = turn.get();
+        let (ctx, cache) = (&self.ctx, &mut *guard);
         py.detach(|| match counts {
             None => cache.append(ctx, &ids, &k, &v),
             Some(c) => cache.append_rows(ctx, &ids, &k, &v, &c),
@@ -445,8 +469,11 @@ impl PyPagedKvCache {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ids = ids_of(ids)?;
         let q = rows(&self.ctx, "query", query, self.axes, self.dtype)?;
-        let table = self.cache.table(&ids).py_err()?;
-        let len_k = table.pages_per_sequence() * self.cache.page_size();
+        let turn = self.cache.turn(py, "PagedKvCache")?;
+        let guard = turn.get();
+        let cache = &*guard;
+        let table = cache.table(&ids).py_err()?;
+        let len_k = table.pages_per_sequence() * cache.page_size();
         let options = attend_options(
             &self.ctx,
             &q,
@@ -463,7 +490,7 @@ impl PyPagedKvCache {
             precision,
         )?;
         let qt = q.upload(&self.ctx)?;
-        let (ctx, cache) = (&*self.ctx, &self.cache);
+        let ctx = &*self.ctx;
         finish(py, ctx, &q, self.axes, self.head_dim_v, len_k, || {
             let out = cache.attend(ctx, &ids, &qt, &options)?;
             let values = out.out.to_f32_vec(ctx)?;
@@ -471,13 +498,15 @@ impl PyPagedKvCache {
         })
     }
 
-    fn __repr__(&self) -> String {
-        let [p, h, size, d] = self.cache.keys().shape();
-        format!(
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let turn = self.cache.turn(py, "PagedKvCache")?;
+        let cache = turn.get();
+        let [p, h, size, d] = cache.keys().shape();
+        Ok(format!(
             "PagedKvCache(pages={p}, page_size={size}, heads_kv={h}, head_dim={d}, head_dim_v={}, dtype={:?}, free_pages={})",
             self.head_dim_v,
             dtype_name(self.dtype),
-            self.cache.free_pages()
-        )
+            cache.free_pages()
+        ))
     }
 }

@@ -1,7 +1,10 @@
 //! `MultiHeadAttention`: PyTorch's `nn.MultiheadAttention` (batch-first, plus GQA and
 //! a post-norm) with its weights on the device, forward and backward.
 
-use crate::arrays::{as_array, check_size, dtype_name, f32_array, output, parse_dtype, read_input, Input, Values};
+use crate::arrays::{
+    as_array, check_f16_fits, check_f16_range, check_size, dtype_name, f32_array, output, parse_dtype, read_input,
+    Input, Values,
+};
 use crate::context::{resolve, PyContext};
 use crate::options::{Raw, Scores};
 use crate::{value_error, OrPy};
@@ -13,7 +16,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::sync::Arc;
 use wgpu_attention::mha::PostNorm;
 use wgpu_attention::{
-    load_safetensors, AttentionOptions, Context, DType, HeadWeights, Inputs, Layout, MhaConfig, MhaOptions,
+    load_safetensors, AttentionOptions, Context, DType, HeadWeights, Inputs, Layout, MhaConfig, MhaOptions, MhaWeights,
     MultiHeadAttention, Tensor,
 };
 
@@ -83,7 +86,8 @@ fn safetensors_bytes(dict: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 /// it, as ``nn.TransformerEncoderLayer`` does) or ``False`` (leave it out).
 ///
 /// ``forward`` and ``backward`` take batch-first sequences ``(N, L, E)`` (or ``(L, E)``),
-/// float32 or float16 (converted to the layer's dtype).
+/// float32 or float16 (converted to the layer's dtype; with ``dtype="float16"`` inputs and
+/// weights beyond float16's range, ``|x| > 65504``, are refused with ``ValueError``).
 #[pyclass(name = "MultiHeadAttention", module = "wgpu_attention")]
 pub struct PyMultiHeadAttention {
     ctx: Arc<Context>,
@@ -120,6 +124,7 @@ fn sequence<'py>(
         }
     };
     check_size(ctx, name, &shape, dtype.size())?;
+    check_f16_fits(name, &array, dtype, "the layer's")?;
     // C order as [B, 1, L, width] (a view where the array is C-ordered already).
     let np = obj.py().import("numpy")?;
     let contiguous = np
@@ -273,6 +278,9 @@ impl PyMultiHeadAttention {
                 ));
             }
             loaded.config.post_norm = Some(PostNorm { eps: norm_eps as f32 });
+        }
+        if dtype == DType::F16 {
+            check_f16_weights(&loaded.weights, loaded.config.post_norm.is_some())?;
         }
         let config = loaded.config.clone();
         let layer = py
@@ -470,6 +478,36 @@ impl PyMultiHeadAttention {
             dtype_name(self.dtype)
         )
     }
+}
+
+/// Refuses weights float16 cannot hold (the layer converts them on upload), naming the
+/// tensor as `backward` names its gradient; the norm's only where it is applied (and
+/// so uploaded).
+fn check_f16_weights(weights: &MhaWeights, with_norm: bool) -> PyResult<()> {
+    for (name, p) in [
+        ("q_proj", &weights.q),
+        ("k_proj", &weights.k),
+        ("v_proj", &weights.v),
+        ("out_proj", &weights.o),
+    ] {
+        check_f16_range(
+            &format!("weights '{}'", weight_name(name)),
+            p.weight.iter().copied(),
+            "the layer's",
+        )?;
+        if let Some(b) = &p.bias {
+            check_f16_range(
+                &format!("weights '{}'", bias_name(name)),
+                b.iter().copied(),
+                "the layer's",
+            )?;
+        }
+    }
+    if let (Some(n), true) = (&weights.norm, with_norm) {
+        check_f16_range("weights 'norm.weight'", n.weight.iter().copied(), "the layer's")?;
+        check_f16_range("weights 'norm.bias'", n.bias.iter().copied(), "the layer's")?;
+    }
+    Ok(())
 }
 
 fn weight_name(projection: &str) -> &'static str {

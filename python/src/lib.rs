@@ -10,6 +10,7 @@
 mod arrays;
 mod cache;
 mod context;
+mod exclusive;
 mod layer;
 mod merge;
 mod options;

@@ -8,6 +8,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use wgpu_attention::{AttentionOptions, CausalAlignment, Context, KernelChoice, Layout, Mask, Precision, Window};
 
+/// Largest query length + key length + |position_offset|: the library's
+/// `problem::MAX_POSITIONS` (not exported), positions being i32 in the kernels.
+const MAX_POSITIONS: usize = 1 << 30;
+
 /// The scores' shape in the caller's terms, which a mask broadcasts to: batch axes,
 /// heads (none for a 2-D query), query rows (then keys).
 pub(crate) struct Scores {
@@ -145,6 +149,21 @@ impl Raw<'_> {
                     .map_err(|_| value_error("alibi_slopes", format!("{} is not a number", repr(x))))
             })?),
         };
+        if let Some(offset) = self.position_offset {
+            // The library refuses this too, but reports |offset| capped at 2^30 + 1 in
+            // its sum; this reports the value given.
+            let reach = q.len_q as u128 + len_k as u128 + u128::from(offset.unsigned_abs());
+            if reach > MAX_POSITIONS as u128 {
+                return Err(value_error(
+                    "position_offset",
+                    format!(
+                        "{offset} is too far: query length {} + key length {len_k} + |position_offset| = {reach}, \
+                         at most {MAX_POSITIONS} (the kernels measure positions in 32 bits)",
+                        q.len_q
+                    ),
+                ));
+            }
+        }
         let precision = Precision::parse("precision", &self.precision).map_err(crate::to_py)?;
         let mask = match &self.attn_mask {
             None => None,

@@ -1,13 +1,15 @@
 //! `scaled_dot_product_attention` and `sdpa_backward`.
 
-use crate::arrays::{dtype_name, f32_array, output, read_input, Input, Values};
+use crate::arrays::{dtype_name, f32_array, output, read_input_or_empty, Input, Values};
 use crate::context::{resolve, PyContext};
 use crate::options::{parse_layout, Raw};
 use crate::{value_error, OrPy};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
-use wgpu_attention::{sdpa_backward as library_backward, sdpa_read, AttentionOptions, Context, Layout, Tensor};
+use wgpu_attention::{
+    sdpa_backward as library_backward, sdpa_read, AttentionOptions, AttentionShape, Context, Error, Layout, Tensor,
+};
 
 /// q, k and v read and checked against each other, and the call's options.
 pub(crate) struct Prepared<'py> {
@@ -19,7 +21,8 @@ pub(crate) struct Prepared<'py> {
 
 /// Reads q, k, v as PyTorch's SDPA takes them and checks what PyTorch checks before
 /// the library checks the rest: one dtype, the same batch axes, and as many key/value
-/// heads as query heads unless `enable_gqa`.
+/// heads as query heads unless `enable_gqa`. Empty batch, head and sequence axes are
+/// read (see [`Prepared::is_empty`]).
 pub(crate) fn prepare<'py>(
     ctx: &Context,
     query: &Bound<'py, PyAny>,
@@ -29,9 +32,9 @@ pub(crate) fn prepare<'py>(
     enable_gqa: bool,
     axes: Layout,
 ) -> PyResult<Prepared<'py>> {
-    let q = read_input(ctx, "query", query, axes)?;
-    let k = read_input(ctx, "key", key, axes)?;
-    let v = read_input(ctx, "value", value, axes)?;
+    let q = read_input_or_empty(ctx, "query", query, axes)?;
+    let k = read_input_or_empty(ctx, "key", key, axes)?;
+    let v = read_input_or_empty(ctx, "value", value, axes)?;
     for other in [&k, &v] {
         if other.dtype != q.dtype {
             return Err(value_error(
@@ -65,7 +68,66 @@ pub(crate) fn prepare<'py>(
         ));
     }
     let options = raw.to_options(ctx, &q.scores(), k.logical[2])?;
-    Ok(Prepared { q, k, v, options })
+    let p = Prepared { q, k, v, options };
+    if p.is_empty() {
+        p.check_empty()?;
+    }
+    Ok(p)
+}
+
+impl Prepared<'_> {
+    /// Whether the call has nothing to compute on the device: an empty batch, head or
+    /// query axis (an empty result), or no keys (every row fully masked: zeros, an lse
+    /// of -inf). PyTorch returns those results rather than refusing the call; so do we,
+    /// without uploading anything.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.q.is_empty() || self.k.is_empty() || self.v.is_empty()
+    }
+
+    /// The library's checks that do not need the empty axes (it refuses every empty
+    /// axis): q, k and v agree, head dims in range, query heads a multiple of key/value
+    /// heads, one key length per batch element and none past the keys.
+    fn check_empty(&self) -> PyResult<()> {
+        let (q, k, v) = (self.q.logical, self.k.logical, self.v.logical);
+        if let Err(e @ Error::Shape { .. }) = AttentionShape::from_qkv(q, k, v) {
+            return Err(crate::to_py(e));
+        }
+        let (heads_q, heads_kv) = match (q[1], k[1]) {
+            (0, 0) => (1, 1),
+            (0, h) => (h, h),
+            (h, kv) => (h, kv.max(1)),
+        };
+        let one = |n: usize| n.max(1);
+        AttentionShape::new(one(q[0]), heads_q, heads_kv, one(q[2]), one(k[2]), q[3], v[3])
+            .validate()
+            .py_err()?;
+        if let Some(lens) = &self.options.key_lengths {
+            if lens.len() != q[0] {
+                return Err(value_error(
+                    "key_lengths",
+                    format!("{} entries; expected one per batch element ({})", lens.len(), q[0]),
+                ));
+            }
+            if let Some(&len) = lens.iter().find(|&&l| l as usize > k[2]) {
+                return Err(value_error(
+                    "key_lengths",
+                    format!("entry {len} is larger than the key length {}", k[2]),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An array of `shape` (the caller's order) filled with `value`, in `dtype`.
+fn filled<'py>(
+    py: Python<'py>,
+    dtype: wgpu_attention::DType,
+    shape: &[usize],
+    value: f32,
+) -> PyResult<Bound<'py, PyAny>> {
+    let values = vec![value; shape.iter().product()];
+    output(py, Values::of(dtype, values), shape, Layout::Bhsd, Layout::Bhsd)
 }
 
 /// The shape of the attention weights `(..., Hq, Lq, Lk)`, or without `Lk` of the
@@ -134,6 +196,9 @@ pub(crate) fn out_shape(q: &Input<'_>, head_dim_v: usize) -> Vec<usize> {
 ///     The output ``(..., Hq, Lq, Ev)`` in the inputs' dtype; with ``need_weights`` or
 ///     ``return_lse`` a tuple ``(out, weights, lse)`` of the ones asked for, in that
 ///     order. A fully masked row gives zeros, weights of zeros and an lse of -inf.
+///     Empty batch, head or sequence axes give what PyTorch gives: empty arrays of
+///     the right shapes and dtypes, or with no keys (``Lk = 0``) such fully masked rows;
+///     :func:`sdpa_backward` then gives zero gradients.
 ///
 /// Raises:
 ///     TypeError: an argument is not an array. ValueError: bad shapes, dtypes or
@@ -189,11 +254,19 @@ pub fn scaled_dot_product_attention<'py>(
         position_offset,
     };
     let p = prepare(&ctx, query, key, value, &raw, enable_gqa, axes)?;
+    let len_k = p.k.logical[2];
+    if p.is_empty() {
+        // Nothing to attend: PyTorch's empty result, or zeros where there are no keys.
+        let out = filled(py, p.q.dtype, &out_shape(&p.q, p.v.logical[3]), 0.0)?;
+        let count = |shape: Vec<usize>| shape.iter().product::<usize>();
+        let weights = need_weights.then(|| vec![0.0; count(score_shape(&p.q, Some(len_k)))]);
+        let lse = return_lse.then(|| vec![f32::NEG_INFINITY; count(score_shape(&p.q, None))]);
+        return attention_result(py, out, weights, lse, &p.q, len_k);
+    }
     // Uploading copies the arrays' memory into the device's buffers, with the GIL held
     // (no other thread can change an array meanwhile); the GPU work and its wait run
     // without it.
     let (qt, kt, vt) = (p.q.upload(&ctx)?, p.k.upload(&ctx)?, p.v.upload(&ctx)?);
-    let len_k = p.k.logical[2];
     let outputs = py
         .detach(|| -> wgpu_attention::Result<_> {
             let (result, values) = sdpa_read(&ctx, &qt, &kt, &vt, &p.options)?;
@@ -298,7 +371,7 @@ pub fn sdpa_backward<'py>(
     let p = prepare(&ctx, query, key, value, &raw, enable_gqa, axes)?;
     let want = out_shape(&p.q, p.v.logical[3]);
     let read_like_out = |name: &'static str, obj: &Bound<'py, PyAny>| -> PyResult<Input<'py>> {
-        let input = read_input(&ctx, name, obj, axes)?;
+        let input = read_input_or_empty(&ctx, name, obj, axes)?;
         if input.shape != want || input.dtype != p.q.dtype {
             return Err(value_error(
                 name,
@@ -324,6 +397,14 @@ pub fn sdpa_backward<'py>(
                 lse.shape()
             ),
         ));
+    }
+    if p.is_empty() {
+        // No pair of a query and a key: every gradient is zero (empty where its input is).
+        let items = [&p.q, &p.k, &p.v]
+            .into_iter()
+            .map(|input| filled(py, input.dtype, &input.shape, 0.0))
+            .collect::<PyResult<Vec<_>>>()?;
+        return PyTuple::new(py, items);
     }
     let lse = py
         .import("numpy")?

@@ -187,3 +187,96 @@ def test_mha_from_file_matches_dict(ctx, tmp_path):
     assert np.array_equal(from_file, from_dict), f"seed {seed}"
     import pathlib
     assert np.array_equal(wa.MultiHeadAttention(pathlib.Path(path), 4, prefix="encoder.layers.0.").forward(x), from_dict)
+
+
+def test_f16_overflow_refused(ctx):
+    """float32 values beyond float16's range (|x| > 65504) would become infinities (NaN
+    results, only a NumPy warning): refused naming the array, the value and its index,
+    wherever this package converts to float16 (cache rows and queries, a layer's
+    inputs and weights). Values just inside the range are taken."""
+    if not ctx.supports_f16:
+        pytest.skip("no f16")
+    seed = 3060
+    big, where = 70000.0, (0, 1, 3, 2)
+    flat = int(np.ravel_multi_index(where, (1, 2, 5, 8)))
+    cache = wa.KvCache(1, 2, 16, 8, dtype="float16")
+    k, v = randn(seed, 1, 2, 5, 8), randn(seed + 1, 1, 2, 5, 8)
+    for name in ("key", "value"):
+        rows = {"key": k.copy(), "value": v.copy()}
+        rows[name][where] = -big
+        with pytest.raises(ValueError, match=rf"invalid {name}: value -70000(\.0)? at flat index {flat} is beyond "
+                                             r"float16's range \(\|x\| <= 65504"):
+            cache.append(rows["key"], rows["value"])
+    assert cache.lengths == [0], "a refused append changed the cache"
+    edge = k.copy()
+    edge[where] = 65504.0
+    cache.append(edge, v)
+    q = randn(seed + 2, 1, 2, 1, 8)
+    q[0, 0, 0, 5] = big
+    with pytest.raises(ValueError, match="invalid query: value 70000"):
+        cache.attend(q)
+    # Strided (non-contiguous) rows: the index is in C order over the array as given.
+    strided = np.swapaxes(np.ascontiguousarray(np.swapaxes(k, 1, 2)), 1, 2)
+    strided[where] = big
+    with pytest.raises(ValueError, match=f"at flat index {flat} "):
+        cache.append(strided, v)
+
+    e, heads = 8, 2
+    w = mha_weights(seed, e)
+    x = randn(seed + 3, 2, 3, e)
+    layer = wa.MultiHeadAttention(w, heads, dtype="float16")
+    x[1, 2, 7] = big
+    with pytest.raises(ValueError, match=rf"invalid query: value 70000(\.0)? at flat index {3 * e + 2 * e + 7} "):
+        layer.forward(x)
+    with pytest.raises(ValueError, match="invalid d_out: value 70000"):
+        layer.backward(x, x.clip(-1, 1))
+    heavy = {**w, "in_proj_weight": w["in_proj_weight"].copy()}
+    heavy["in_proj_weight"][e + 1, 3] = big  # a row of the key projection
+    with pytest.raises(ValueError, match=rf"invalid weights 'k_proj.weight': value 70000(\.0)? at flat index {e + 3} "):
+        wa.MultiHeadAttention(heavy, heads, dtype="float16")
+    wa.MultiHeadAttention(heavy, heads)  # float32 holds it
+
+
+def test_caches_from_two_threads(ctx):
+    """append and attend on one cache from two threads at once take turns (the second
+    used to fail with "Already mutably borrowed" while the first ran on the GPU), and
+    every row arrives."""
+    import threading
+
+    seed = 3080
+    b, h, d, n, calls = 1, 2, 16, 4, 40
+    cache = wa.KvCache(b, h, n * calls, d)
+    pool = wa.PagedKvCache(n * calls // 4 + 4, 4, h, d)
+    sid = pool.add_sequence()
+    k, v = randn(seed, b, h, n, d), randn(seed + 1, b, h, n, d)
+    q = randn(seed + 2, b, h, 1, d)
+    errors, start = [], threading.Barrier(2)
+
+    def run(work):
+        start.wait()
+        try:
+            for _ in range(calls):
+                work()
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(repr(e))
+
+    def writer():
+        cache.append(k, v)
+        pool.append([sid], k, v)
+
+    def reader():
+        cache.attend(q)
+        pool.attend([sid], q)
+        pool.add_sequence()
+        assert "KvCache(" in repr(cache) and cache.capacity == n * calls
+
+    threads = [threading.Thread(target=run, args=(f,)) for f in (writer, reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"seed {seed}: {errors[:3]}"
+    assert cache.lengths == [n * calls] and pool.sequence_length(sid) == n * calls
+    ref = attention(q, np.tile(k, (1, 1, calls, 1)), np.tile(v, (1, 1, calls, 1)))[0]
+    assert_close(cache.attend(q), ref, seed, "cache after threaded appends")
+    assert_close(pool.attend([sid], q), ref, seed, "paged cache after threaded appends")

@@ -37,3 +37,29 @@ def test_info_fields(ctx):
     assert info["f16"] == ctx.supports_f16
     assert info["name"] == ctx.adapter_name
     assert wa.default_context() is wa.default_context()
+
+
+def test_first_call_prints_no_error_headless(ctx):
+    """On a headless machine (no XDG_RUNTIME_DIR) Mesa's Vulkan device-select layer
+    made the first call print "error: XDG_RUNTIME_DIR is invalid or not set in the
+    environment." twice; importing the package turns the layer off as the CLI does
+    (NODEVICE_SELECT=1, unless set)."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "NODEVICE_SELECT")}
+    code = (
+        "import os, wgpu_attention as wa, numpy as np\n"
+        "q = np.random.default_rng(57).standard_normal((1, 2, 5, 8)).astype(np.float32)\n"
+        "out = wa.scaled_dot_product_attention(q, q, q, is_causal=True)\n"
+        "assert out.shape == (1, 2, 5, 8) and np.isfinite(out).all()\n"
+        "print(os.environ.get('NODEVICE_SELECT'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "error:" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "1"
+    # A caller's own setting is kept.
+    env["NODEVICE_SELECT"] = "0"
+    proc = subprocess.run([sys.executable, "-c", "import os, wgpu_attention; print(os.environ['NODEVICE_SELECT'])"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr

@@ -237,7 +237,17 @@ BAD = [
     ("batch differs", lambda q, k, v: sdpa(q, k[:1], v[:1]), ValueError, "batch"),
     ("rank differs", lambda q, k, v: sdpa(q, k[0], v[0]), ValueError, None),
     ("1-D", lambda q, k, v: sdpa(q.ravel(), k, v), ValueError, "axes"),
-    ("empty axis", lambda q, k, v: sdpa(q[:, :, :0], k, v), ValueError, "empty"),
+    ("empty feature axis", lambda q, k, v: sdpa(q[..., :0], k[..., :0], v), ValueError, "empty feature axis"),
+    ("empty value feature axis", lambda q, k, v: sdpa(q, k, v[..., :0]), ValueError, "empty feature axis"),
+    ("position offset too far", lambda q, k, v: sdpa(q, k, v, position_offset=2**31), ValueError,
+     r"position_offset: 2147483648 is too far: query length 4 \+ key length 4 \+ \|position_offset\| = 2147483656, "
+     r"at most 1073741824"),
+    ("negative position offset too far", lambda q, k, v: sdpa(q, k, v, position_offset=-(2**40)), ValueError,
+     "position_offset: -1099511627776 is too far"),
+    ("empty key lengths count", lambda q, k, v: sdpa(q[:, :, :0], k, v, key_lengths=[4]), ValueError,
+     "key_lengths: 1 entries"),
+    ("empty head dims differ", lambda q, k, v: sdpa(q[:0], k[:0, ..., :4], v[:0]), ValueError, "head dim"),
+    ("empty kv lengths differ", lambda q, k, v: sdpa(q, k[..., :0, :], v), ValueError, "sequence length of v"),
     ("NaN scale", lambda q, k, v: sdpa(q, k, v, scale=float("nan")), ValueError, "scale"),
     ("inf scale", lambda q, k, v: sdpa(q, k, v, scale=float("inf")), ValueError, "scale"),
     ("f32-overflowing scale", lambda q, k, v: sdpa(q, k, v, scale=1e300), ValueError, "scale"),
@@ -271,6 +281,42 @@ def test_bad_inputs(ctx, name, call, error, match):
     q, k, v = qkv(800, (2, 2), 4, 4, 8)
     with pytest.raises(error, match=match):
         call(q, k, v)
+
+
+EMPTY = [
+    ("batch", (0, 2), 3, 5),
+    ("heads", (2, 0), 3, 5),
+    ("query rows", (2, 2), 0, 5),
+    ("keys", (2, 2), 3, 0),
+    ("extra batch axis", (2, 0, 2), 3, 5),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("what,lead,lq,lk", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_axes_give_empty_results(ctx, what, lead, lq, lk, layout, dtype):
+    """An empty batch, head or sequence axis gives what PyTorch's SDPA gives: an empty
+    output of the right shape and dtype, or zeros where there are no keys (every row
+    fully masked: an lse of -inf); the backward gives zero gradients of each input's
+    shape. Nothing is uploaded, so f16 needs no adapter support here."""
+    seed = 1200 + len(what)
+    q, k, v = qkv(seed, lead, lq, lk, 8, dv=6, dtype=dtype)
+    if layout == "bshd":
+        q, k, v = (np.ascontiguousarray(np.swapaxes(x, -3, -2)) for x in (q, k, v))
+    mask = np.random.default_rng(seed).random((lq, lk)) < 0.5
+    out, weights, lse = sdpa(q, k, v, attn_mask=mask, is_causal=True, need_weights=True, return_lse=True,
+                             layout=layout)
+    want = q.shape[:-1] + (6,)
+    assert out.shape == want and out.dtype == dtype, (what, out.shape, out.dtype)
+    # Scores are (..., H, Lq, Lk) in either layout (lead ends with the heads).
+    assert weights.shape == lead + (lq, lk) and weights.dtype == np.float32
+    assert lse.shape == lead + (lq,) and lse.dtype == np.float32
+    assert not out.any() and not weights.any() and np.all(lse == -np.inf)
+    d_out = randn(seed + 3, *out.shape, dtype=dtype)
+    grads = wa.sdpa_backward(q, k, v, out, lse, d_out, attn_mask=mask, is_causal=True, layout=layout)
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype and not g.any(), (what, name, g.shape)
 
 
 def test_huge_sizes_refused_before_copying(ctx):

@@ -148,3 +148,71 @@ def test_mha_matches_torch_forward_and_backward(ctx, post_norm):
     if post_norm:
         close(grads["norm.weight"], norm.weight.grad, "norm weight")
         close(grads["norm.bias"], norm.bias.grad, "norm bias")
+
+
+def _edits():
+    """In-place edits after the forward, one per tensor the backward reads."""
+    return {
+        "query": lambda t: t["q"].mul_(2),
+        "key": lambda t: t["k"].mul_(2),
+        "value": lambda t: t["v"].add_(1),
+        "output": lambda t: t["out"].add_(1),
+        "attn_mask": lambda t: t["mask"].mul_(3),
+    }
+
+
+@pytest.mark.parametrize("edited", list(_edits()))
+def test_inplace_edit_after_forward_raises(ctx, edited):
+    """The backward reads what the forward saved through ctx.save_for_backward, so an
+    in-place edit of any of those tensors between the forward and the backward raises
+    PyTorch's own error instead of differentiating the edited values (NumPy views kept on
+    ctx used to give wrong gradients silently)."""
+    seed = 2500 + list(_edits()).index(edited)
+    # Non-leaf inputs (as projections are), which in-place edits may change.
+    q, k, v = (t * 1 for t in tensors(seed, (2, 3, 5, 8), (2, 3, 6, 8)))
+    mask = torch.randn((5, 6), generator=torch.Generator().manual_seed(seed + 1))
+    out = wat.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    _edits()[edited](dict(q=q, k=k, v=v, out=out, mask=mask))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (out ** 2).sum().backward()
+
+
+def test_tensor_options_edited_after_forward(ctx):
+    """key_lengths and alibi_slopes given as tensors are copied at the forward: editing
+    them before the backward leaves the gradients those of the forward that ran."""
+    seed = 2550
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([4, 6])
+    slopes = torch.rand(3, generator=g)
+
+    def grads(edit):
+        q, k, v = tensors(seed, (2, 3, 5, 8), (2, 3, 6, 8))
+        kl, sl = lengths.clone(), slopes.clone()
+        out = wat.scaled_dot_product_attention(q, k, v, key_lengths=kl, alibi_slopes=sl)
+        if edit:
+            kl.fill_(1)
+            sl.mul_(10)
+        (out ** 2).sum().backward()
+        return [t.grad for t in (q, k, v)]
+
+    for name, got, want in zip(("dq", "dk", "dv"), grads(True), grads(False)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0, msg=f"{name} (seed {seed})")
+
+
+@pytest.mark.parametrize("shape_q,shape_kv", [((0, 2, 3, 8), (0, 2, 5, 8)), ((2, 2, 0, 8), (2, 2, 5, 8)),
+                                              ((2, 2, 3, 8), (2, 2, 0, 8))])
+def test_empty_axes_match_torch(ctx, shape_q, shape_kv):
+    """Empty batch or sequence axes: PyTorch's results (empty, or zeros without keys)
+    and gradients, through autograd."""
+    seed = 2600 + sum(shape_q) + sum(shape_kv)
+    q, k, v = tensors(seed, shape_q, shape_kv)
+    out = wat.scaled_dot_product_attention(q, k, v, is_causal=True)
+    d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1))
+    out.backward(d_out)
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*refs, is_causal=True)
+    ref.backward(d_out)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, msg=f"seed {seed}")
+    for t, r in zip((q, k, v), refs):
+        torch.testing.assert_close(t.grad, r.grad, msg=f"seed {seed}")

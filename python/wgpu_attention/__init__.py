@@ -15,7 +15,18 @@ tensors, with autograd;
 ``python -m wgpu_attention.bench`` times them against PyTorch's.
 """
 
-from ._native import (
+import os
+
+# Mesa's Vulkan device-select layer asks libwayland for a display while the loader
+# lists devices, and on a headless machine (no XDG_RUNTIME_DIR) that prints "error:
+# XDG_RUNTIME_DIR is invalid or not set in the environment." on stderr, twice, though
+# nothing failed. Adapters are picked by name here (WGPU_ADAPTER_NAME, Context), so
+# the layer is turned off as the CLI does (src/cli/mod.rs), unless the caller set
+# NODEVICE_SELECT; before the native module exists, so before any adapter is listed.
+if "XDG_RUNTIME_DIR" not in os.environ:
+    os.environ.setdefault("NODEVICE_SELECT", "1")
+
+from ._native import (  # noqa: E402  (after the environment above)
     Context,
     KvCache,
     MultiHeadAttention,

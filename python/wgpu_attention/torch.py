@@ -7,7 +7,10 @@ copies are the uploads and downloads themselves. The call is an
 ``torch.autograd.Function`` whose backward runs :func:`wgpu_attention.sdpa_backward`,
 so a model can swap it in for ``torch.nn.functional.scaled_dot_product_attention``
 (see :func:`swapped_in`) and train through it. Only float32 and float16 CPU tensors are
-taken (the kernels' dtypes); masks get no gradient; ``dropout_p`` must be 0.
+taken (the kernels' dtypes); masks get no gradient; ``dropout_p`` must be 0. The
+tensors the backward reads (q, k, v, the output, the log-sum-exp, a mask) are kept with
+``ctx.save_for_backward``, so an in-place edit of one before the backward raises
+PyTorch's "modified by an inplace operation" error, as its own SDPA does.
 
 Importing this module needs torch; the rest of the package does not.
 """
@@ -43,16 +46,21 @@ class _Attention(torch.autograd.Function):
         q, k, v = _array("query", query), _array("key", key), _array("value", value)
         mask = None if attn_mask is None else _array("attn_mask", attn_mask)
         out, lse = _native.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_lse=True, **options)
+        output = torch.from_numpy(out)
         ctx.options = options
-        ctx.mask = mask
-        ctx.arrays = (q, k, v, out, lse)
-        return torch.from_numpy(out)
+        # Saved through autograd, not as NumPy views on ctx: the tensors' version
+        # counters then make backward raise after an in-place edit of any of them (as
+        # PyTorch's own SDPA does) instead of differentiating the edited values.
+        ctx.save_for_backward(query, key, value, output, torch.from_numpy(lse), attn_mask)
+        return output
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, out, lse = ctx.arrays
-        grads = _native.sdpa_backward(q, k, v, out, lse, _array("d_out", d_out.to(torch.from_numpy(out).dtype)),
-                                      attn_mask=ctx.mask, **ctx.options)
+        query, key, value, output, lse, attn_mask = ctx.saved_tensors
+        q, k, v = _array("query", query), _array("key", key), _array("value", value)
+        mask = None if attn_mask is None else _array("attn_mask", attn_mask)
+        grads = _native.sdpa_backward(q, k, v, _array("out", output), lse.numpy(),
+                                      _array("d_out", d_out.to(output.dtype)), attn_mask=mask, **ctx.options)
         dq, dk, dv = (torch.from_numpy(g) for g in grads)
         return dq, dk, dv, None, None
 
@@ -80,8 +88,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def _plain(x):
-    """Tensors as arrays (key lengths, slopes)."""
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+    """Tensors as arrays (key lengths, slopes), copied: the backward must see the
+    forward's values even if the caller edits theirs in place meanwhile."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy().copy()
+    if isinstance(x, (np.ndarray, list)):
+        return x.copy()
+    return x
 
 
 @contextlib.contextmanager
