@@ -8,6 +8,8 @@ use std::time::Instant;
 use wgpu_attention::{AttentionOptions, Context, DType, KvCache, KvCacheConfig, Layout, Tensor};
 
 fn main() -> wgpu_attention::Result<()> {
+    // First, before any thread: keeps Mesa's Vulkan layer quiet on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     let ctx = Context::new()?;
     let dtype = if ctx.capabilities().f16 { DType::F16 } else { DType::F32 };
     // One layer of a model with 8 query heads sharing 2 key/value heads (GQA), D = 64.

@@ -17,6 +17,8 @@ use wgpu_attention::{
 };
 
 fn main() -> wgpu_attention::Result<()> {
+    // First, before any thread: keeps Mesa's Vulkan layer quiet on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch_mha");
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (path, prefix, heads) = match args.as_slice() {

@@ -8,6 +8,8 @@ use wgpu_attention::wgpu::{self, util::DeviceExt};
 use wgpu_attention::{encode_sdpa, AttentionOptions, Context, DType, Layout, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // First, before any thread: keeps Mesa's Vulkan layer quiet on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     // The application's device (here made directly with wgpu, honouring WGPU_BACKEND and
     // WGPU_ADAPTER_NAME; a renderer would have its own).
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());

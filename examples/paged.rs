@@ -6,6 +6,8 @@
 use wgpu_attention::{AttentionOptions, Context, DType, Layout, PagedKvCache, PagedKvConfig, Tensor};
 
 fn main() -> wgpu_attention::Result<()> {
+    // First, before any thread: keeps Mesa's Vulkan layer quiet on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     let ctx = Context::new()?;
     let (hkv, hq, d) = (2, 4, 32);
     let mut pool = PagedKvCache::new(

@@ -5,6 +5,8 @@
 use wgpu_attention::{sdpa, AttentionOptions, CausalAlignment, Context, Layout, Tensor};
 
 fn main() -> wgpu_attention::Result<()> {
+    // First, before any thread: keeps Mesa's Vulkan layer quiet on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     let ctx = Context::new()?; // the adapter from WGPU_BACKEND / WGPU_ADAPTER_NAME, else wgpu's default
     println!("adapter: {}", ctx.adapter_info().name);
 

@@ -65,7 +65,7 @@ pub enum Error {
     },
 
     /// The request is larger than a device limit allows.
-    #[error("{what} needs {requested} {unit} but the device limit {limit} is {max} {unit}")]
+    #[error("{what} needs {requested} {unit}, over the limit of {max} ({limit})")]
     LimitExceeded {
         /// What needed more than the limit allows.
         what: String,

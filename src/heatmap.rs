@@ -338,9 +338,8 @@ struct PanelLayout {
 fn panel_layout(p: &Panel, labels: &Labels, pool: (usize, usize)) -> PanelLayout {
     let cell = cell_size(p.len_q, p.len_k);
     let left = label_width(&labels.queries, p.len_q * pool.0) + PAD;
-    // Key labels are written vertically, one character per line, under each column.
     let key_label_rows = match &labels.keys {
-        Some(l) if cell >= CHAR_W => l.iter().map(|s| s.chars().count()).max().unwrap_or(1) as u32,
+        Some(l) if cell >= CHAR_W => key_labels(l, cell).rows(),
         _ => 1,
     };
     let top = CHAR_H + PAD; // title
@@ -397,16 +396,25 @@ fn draw_panel(
             Alignment::Right,
         );
     }
-    // Key labels under their columns: vertical (a character per line) for tokens,
-    // else numbers every few columns.
+    // Token labels under their columns (see KeyLabels), else numbers every few columns.
     let below = y0 + p.len_q as u32 * g.cell + PAD / 2;
     match &labels.keys {
         Some(l) if g.cell >= CHAR_W => {
+            let how = key_labels(l, g.cell);
             for (j, label) in l.iter().enumerate() {
-                let x = x0 + j as u32 * g.cell + g.cell / 2;
-                for (line, ch) in label.chars().enumerate() {
-                    let y = below + line as u32 * CHAR_H;
-                    canvas.text(&ch.to_string(), x as i32, y as i32, Alignment::Center);
+                let x = (x0 + j as u32 * g.cell + g.cell / 2) as i32;
+                match how {
+                    KeyLabels::Level => canvas.text(label, x, below as i32, Alignment::Center),
+                    KeyLabels::Staggered => {
+                        let y = below + (j % 2) as u32 * CHAR_H;
+                        canvas.text(label, x, y as i32, Alignment::Center);
+                    }
+                    KeyLabels::Vertical(_) => {
+                        for (line, ch) in label.chars().enumerate() {
+                            let y = below + line as u32 * CHAR_H;
+                            canvas.text(&ch.to_string(), x, y as i32, Alignment::Center);
+                        }
+                    }
                 }
             }
         }
@@ -424,6 +432,39 @@ fn draw_panel(
         origin: (x0, y0),
         cell: g.cell,
         pool,
+    }
+}
+
+/// How token labels sit under their columns: on one line where the widest fits its
+/// column, on two alternating lines where it fits two, else down the column a
+/// character per line (the only way long tokens in narrow columns stay readable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyLabels {
+    Level,
+    Staggered,
+    Vertical(u32),
+}
+
+impl KeyLabels {
+    /// Text lines the labels take below the grid.
+    fn rows(self) -> u32 {
+        match self {
+            KeyLabels::Level => 1,
+            KeyLabels::Staggered => 2,
+            KeyLabels::Vertical(n) => n,
+        }
+    }
+}
+
+fn key_labels(labels: &[String], cell: u32) -> KeyLabels {
+    let widest = labels.iter().map(|s| s.chars().count()).max().unwrap_or(1).max(1) as u32;
+    // A pixel of space between neighbouring labels.
+    if widest * CHAR_W < cell {
+        KeyLabels::Level
+    } else if widest * CHAR_W < 2 * cell {
+        KeyLabels::Staggered
+    } else {
+        KeyLabels::Vertical(widest)
     }
 }
 
@@ -517,4 +558,20 @@ pub fn render_grid(panels: &[Panel], labels: &Labels) -> Result<(Canvas, Vec<Pan
     let bar_h = canvas.height.saturating_sub(bar_top + CHAR_H + PAD).max(2 * CHAR_H);
     draw_colour_bar(&mut canvas, cols * cell_w, bar_top, bar_h, vmax);
     Ok((canvas, geometries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_labels_lie_level_where_they_fit_their_column() {
+        // The demo's sentences: five tokens, 40-pixel columns (issue 56: "tok5" was
+        // drawn a letter per line).
+        let words: Vec<String> = ["tok5", "tok2", "tok1", "<pad>", "<pad>"].map(String::from).to_vec();
+        assert_eq!(key_labels(&words, cell_size(5, 5)), KeyLabels::Level);
+        assert_eq!(key_labels(&words, 20), KeyLabels::Staggered);
+        assert_eq!(key_labels(&words, 8), KeyLabels::Vertical(5));
+        assert_eq!(KeyLabels::Vertical(5).rows(), 5);
+    }
 }

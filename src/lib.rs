@@ -29,8 +29,18 @@
 //!   tokens, read by split-K decode.
 //! - [`MultiHeadAttention`]: PyTorch's `nn.MultiheadAttention` (with GQA and a post-norm),
 //!   its weights from safetensors files ([`load_safetensors`]).
+//! - [`sdpa_backward`] (and [`encode_sdpa_backward`]): the gradients dQ, dK, dV of every
+//!   mask, FlashAttention-2's two passes; [`MultiHeadAttention::backward`] for the layer.
+//! - [`merge_attentions`]: partial attentions over blocks of keys merged exactly by
+//!   their log-sum-exp; [`sdpa_sharded`] runs the blocks on several contexts (devices).
+//! - [`apply_rotary`] and [`Rotary`]: rotary position embeddings, also inside
+//!   [`KvCache`] and [`MhaConfig`] (LLaMA-style layers).
+//! - [`mod@tune`]: tuning tables, the tensor-core variant measured fastest per GPU.
 //! - [`mod@reference`]: the CPU reference every GPU path is tested against, in f64.
 //! - `heatmap` (feature `viz`): attention-weight heatmaps as PNG.
+//!
+//! Measured speed on GPUs and CPU adapters, with adapter, driver, date and command:
+//! `docs/benchmarks.md`.
 //!
 //! Features: `cli` (default: the `wgpu-attention` command line's dependencies) and
 //! `viz` (default through `cli`). With `default-features = false` the library compiles
@@ -99,10 +109,10 @@ pub use attention::{
 pub use backward::{
     backward_tiling, encode_sdpa_backward, sdpa_backward, sdpa_backward_async, BackwardTiling, Gradients,
 };
-#[cfg(not(target_arch = "wasm32"))]
-pub use context::enumerate_adapters;
 #[doc(hidden)]
 pub use context::MAX_INDEXED_BINDING;
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::{enumerate_adapters, quiet_headless_vulkan};
 pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig};
 #[doc(hidden)]
 pub use error::checked_product;

@@ -51,10 +51,11 @@ fn tilings_json(
     let mut caps = crate::Capabilities::of(info, features, limits);
     caps.cooperative_matrix = coop.to_vec();
     let class = AdapterClass::of(info);
-    let picked = [
-        ("f32", default_tiling(class, &caps, false)),
-        ("f16", default_tiling(class, &caps, true)),
-    ];
+    // f16 inputs (and f32 at precision medium) only where the adapter has f16.
+    let mut picked = vec![("f32", default_tiling(class, &caps, false))];
+    if caps.f16 {
+        picked.push(("f16", default_tiling(class, &caps, true)));
+    }
     FUSED_TILINGS
         .iter()
         .map(|spec| {

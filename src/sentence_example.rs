@@ -12,6 +12,9 @@ use crate::mha::PostNorm;
 use crate::options::{key_mask_from_tokens, AttentionOptions};
 use crate::{DType, HeadWeights, Inputs, MhaConfig, MhaOptions, MhaWeights, MultiHeadAttention, Tensor};
 
+/// The label of a padding token.
+pub const PAD: &str = "<pad>";
+
 /// The example's inputs and layer.
 pub struct PaddedSentences {
     /// `[batch, seq]` token ids, row-major; 0 is the pad id.
@@ -87,11 +90,11 @@ impl PaddedSentences {
         })
     }
 
-    /// Sentence `b`'s tokens as axis labels (`tok5`, `<pad>`).
+    /// Sentence `b`'s tokens as axis labels (`tok5`, and [`PAD`] for padding).
     pub fn words(&self, b: usize) -> Vec<String> {
         self.tokens[b * self.seq..(b + 1) * self.seq]
             .iter()
-            .map(|&t| if t == 0 { "<pad>".into() } else { format!("tok{t}") })
+            .map(|&t| if t == 0 { PAD.into() } else { format!("tok{t}") })
             .collect()
     }
 

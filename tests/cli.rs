@@ -282,7 +282,7 @@ fn bad_input_exits_2_with_one_line_and_no_output() {
     expect_bad_input(
         &dir,
         &["check", "--junit", "no-dir/r.xml"],
-        "cannot write no-dir/r.xml|not a directory",
+        "cannot write no-dir/r.xml|no-dir does not exist",
     );
     assert!(
         started.elapsed().as_secs() < 20,
@@ -342,7 +342,13 @@ fn outputs_that_are_not_plain_files_keep_what_they_are() {
     assert_eq!(read_f32(&dir.join("new-target.npy")).0, vec![1, 1, 3, 4]);
     // A directory, and a path whose directory does not exist: exit 2, nothing left.
     std::fs::create_dir(dir.join("adir")).expect("mkdir");
-    for (out, reason) in [("adir", "is a directory"), ("missing/o.npy", "not a directory")] {
+    // (Issue 56: a missing directory was said to be "not a directory".)
+    std::fs::write(dir.join("afile"), b"x").expect("write");
+    for (out, reason) in [
+        ("adir", "is a directory"),
+        ("missing/o.npy", "missing does not exist"),
+        ("afile/o.npy", "afile is not a directory"),
+    ] {
         let output = run(out);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{out}: {stderr}");

@@ -1,5 +1,6 @@
-//! `run --d-out` (issue 39): the gradients written as .npy match the f64 reference;
-//! a missing gradient output or a dO of the wrong shape is refused before any work.
+//! `run --grad` (issue 39; `--d-out` before issue 56): the gradients written as .npy
+//! match the f64 reference; a missing gradient output or a dO of the wrong shape is
+//! refused before any work.
 
 mod common;
 
@@ -39,11 +40,14 @@ fn run_writes_the_gradients_the_reference_computes() {
         .current_dir(&dir)
         .args(base)
         .args([
-            "--d-out", "do.npy", "--dq-out", "dq.npy", "--dk-out", "dk.npy", "--dv-out", "dv.npy",
+            "--grad", "do.npy", "--dq-out", "dq.npy", "--dk-out", "dk.npy", "--dv-out", "dv.npy",
         ])
         .output()
         .expect("runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The report names the backward too (issue 56: it named only the forward).
+    assert!(stderr.contains("; backward "), "{stderr}");
     let options = AttentionOptions {
         causal: Some(CausalAlignment::BottomRight),
         ..Default::default()
@@ -73,7 +77,7 @@ fn run_writes_the_gradients_the_reference_computes() {
             vec!["--d-out", "do.npy", "--dq-out", "a.npy", "--dk-out", "b.npy"],
             "--dv-out",
         ),
-        (vec!["--dq-out", "a.npy"], "--d-out"),
+        (vec!["--dq-out", "a.npy"], "--grad"),
         (
             vec![
                 "--d-out", "q.npy", "--dq-out", "a.npy", "--dk-out", "b.npy", "--dv-out", "c.npy",
@@ -89,4 +93,18 @@ fn run_writes_the_gradients_the_reference_computes() {
             assert!(!dir.join(name).exists(), "{extra:?} wrote {name}");
         }
     }
+
+    // The old spelling still works for a release, with a note saying the new one.
+    let out = bin()
+        .current_dir(&dir)
+        .args(base)
+        .args([
+            "--d-out", "do.npy", "--dq-out", "dq2.npy", "--dk-out", "dk2.npy", "--dv-out", "dv2.npy",
+        ])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("--d-out is now --grad"), "{stderr}");
+    assert_eq!(read_f32(&dir.join("dq2.npy")), read_f32(&dir.join("dq.npy")));
 }

@@ -159,7 +159,7 @@ fn mha_bad_input_exits_2_and_writes_nothing() {
 }
 
 #[test]
-fn demo_runs_seed_003_through_the_layer_and_draws_its_heads() {
+fn demo_runs_padded_sentences_through_the_layer_and_draws_its_heads() {
     if common::ctx().is_none() {
         return;
     }
@@ -174,7 +174,9 @@ fn demo_runs_seed_003_through_the_layer_and_draws_its_heads() {
     for needle in [
         "output [2, 5, 512]",
         "weights [2, 8, 5, 5]",
-        "largest weight on a pad key, over every head and query: 0\n",
+        "largest weight on padding, over every head and query: 0\n",
+        "sentence 1: tok5 tok2 tok1 <pad> <pad>  (3 tokens, 2 padding)",
+        "sentence 2: tok1 tok3 tok1 tok4 <pad>  (4 tokens, 1 padding)",
     ] {
         assert!(
             stdout.contains(needle),
@@ -190,6 +192,21 @@ fn demo_runs_seed_003_through_the_layer_and_draws_its_heads() {
         })
         .count();
     assert_eq!(pngs, 2 * (8 + 1));
+    // Named and titled by what a user sees: sentences and heads counted from 1, no
+    // project jargon (issue 56: "seed003_sentence1_b0_h0.png" titled "batch 0").
+    for sentence in [1, 2] {
+        assert!(dir.join(format!("sentence{sentence}_heads.png")).exists());
+        for head in 1..=8 {
+            assert!(dir.join(format!("sentence{sentence}_head{head}.png")).exists());
+        }
+    }
+    for jargon in ["seed", "batch"] {
+        assert!(!stdout.to_lowercase().contains(jargon), "{jargon}: {stdout}");
+    }
+    let help = bin().args(["demo", "--help"]).output().expect("runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("heatmaps") && help.contains("layer"), "{help}");
+    assert!(!help.to_lowercase().contains("seed"), "{help}");
 }
 
 #[test]

@@ -40,3 +40,29 @@ fn commands_that_succeed_say_nothing_on_stderr_but_their_own_lines() {
     assert!(lines[0].starts_with("run: ") && lines[0].contains(" ms"), "{stderr}");
     assert!(!stderr.contains("XDG_RUNTIME_DIR"), "{stderr}");
 }
+
+#[test]
+fn the_examples_are_quiet_on_a_headless_machine() {
+    // Issue 56: every program but the CLI printed "error: XDG_RUNTIME_DIR is invalid"
+    // twice. `cargo test` builds the examples beside the test binaries.
+    let Some(_) = common::ctx() else { return };
+    let examples = std::env::current_exe()
+        .expect("the test binary")
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the profile directory")
+        .join("examples");
+    let quickstart = examples.join(format!("quickstart{}", std::env::consts::EXE_SUFFIX));
+    if !quickstart.exists() {
+        common::skip_or_fail(&format!("{} was not built", quickstart.display()));
+        return;
+    }
+    let output = std::process::Command::new(&quickstart)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("error:"), "{stderr}");
+}

@@ -299,3 +299,36 @@ fn info_lists_only_the_backend_and_name_asked_for() {
         assert!(ours[0].contains(&every[0].0), "the adapters there are: {stderr}");
     }
 }
+
+#[test]
+fn info_numbers_adapters_keeps_to_120_columns_and_the_backend_prefix_picks() {
+    // Issue 56: lines of 407 characters; two adapters of one name that --adapter could
+    // not tell apart.
+    let (code, stdout, stderr) = info(&[], None, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    for line in stdout.lines() {
+        assert!(line.chars().count() <= 120, "{} chars: {line}", line.chars().count());
+    }
+    let (_, json, _) = info(&["--json"], None, None);
+    let every = listed(&json);
+    for (i, (name, _)) in every.iter().enumerate() {
+        assert!(stdout.contains(&format!("#{i} {name} [")), "#{i} {name}: {stdout}");
+    }
+    // `BACKEND:NAME` and `BACKEND:N` pick on that backend only; `N` the Nth listed.
+    for (i, (name, backend)) in every.iter().enumerate() {
+        let prefixed = format!("{}:{}", backend.to_lowercase(), name);
+        for args in [
+            vec!["--json", "--adapter", prefixed.as_str()],
+            vec!["--json", "--adapter", &*Box::leak(i.to_string().into_boxed_str())],
+        ] {
+            let (code, out, err) = info(&args, None, None);
+            assert_eq!(code, Some(0), "{args:?}: {err}");
+            let got = listed(&out);
+            assert!(got.iter().all(|(_, b)| b == backend), "{args:?}: {got:?}");
+            assert!(got.iter().any(|(n, _)| n == name), "{args:?}: {got:?}");
+        }
+    }
+    let (code, _, err) = info(&["--adapter", "99"], None, None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("adapter #99"), "{err}");
+}

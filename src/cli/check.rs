@@ -1,7 +1,7 @@
 //! `check`: every kernel variant, and the backward pass, against the CPU reference over
 //! a fixed grid.
 
-use super::check_report::{table_header, wrap, CaseReport, CaseStatus, Report, TABLE_WIDTH};
+use super::check_report::{table_header, wrap, CaseReport, CaseStatus, Report, LABEL_WIDTH, TABLE_WIDTH};
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,7 +40,10 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
     for variant in variants(ctx.capabilities().f16) {
         let label = variant.label.clone();
         if let Some(e) = variant.unmet(&ctx) {
-            outln!("{label:<20} {}", wrap(&format!("skipped: {e}"), 21, TABLE_WIDTH));
+            outln!(
+                "{label:<LABEL_WIDTH$} {}",
+                wrap(&format!("skipped: {e}"), LABEL_WIDTH + 1, TABLE_WIDTH)
+            );
             report.skipped.push((label, e.to_string()));
             continue;
         }
@@ -193,7 +196,10 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
                     ),
                     Err(e @ wgpu_attention::Error::LimitExceeded { .. }) if *kernel == KernelChoice::Materialized => {
                         let why = format!("{}: {e}", describe(&case));
-                        outln!("{label:<20} {}", wrap(&format!("skipped: {why}"), 21, TABLE_WIDTH));
+                        outln!(
+                            "{label:<LABEL_WIDTH$} {}",
+                            wrap(&format!("skipped: {why}"), LABEL_WIDTH + 1, TABLE_WIDTH)
+                        );
                         report.skipped.push((label.clone(), why));
                         continue;
                     }
@@ -213,8 +219,8 @@ pub fn run(adapter: &AdapterArgs, args: &CheckArgs) -> Result<(), CliError> {
             }
         }
     }
-    let (passed, failed) = report.counts();
-    outln!("{passed} passed, {failed} failed");
+    let (_, failed) = report.counts();
+    outln!("{}", report.summary_line());
     let mut files = Vec::new();
     if let Some(path) = &args.json {
         files.push((path.clone(), report.to_json()));

@@ -27,14 +27,17 @@ pub struct CaseReport {
 /// The width the `check` table keeps to (full detail is in `--json`).
 pub const TABLE_WIDTH: usize = 100;
 
+/// Width of the first column, the variant's label (`backward/coop f32 medium` is 24).
+pub const LABEL_WIDTH: usize = 24;
+
 /// Where the case column starts: variant, result, max err and bound come first, so a
 /// long case description never pushes the numbers out of their columns.
-const CASE_COLUMN: usize = 20 + 1 + 6 + 1 + 9 + 1 + 9 + 2;
+const CASE_COLUMN: usize = LABEL_WIDTH + 1 + 6 + 1 + 9 + 1 + 9 + 2;
 
 /// The table's header line.
 pub fn table_header() -> String {
     format!(
-        "{:<20} {:<6} {:>9} {:>9}  case",
+        "{:<LABEL_WIDTH$} {:<6} {:>9} {:>9}  case",
         "variant", "result", "max err", "bound"
     )
 }
@@ -76,7 +79,7 @@ impl CaseReport {
             CaseStatus::Error(why) => ("ERROR", Some(why)),
         };
         let mut line = format!(
-            "{:<20} {result:<6} {:>9} {:>9}  {}",
+            "{:<LABEL_WIDTH$} {result:<6} {:>9} {:>9}  {}",
             self.variant,
             num(self.max_abs_error),
             num(self.bound),
@@ -117,6 +120,12 @@ impl Report {
             "{} ({:?}, {:?}; driver {} {})",
             a.name, a.backend, a.device_type, a.driver, a.driver_info
         )
+    }
+
+    /// The last line of `check`: every case counted, skips included.
+    pub fn summary_line(&self) -> String {
+        let (passed, failed) = self.counts();
+        format!("{passed} passed, {failed} failed, {} skipped", self.skipped.len())
     }
 
     /// (passed, failed or errored) cases.
@@ -306,13 +315,13 @@ mod tests {
             }
             // The numbers sit in their columns whatever the case's length.
             let first = text.lines().next().expect("a line");
-            assert_eq!(&first[..20], format!("{:<20}", case.variant));
+            assert_eq!(&first[..LABEL_WIDTH], format!("{:<LABEL_WIDTH$}", case.variant));
             let result = match case.status {
                 CaseStatus::Ok => "ok    ",
                 CaseStatus::Failed(_) => "FAIL  ",
                 CaseStatus::Error(_) => "ERROR ",
             };
-            assert_eq!(&first[21..27], result, "{first}");
+            assert_eq!(&first[LABEL_WIDTH + 1..LABEL_WIDTH + 7], result, "{first}");
         }
         let failed = r.cases[1].table_line();
         // Nothing of the case or the reason is lost by wrapping (which breaks lines at
@@ -322,6 +331,11 @@ mod tests {
         assert!(squeezed.contains(&"x".repeat(80)), "{failed}");
         assert!(failed.lines().count() >= 3, "{failed}");
         assert!(table_header().chars().count() <= TABLE_WIDTH);
+    }
+
+    #[test]
+    fn the_summary_counts_skips_too() {
+        assert_eq!(sample().summary_line(), "1 passed, 2 failed, 1 skipped");
     }
 
     #[test]

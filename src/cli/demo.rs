@@ -1,20 +1,25 @@
 //! `demo`: a small attention problem on the chosen adapter, checked against the CPU
-//! reference, with timings; then seed 003's padded sentences through a multi-head
-//! attention layer with post-norm, showing that pad keys get zero weight and drawing
-//! the per-head weights.
+//! reference, with timings; then two padded sentences (the seed documents' example,
+//! `wgpu_attention::sentence_example`) through a multi-head attention layer with
+//! post-norm, showing that padding gets zero weight, and the per-head weights drawn as
+//! heatmaps. Its words are the user's (sentences, padding, heads), not the project's.
 
 use super::{viz, AdapterArgs, CliError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::heatmap::Labels;
-use wgpu_attention::sentence_example::{PaddedSentences, OUT_BOUND, WEIGHTS_BOUND};
+use wgpu_attention::sentence_example::{PaddedSentences, OUT_BOUND, PAD, WEIGHTS_BOUND};
 use wgpu_attention::{AttentionOptions, AttentionShape, CausalAlignment, Context, DType, KernelChoice, Layout};
 
+/// Runs attention on the adapter and checks it against the CPU; then runs a
+/// multi-head attention layer over two padded sentences, shows that no head attends to
+/// the padding, and writes each head's attention weights as PNG heatmaps.
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Where the seed 003 attention heatmaps go.
-    #[arg(long, default_value = "wgpu-attention-demo")]
+    /// The folder the heatmaps go to: per sentence, one image per head and one of all
+    /// heads (sentence1_head1.png .. sentence2_heads.png).
+    #[arg(long, value_name = "DIR", default_value = "wgpu-attention-demo")]
     heatmaps: PathBuf,
 }
 
@@ -70,7 +75,7 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
         run_case(&ctx, &case)?;
         let warm = warm.elapsed();
         outln!(
-            "  {:<20} max |gpu - cpu| = {:.2e} (bound {:.1e}) {}   first call {:.0?} (compiles pipelines), warm call {:.0?} (incl. upload, readback, CPU reference)",
+            "  {:<20} max |gpu - cpu| = {:.2e} (bound {:.1e}) {}; first call {:.0?} (compiles), then {:.0?}",
             outcome.kernel,
             outcome.out.max_abs,
             outcome.bound,
@@ -82,43 +87,59 @@ pub fn run(adapter: &AdapterArgs, args: &DemoArgs) -> Result<(), CliError> {
             return Err(CliError::Failed(outcome.summary()));
         }
     }
-    seed_003(&ctx, &args.heatmaps)
+    padded_sentences(&ctx, &args.heatmaps)
 }
 
-/// Seed 003's example (`wgpu_attention::sentence_example`): two padded sentences
-/// through a multi-head attention layer with post-norm, on the GPU and on the CPU
-/// reference; then their per-head weights drawn.
-fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
+/// Two padded sentences through a multi-head attention layer with post-norm, on the
+/// GPU and on the CPU reference; then their per-head weights drawn.
+fn padded_sentences(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
     let example = PaddedSentences::new()?;
     let (batch, seq, heads) = (example.batch, example.seq, example.heads);
     outln!(
-        "\nseed 003: tokens [[5,2,1,0,0],[1,3,1,4,0]], pad id 0, vocab {}, d_model {}, {heads} heads of {}",
-        example.vocab,
-        example.d_model,
-        example.config.head_dim()
+        "\nA multi-head attention layer ({heads} heads of {}, model width {}) over two sentences \
+         padded to {seq} tokens; padding is masked:",
+        example.config.head_dim(),
+        example.d_model
     );
+    for b in 0..batch {
+        let words = example.words(b);
+        let pads = words.iter().filter(|w| *w == PAD).count();
+        outln!(
+            "  sentence {}: {}  ({} tokens, {pads} padding)",
+            b + 1,
+            words.join(" "),
+            seq - pads
+        );
+    }
     let result = example.run(ctx)?;
     outln!(
         "  output [{batch}, {seq}, {}]: max |gpu - cpu| = {:.2e}; weights [{batch}, {heads}, {seq}, {seq}]: max |gpu - cpu| = {:.2e}",
         example.d_model, result.out_error, result.weights_error
     );
     outln!(
-        "  largest weight on a pad key, over every head and query: {}",
+        "  largest weight on padding, over every head and query: {}",
         result.pad_weight
     );
-    outln!("  sentence 0, head 0:");
+    let words = example.words(0);
+    outln!("  sentence 1, head 1 (rows: queries, columns: keys):");
+    outln!(
+        "    {:>6} {}",
+        "",
+        words.iter().map(|w| format!("{w:>6}")).collect::<Vec<_>>().join("")
+    );
     let w = &result.weights;
-    for i in 0..seq {
-        let row: Vec<String> = w[i * seq..(i + 1) * seq].iter().map(|w| format!("{w:.3}")).collect();
-        outln!("    query {i}: [{}]", row.join(", "));
+    for (i, word) in words.iter().enumerate() {
+        let row: Vec<String> = w[i * seq..(i + 1) * seq].iter().map(|w| format!("{w:>6.3}")).collect();
+        outln!("    {word:>6} {}", row.join(""));
     }
     if !result.passed() {
         return Err(CliError::Failed(format!(
-            "seed 003 layer: output error {:.2e} (bound {OUT_BOUND:.0e}), weights error {:.2e} (bound {WEIGHTS_BOUND:.0e}), pad weight {}",
+            "padded sentences: output error {:.2e} (bound {OUT_BOUND:.0e}), weights error {:.2e} (bound {WEIGHTS_BOUND:.0e}), weight on padding {}",
             result.out_error, result.weights_error, result.pad_weight
         )));
     }
-    // Heatmaps per sentence, labelled with its tokens.
+    // Heatmaps per sentence, labelled with its tokens; sentences and heads counted
+    // from 1, as the lines above.
     let mut files = Vec::new();
     let plane = heads * seq * seq;
     for b in 0..batch {
@@ -127,14 +148,21 @@ fn seed_003(ctx: &Context, heatmaps: &Path) -> Result<(), CliError> {
             keys: Some(example.words(b)),
         };
         let data = &w[b * plane..(b + 1) * plane];
-        let prefix = format!("seed003_sentence{b}");
+        let sentence = b + 1;
+        let name = move |_: usize, h: Option<usize>| match h {
+            Some(h) => (
+                format!("sentence {sentence}, head {}", h + 1),
+                format!("sentence{sentence}_head{}", h + 1),
+            ),
+            None => (format!("sentence {sentence}"), format!("sentence{sentence}_heads")),
+        };
         files.extend(viz::render_files(
             [1, heads, seq, seq],
             data,
             &viz::Selection::all(1, heads),
             &labels,
             heatmaps,
-            &prefix,
+            &name,
         )?);
     }
     viz::write_images(heatmaps, &files)

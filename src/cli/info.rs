@@ -40,9 +40,11 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
     if all.is_empty() {
         outln!("no adapters found (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)");
     }
-    for a in &all {
+    for (index, a) in all.iter().enumerate() {
+        // The index is what `--adapter N` (or `--adapter BACKEND:N` for the same
+        // backend filter) picks.
         outln!(
-            "{} [{} / {}]",
+            "#{index} {} [{} / {}]",
             a["name"].as_str().unwrap_or("?"),
             a["backend"].as_str().unwrap_or("?"),
             a["device_type"].as_str().unwrap_or("?")
@@ -87,12 +89,25 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
                 ),
                 _ => "available".into(),
             };
-            outln!(
+            let line = format!(
                 "    {:<10} {status}; {}",
                 t["name"].as_str().unwrap_or("?"),
                 t["about"].as_str().unwrap_or("")
             );
+            outln!("{}", fit(&line));
         }
     }
     Ok(())
+}
+
+/// Lines of `info` end at this column; `--json` holds every word.
+pub const INFO_WIDTH: usize = 120;
+
+/// `line` cut to [`INFO_WIDTH`] characters, ending in an ellipsis where it was longer.
+fn fit(line: &str) -> String {
+    if line.chars().count() <= INFO_WIDTH {
+        return line.to_string();
+    }
+    let cut: String = line.chars().take(INFO_WIDTH - 12).collect();
+    format!("{} … (--json)", cut.trim_end())
 }

@@ -94,11 +94,13 @@ struct Cli {
 /// Adapter choice, shared by every command.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AdapterArgs {
-    /// Use the adapter whose name contains this (case-insensitive); else WGPU_ADAPTER_NAME.
-    #[arg(long, global = true, value_name = "NAME-SUBSTRING")]
+    /// Use the adapter whose name contains this (case-insensitive), or the one `info`
+    /// numbers so (`1`, `#1`); either may follow a backend (`vulkan:llvmpipe`, `gl:0`,
+    /// as two drivers can share a name). Else WGPU_ADAPTER_NAME.
+    #[arg(long, global = true, value_name = "NAME|N|BACKEND:NAME", help_heading = "Adapter")]
     adapter: Option<String>,
     /// Backend(s): vulkan, gl, metal, dx12 (comma-separated); else WGPU_BACKEND.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Adapter")]
     backend: Option<String>,
 }
 
@@ -121,7 +123,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// A multi-head attention layer (projections, heads, post-norm) on .npy inputs.
     Mha(Box<mha::MhaArgs>),
-    /// A small attention problem on the default adapter, checked against the CPU.
+    /// Attention on the adapter checked against the CPU, then a multi-head attention
+    /// layer over two padded sentences, its heads drawn as heatmaps (PNG).
     Demo(demo::DemoArgs),
     /// Time attention kernels against a GEMM and copy roofline probe.
     Bench(bench::BenchArgs),
@@ -132,20 +135,9 @@ enum Command {
     Tune(tune::TuneArgs),
 }
 
-/// Mesa's Vulkan device-select layer connects to a Wayland display while the loader
-/// lists devices, and on a headless machine (no `XDG_RUNTIME_DIR`) libwayland then
-/// prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." on
-/// stderr, on success. The CLI picks adapters itself (`--adapter`), so the layer's
-/// ordering is not needed there: it is turned off (`NODEVICE_SELECT=1`) unless the
-/// caller set that variable. Runs first, before any thread exists.
-fn quiet_headless_vulkan() {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
-        std::env::set_var("NODEVICE_SELECT", "1");
-    }
-}
-
 pub fn main() -> ExitCode {
-    quiet_headless_vulkan();
+    // Before any thread: no libwayland "error:" lines on headless machines.
+    wgpu_attention::quiet_headless_vulkan();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -129,6 +129,11 @@ pub fn read_float(path: &Path) -> Result<Array<f32>, CliError> {
     }
 }
 
+/// Whether the file holds float16 (the header alone is read).
+pub fn is_float16(path: &Path) -> Result<bool, CliError> {
+    Ok(kind(&open(path)?) == "f2")
+}
+
 /// Reads an int32 or int64 array as i64.
 pub fn read_int(path: &Path) -> Result<Array<i64>, CliError> {
     let npy = open(path)?;

@@ -116,8 +116,13 @@ fn check_writable(path: &Path) -> Result<(), CliError> {
     if let Target::Replace(file) = target(path)? {
         let parent = parent_of(&file);
         if !parent.is_dir() {
+            let what = if parent.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            };
             return Err(CliError::bad(format!(
-                "cannot write {}: {} is not a directory",
+                "cannot write {}: {} {what}",
                 path.display(),
                 parent.display()
             )));

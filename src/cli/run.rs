@@ -80,58 +80,68 @@ pub fn parse_window(text: &str) -> Result<Window, String> {
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Queries, [B, Hq, Lq, D] (or [B, Lq, Hq, D] with --layout bshd), float32 or float16.
-    #[arg(long)]
+    #[arg(long, help_heading = "Inputs")]
     q: PathBuf,
     /// Keys, [B, Hkv, Lk, D].
-    #[arg(long)]
+    #[arg(long, help_heading = "Inputs")]
     k: PathBuf,
     /// Values, [B, Hkv, Lk, Dv].
-    #[arg(long)]
+    #[arg(long, help_heading = "Inputs")]
     v: PathBuf,
-    /// Output file (float32, same layout as the inputs); `-` writes it to standard output.
-    #[arg(long)]
-    out: PathBuf,
-    #[command(flatten)]
-    masks: MaskArgs,
-    #[arg(long, value_enum, default_value = "auto")]
-    kernel: KernelArg,
-    /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
-    #[arg(long, default_value = "auto", value_parser = parse_tiling)]
-    tiling: FusedTiling,
-    /// Whether f32 inputs may be multiplied in f16 on tensor cores: highest (never),
-    /// high or medium (where the adapter has them). f16 inputs always may.
-    #[arg(long, default_value = "highest", value_parser = parse_precision)]
-    precision: Precision,
-    /// Compute precision.
-    #[arg(long, value_enum, default_value = "f32")]
-    dtype: DTypeArg,
     /// Memory layout of q, k, v and out.
-    #[arg(long, value_enum, default_value = "bhsd")]
+    #[arg(long, value_enum, default_value = "bhsd", help_heading = "Inputs")]
     layout: LayoutArg,
+    /// Runs the backward pass too: the gradient dO of the loss with respect to the output
+    /// (an input, shaped and laid out as the output). The gradients go to --dq-out,
+    /// --dk-out and --dv-out. (Was --d-out, still accepted until 0.2.)
+    #[arg(
+        long,
+        alias = "d-out",
+        value_name = "DO",
+        help_heading = "Inputs",
+        requires = "dq_out",
+        requires = "dk_out",
+        requires = "dv_out"
+    )]
+    grad: Option<PathBuf>,
+    /// Output file (float32, same layout as the inputs); `-` writes it to standard output.
+    #[arg(long, help_heading = "Outputs")]
+    out: PathBuf,
     /// Also write the attention weights [B, Hq, Lq, Lk].
-    #[arg(long)]
+    #[arg(long, help_heading = "Outputs")]
     weights_out: Option<PathBuf>,
     /// With --weights-out: the weights averaged over the query heads, [B, Lq, Lk]
     /// (PyTorch's average_attn_weights=True), without holding every head's.
-    #[arg(long, requires = "weights_out")]
+    #[arg(long, requires = "weights_out", help_heading = "Outputs")]
     average_weights: bool,
     /// Also write the log-sum-exp per row [B, Hq, Lq].
-    #[arg(long)]
+    #[arg(long, help_heading = "Outputs")]
     lse_out: Option<PathBuf>,
-    /// The backward pass: the output's gradient dO (the output's shape and layout);
-    /// writes the gradients named by --dq-out, --dk-out and --dv-out (float32, each in
-    /// its input's layout).
-    #[arg(long, requires = "dq_out", requires = "dk_out", requires = "dv_out")]
-    d_out: Option<PathBuf>,
-    /// With --d-out: where dQ goes.
-    #[arg(long, requires = "d_out")]
+    /// With --grad: where dQ goes (float32, q's layout).
+    #[arg(long, requires = "grad", help_heading = "Outputs")]
     dq_out: Option<PathBuf>,
-    /// With --d-out: where dK goes (summed over the query heads sharing a kv head).
-    #[arg(long, requires = "d_out")]
+    /// With --grad: where dK goes (summed over the query heads sharing a kv head).
+    #[arg(long, requires = "grad", help_heading = "Outputs")]
     dk_out: Option<PathBuf>,
-    /// With --d-out: where dV goes.
-    #[arg(long, requires = "d_out")]
+    /// With --grad: where dV goes.
+    #[arg(long, requires = "grad", help_heading = "Outputs")]
     dv_out: Option<PathBuf>,
+    #[command(flatten, next_help_heading = "Masks and scale")]
+    masks: MaskArgs,
+    /// Which path computes it.
+    #[arg(long, value_enum, default_value = "auto", help_heading = "Computation")]
+    kernel: KernelArg,
+    /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
+    #[arg(long, default_value = "auto", value_parser = parse_tiling, help_heading = "Computation")]
+    tiling: FusedTiling,
+    /// The element type the GPU stores and computes in. Default: the q file's (f16 for a
+    /// float16 file where the adapter has SHADER_F16, else f32).
+    #[arg(long, value_enum, help_heading = "Computation")]
+    dtype: Option<DTypeArg>,
+    /// Whether f32 data may be multiplied in f16 on tensor cores: highest (never), high
+    /// or medium (where the adapter has them). f16 data always may.
+    #[arg(long, default_value = "highest", value_parser = parse_precision, help_heading = "Computation")]
+    precision: Precision,
 }
 
 /// A 4-D float input read on the host, before it goes to the GPU.
@@ -293,7 +303,7 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
         precision: args.precision,
         need_weights: args.weights_out.is_some(),
         average_weights: args.average_weights,
-        need_lse: args.lse_out.is_some() || args.d_out.is_some(),
+        need_lse: args.lse_out.is_some() || args.grad.is_some(),
         ..args.masks.options(batch)?
     })
 }
@@ -308,8 +318,15 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|p| p.as_path())
         .collect();
     output::check_outputs(&outputs, true)?;
+    if std::env::args().any(|a| a == "--d-out" || a.starts_with("--d-out=")) {
+        eprintln!("note: --d-out is now --grad (the gradient dO is an input); --d-out works until 0.2");
+    }
     let ctx = adapter.context()?;
-    let dtype = args.dtype.into();
+    let dtype = match args.dtype {
+        Some(d) => d.into(),
+        None if npy::is_float16(&args.q)? && ctx.capabilities().f16 => DType::F16,
+        None => DType::F32,
+    };
     let layout = match args.layout {
         LayoutArg::Bhsd => Layout::Bhsd,
         LayoutArg::Bshd => Layout::Bshd,
@@ -318,7 +335,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|path| HostInput::read(path))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let d_out = args.d_out.as_ref().map(|path| HostInput::read(path)).transpose()?;
+    let d_out = args.grad.as_ref().map(|path| HostInput::read(path)).transpose()?;
     let [qh, kh, vh] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.logical_shape(layout));
     let options = options_from(args, qh[0])?;
     let shape = AttentionShape::from_qkv(qh, kh, vh)?;
@@ -327,7 +344,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     // would turn into infinities silently.
     let kernel = resolve_kernel(&ctx, dtype, &options, &shape)?;
     let why = if dtype == DType::F16 {
-        Some("--dtype f16")
+        Some("f16 (--dtype f16, or a float16 q file)")
     } else if kernel.f16_products() {
         Some("--precision medium on this adapter's tensor-core tiling")
     } else {
@@ -372,8 +389,10 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     if let (Some(path), Some(l)) = (&args.lse_out, &result.lse) {
         files.push((path.as_path(), npy::encode_f32(&l.shape()[..3], &l.to_f32_vec(&ctx)?)?));
     }
+    let mut backward_time = None;
     if let (Some(d), Some(lse)) = (&d_out, &result.lse) {
         let d = d.upload(&ctx, layout, dtype)?;
+        let started = std::time::Instant::now();
         let g = sdpa_backward(&ctx, &q, &k, &v, &result.out, lse, &d, &options)?;
         let paths = [&args.dq_out, &args.dk_out, &args.dv_out];
         for (path, t) in paths.into_iter().zip([&g.dq, &g.dk, &g.dv]) {
@@ -386,11 +405,19 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
                 ));
             }
         }
+        let tiling = wgpu_attention::backward_tiling(&ctx, dtype, &options, &shape)?;
+        backward_time = Some((tiling.name(), started.elapsed()));
     }
     output::write_all(&files)?;
     // On stderr, so `--out -` keeps standard output for the array.
+    let backward = backward_time.map_or(String::new(), |(tiling, t)| {
+        format!(
+            "; backward {tiling} {:.1} ms with dQ, dK, dV read back",
+            t.as_secs_f64() * 1e3
+        )
+    });
     eprintln!(
-        "run: {} {} on {}, {:.1} ms with the output read back (a first call: pipelines compiled)",
+        "run: {} {} on {}, {:.1} ms with the output read back{backward} (first calls: pipelines compiled)",
         kernel.name(),
         dtype.name(),
         ctx.adapter_info().name,

@@ -205,7 +205,7 @@ pub fn run(adapter: &AdapterArgs, args: &VizArgs) -> Result<(), CliError> {
         &selection,
         &labels,
         &args.out_dir,
-        &args.prefix,
+        &index_names(&args.prefix),
     )?;
     write_images(&args.out_dir, &files)?;
     Ok(())
@@ -228,15 +228,16 @@ impl Selection {
 }
 
 /// PNG heatmaps of weights `[B, H, Lq, Lk]`: one per selected (batch, head) and a grid
-/// of the selected heads per batch element, named `{prefix}_b{b}_h{h}.png` and
-/// `{prefix}_b{b}_heads.png`.
+/// of the selected heads per batch element. `name(b, Some(h))` gives a panel's title and
+/// file stem, `name(b, None)` the grid's (its title unused): `viz` names them by array
+/// index (`{prefix}_b{b}_h{h}`), the demo by sentence.
 pub fn render_files(
     [_, heads, len_q, len_k]: [usize; 4],
     data: &[f32],
     selection: &Selection,
     labels: &Labels,
     out_dir: &Path,
-    prefix: &str,
+    name: &dyn Fn(usize, Option<usize>) -> (String, String),
 ) -> Result<Vec<(PathBuf, Vec<u8>)>, CliError> {
     let panel_len = len_q * len_k;
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
@@ -247,7 +248,7 @@ pub fn render_files(
             .map(|&h| {
                 let start = (b * heads + h) * panel_len;
                 Panel {
-                    title: format!("batch {b}, head {h}"),
+                    title: name(b, Some(h)).0,
                     weights: &data[start..start + panel_len],
                     len_q,
                     len_k,
@@ -256,12 +257,20 @@ pub fn render_files(
             .collect();
         for (&h, panel) in selection.heads.iter().zip(&panels) {
             let (canvas, _) = render_panel(panel, labels)?;
-            files.push((out_dir.join(format!("{prefix}_b{b}_h{h}.png")), canvas.to_png()?));
+            files.push((out_dir.join(format!("{}.png", name(b, Some(h)).1)), canvas.to_png()?));
         }
         let (grid, _) = render_grid(&panels, labels)?;
-        files.push((out_dir.join(format!("{prefix}_b{b}_heads.png")), grid.to_png()?));
+        files.push((out_dir.join(format!("{}.png", name(b, None).1)), grid.to_png()?));
     }
     Ok(files)
+}
+
+/// `viz`'s names: array indices, `{prefix}_b{b}_h{h}.png` and `{prefix}_b{b}_heads.png`.
+pub fn index_names(prefix: &str) -> impl Fn(usize, Option<usize>) -> (String, String) + '_ {
+    move |b, h| match h {
+        Some(h) => (format!("batch {b}, head {h}"), format!("{prefix}_b{b}_h{h}")),
+        None => (format!("batch {b}"), format!("{prefix}_b{b}_heads")),
+    }
 }
 
 /// Creates `out_dir` and writes the images (all or none, as every CLI output).

@@ -7,7 +7,10 @@ use crate::error::{Error, Result};
 /// (`WGPU_ADAPTER_NAME`, `WGPU_BACKEND`, `WGPU_POWER_PREF`), then to wgpu's default.
 #[derive(Clone, Debug, Default)]
 pub struct AdapterSelector {
-    /// Case-insensitive substring of the adapter name.
+    /// Case-insensitive substring of the adapter name; or an index into the adapters
+    /// listed on the selected backends, in `wgpu-attention info`'s order (`1` or `#1`).
+    /// Either may follow a backend and a colon (`vulkan:llvmpipe`, `gl:0`): two
+    /// drivers can share a name on different backends.
     pub name: Option<String>,
     /// Comma-separated backend list as wgpu spells it: `vulkan`, `gl`, `metal`, `dx12`.
     pub backend: Option<String>,
@@ -27,28 +30,97 @@ impl AdapterSelector {
     }
 
     pub(super) fn backends(&self) -> Result<wgpu::Backends> {
-        match &self.backend {
-            None => Ok(wgpu::Backends::all()),
+        let listed = match &self.backend {
+            None => wgpu::Backends::all(),
             Some(list) => {
                 let parsed = wgpu::Backends::from_comma_list(list);
                 if parsed.is_empty() {
-                    Err(Error::invalid(
+                    return Err(Error::invalid(
                         "backend",
                         format!("'{list}' names no backend (try vulkan, gl, metal, dx12)"),
-                    ))
-                } else {
-                    Ok(parsed)
+                    ));
                 }
+                parsed
             }
+        };
+        match self.name_parts().0 {
+            Some(prefix) if (listed & prefix).is_empty() => Err(Error::invalid(
+                "adapter",
+                format!(
+                    "'{}' asks for a backend outside the backends chosen ({})",
+                    self.name.as_deref().unwrap_or(""),
+                    self.backend.as_deref().unwrap_or("all")
+                ),
+            )),
+            Some(prefix) => Ok(listed & prefix),
+            None => Ok(listed),
         }
     }
 
+    /// The name's backend prefix, if it has one that names a backend, and the rest.
+    fn name_parts(&self) -> (Option<wgpu::Backends>, Option<&str>) {
+        let Some(name) = self.name.as_deref() else {
+            return (None, None);
+        };
+        if let Some((prefix, rest)) = name.split_once(':') {
+            let backend = wgpu::Backends::from_comma_list(prefix.trim());
+            if !prefix.contains(',') && !backend.is_empty() {
+                return (Some(backend), Some(rest.trim()).filter(|r| !r.is_empty()));
+            }
+        }
+        (None, Some(name))
+    }
+
+    /// Whether the name (past any backend prefix) asks for nothing, an index (`#2`,
+    /// `2`) or a substring.
+    fn wanted(&self) -> Wanted {
+        match self.name_parts().1 {
+            None => Wanted::Any,
+            Some(rest) => match rest.strip_prefix('#').unwrap_or(rest).parse::<usize>() {
+                Ok(index) => Wanted::Index(index),
+                Err(_) => Wanted::Containing(rest.to_lowercase()),
+            },
+        }
+    }
+
+    /// The adapters of `listed` (every adapter on this selector's backends, in listing
+    /// order) that the name admits.
+    pub(super) fn pick(&self, listed: Vec<wgpu::Adapter>) -> Vec<wgpu::Adapter> {
+        match self.wanted() {
+            Wanted::Any => listed,
+            Wanted::Index(i) => listed.into_iter().nth(i).into_iter().collect(),
+            Wanted::Containing(w) => listed
+                .into_iter()
+                .filter(|a| a.get_info().name.to_lowercase().contains(&w))
+                .collect(),
+        }
+    }
+
+    /// Whether anything narrows the choice beyond wgpu's default.
+    pub(super) fn filters(&self) -> bool {
+        self.name.is_some() || self.backend.is_some()
+    }
+
     fn describe(&self) -> String {
-        match (&self.name, &self.backend) {
+        let name = match (self.name_parts(), self.wanted()) {
+            (_, Wanted::Any) => None,
+            (_, Wanted::Index(i)) => Some(format!("adapter #{i}")),
+            ((_, Some(n)), Wanted::Containing(_)) => Some(format!("name containing '{n}'")),
+            _ => None,
+        };
+        let backend = match (self.name_parts().0, &self.backend) {
+            (Some(_), _) => self
+                .name
+                .as_deref()
+                .and_then(|n| n.split_once(':'))
+                .map(|(b, _)| b.to_string()),
+            (None, b) => b.clone(),
+        };
+        match (name, backend) {
             (None, None) => "any adapter".into(),
-            (Some(n), None) => format!("name containing '{n}'"),
+            (Some(n), None) => n,
             (None, Some(b)) => format!("backend '{b}'"),
-            (Some(n), Some(b)) => format!("name containing '{n}' on backend '{b}'"),
+            (Some(n), Some(b)) => format!("{n} on backend '{b}'"),
         }
     }
 
@@ -65,18 +137,8 @@ impl AdapterSelector {
     /// [`AdapterSelector::adapters`], awaited.
     pub async fn adapters_async(&self) -> Result<Vec<wgpu::Adapter>> {
         let backends = self.backends()?;
-        let wanted = self.name.as_ref().map(|n| n.to_lowercase());
-        let adapters: Vec<wgpu::Adapter> = new_instance(backends)
-            .enumerate_adapters(backends)
-            .await
-            .into_iter()
-            .filter(|a| {
-                wanted
-                    .as_ref()
-                    .is_none_or(|w| a.get_info().name.to_lowercase().contains(w))
-            })
-            .collect();
-        if adapters.is_empty() && (self.name.is_some() || self.backend.is_some()) {
+        let adapters = self.pick(new_instance(backends).enumerate_adapters(backends).await);
+        if adapters.is_empty() && self.filters() {
             let every = wgpu::Backends::all();
             let names: Vec<String> = new_instance(every)
                 .enumerate_adapters(every)
@@ -91,6 +153,26 @@ impl AdapterSelector {
         }
         Ok(adapters)
     }
+}
+
+/// Turns off Mesa's Vulkan device-select layer (`NODEVICE_SELECT=1`) on a headless
+/// machine (no `XDG_RUNTIME_DIR`), unless the variable is set already: the layer
+/// connects to a Wayland display while devices are listed, and libwayland then prints
+/// "error: XDG_RUNTIME_DIR is invalid or not set in the environment." although nothing
+/// failed. Call it first in `main`, before any thread exists (it sets an environment
+/// variable); the CLI, the examples and the Python package do.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn quiet_headless_vulkan() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
+/// What an [`AdapterSelector`]'s name asks for, past any backend prefix.
+enum Wanted {
+    Any,
+    Index(usize),
+    Containing(String),
 }
 
 /// Lists every adapter wgpu sees on the selected backends.
@@ -143,4 +225,39 @@ pub fn is_cpu_adapter(info: &wgpu::AdapterInfo) -> bool {
         || ["llvmpipe", "lavapipe", "swiftshader", "warp"]
             .iter()
             .any(|n| info.name.to_lowercase().contains(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(name: &str, backend: Option<&str>) -> AdapterSelector {
+        AdapterSelector {
+            name: Some(name.into()),
+            backend: backend.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn names_take_a_backend_prefix_and_an_index() {
+        // Two Mesa drivers share the name "llvmpipe (LLVM 15.0.6, 256 bits)".
+        let vk = named("vulkan:llvmpipe", None);
+        assert_eq!(vk.backends().expect("backend"), wgpu::Backends::VULKAN);
+        assert!(matches!(vk.wanted(), Wanted::Containing(ref w) if w == "llvmpipe"));
+        assert!(matches!(named("gl:1", None).wanted(), Wanted::Index(1)));
+        assert_eq!(named("gl:1", None).backends().expect("backend"), wgpu::Backends::GL);
+        assert!(matches!(named("#2", None).wanted(), Wanted::Index(2)));
+        assert!(matches!(named("vulkan:", None).wanted(), Wanted::Any));
+        // A colon that does not follow a backend is part of the name.
+        let colon = named("Radeon: Pro", None);
+        assert_eq!(colon.backends().expect("all"), wgpu::Backends::all());
+        assert!(matches!(colon.wanted(), Wanted::Containing(ref w) if w == "radeon: pro"));
+        // A prefix outside --backend is refused, saying so.
+        let e = named("gl:0", Some("vulkan"))
+            .backends()
+            .expect_err("outside")
+            .to_string();
+        assert!(e.contains("gl:0") && e.contains("vulkan"), "{e}");
+        assert_eq!(named("gl:0", None).describe(), "adapter #0 on backend 'gl'");
+    }
 }

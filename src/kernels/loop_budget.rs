@@ -353,7 +353,7 @@ pub fn check(ctx: &Context, what: impl FnOnce() -> String, needed: u64) -> Resul
 pub fn over_cap(what: String, needed: u64, cap: u64) -> Error {
     Error::LimitExceeded {
         what,
-        limit: "the driver's cap on loop iterations per invocation (llvmpipe before Mesa 25)",
+        limit: "the driver's cap on loop iterations per invocation: llvmpipe before Mesa 25",
         unit: "loop iterations",
         requested: needed,
         max: cap,
