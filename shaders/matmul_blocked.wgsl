@@ -24,6 +24,11 @@
 //
 // Rows past M and columns past N are clamped for loading and not stored; K past its
 // end reads as zero.
+//
+// Every register is a named value (the 16 accumulator vec4s, the 4 staged rows), never
+// an array indexed by a loop counter: a driver that does not unroll such a loop keeps
+// the array in local memory, and each multiply-add becomes a load and a store (the
+// arrayed form ran at 2.27 TFLOP/s at 8192^3 on an H200, 3% of its f32 rate).
 
 @group(0) @binding(1) var<storage, read> x: array<elem>;
 @group(0) @binding(2) var<storage, read> w: array<elem>;
@@ -111,27 +116,27 @@ fn linear_blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let kq = (blk % 4u) * 4u; // K values kq .. kq + 3 of the slab
     let stage_x = flat < 128u;
     let slabs = (lp.k + STEP_K - 1u) / STEP_K;
-    var acc: array<vec4<f32>, 16>; // acc[2 i + h]: row (i < 4: 4 ty + i; else 64 + 4 ty + i - 4), columns h * 64 + 4 tx ..
-    var rows: array<vec4<f32>, 4>; // rows[i]: 4 K values of row 4 group + i
+    // c{i}{h}: row (i < 4: 4 ty + i; else 64 + 4 ty + i - 4), columns h * 64 + 4 tx ..
+    var c00 = vec4<f32>(0.0);
+    var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0);
+    var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0);
+    var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0);
+    var c31 = vec4<f32>(0.0);
+    var c40 = vec4<f32>(0.0);
+    var c41 = vec4<f32>(0.0);
+    var c50 = vec4<f32>(0.0);
+    var c51 = vec4<f32>(0.0);
+    var c60 = vec4<f32>(0.0);
+    var c61 = vec4<f32>(0.0);
+    var c70 = vec4<f32>(0.0);
+    var c71 = vec4<f32>(0.0);
 
     // The first slab, into buffer 0.
-    for (var i = 0u; i < 4u; i++) {
-        let r = 4u * group + i;
-        if stage_x {
-            rows[i] = x4_at(min(m0 + r, lp.m - 1u), kq);
-        } else {
-            rows[i] = w4_at(min(n0 + r, lp.n - 1u), kq);
-        }
-    }
-    for (var c = 0u; c < 4u; c++) {
-        let column = vec4<f32>(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
-        let to = at(kq + c, group);
-        if stage_x {
-            xs[to] = column;
-        } else {
-            ws[to] = column;
-        }
-    }
+    var staged = stage_block(stage_x, m0, n0, group, kq);
+    put_block(stage_x, 0u, group, kq, staged);
     workgroupBarrier();
 
     for (var s = 0u; s < slabs; s++) {
@@ -140,15 +145,7 @@ fn linear_blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         let has_next = s + 1u < slabs; // uniform
         // 1. The next slab's block, into registers.
         if has_next {
-            let k1 = (s + 1u) * STEP_K + kq;
-            for (var i = 0u; i < 4u; i++) {
-                let r = 4u * group + i;
-                if stage_x {
-                    rows[i] = x4_at(min(m0 + r, lp.m - 1u), k1);
-                } else {
-                    rows[i] = w4_at(min(n0 + r, lp.n - 1u), k1);
-                }
-            }
+            staged = stage_block(stage_x, m0, n0, group, (s + 1u) * STEP_K + kq);
         }
         // 2. This slab.
         for (var kk = 0u; kk < STEP_K; kk++) {
@@ -156,36 +153,104 @@ fn linear_blocked(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
             let a1 = xs[this_slab + at(kk, 16u + lid.y)];
             let b0 = ws[this_slab + at(kk, lid.x)];
             let b1 = ws[this_slab + at(kk, 16u + lid.x)];
-            for (var i = 0u; i < 4u; i++) {
-                acc[2u * i] += a0[i] * b0;
-                acc[2u * i + 1u] += a0[i] * b1;
-                acc[8u + 2u * i] += a1[i] * b0;
-                acc[8u + 2u * i + 1u] += a1[i] * b1;
-            }
+            c00 += a0.x * b0;
+            c01 += a0.x * b1;
+            c10 += a0.y * b0;
+            c11 += a0.y * b1;
+            c20 += a0.z * b0;
+            c21 += a0.z * b1;
+            c30 += a0.w * b0;
+            c31 += a0.w * b1;
+            c40 += a1.x * b0;
+            c41 += a1.x * b1;
+            c50 += a1.y * b0;
+            c51 += a1.y * b1;
+            c60 += a1.z * b0;
+            c61 += a1.z * b1;
+            c70 += a1.w * b0;
+            c71 += a1.w * b1;
         }
         // 3. The next slab, transposed into the other buffer.
         if has_next {
-            for (var c = 0u; c < 4u; c++) {
-                let column = vec4<f32>(rows[0][c], rows[1][c], rows[2][c], rows[3][c]);
-                let to = next_slab + at(kq + c, group);
-                if stage_x {
-                    xs[to] = column;
-                } else {
-                    ws[to] = column;
-                }
-            }
+            put_block(stage_x, next_slab, group, kq, staged);
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 8u; i++) {
-        let row = m0 + (i / 4u) * 64u + 4u * lid.y + i % 4u;
-        for (var h = 0u; h < 2u; h++) {
-            let v = acc[2u * i + h];
-            let col = n0 + h * 64u + 4u * lid.x;
-            store(row, col, v.x);
-            store(row, col + 1u, v.y);
-            store(row, col + 2u, v.z);
-            store(row, col + 3u, v.w);
-        }
+    let r0 = m0 + 4u * lid.y;
+    let r4 = r0 + 64u;
+    let col0 = n0 + 4u * lid.x;
+    let col1 = col0 + 64u;
+    store4(r0, col0, c00);
+    store4(r0, col1, c01);
+    store4(r0 + 1u, col0, c10);
+    store4(r0 + 1u, col1, c11);
+    store4(r0 + 2u, col0, c20);
+    store4(r0 + 2u, col1, c21);
+    store4(r0 + 3u, col0, c30);
+    store4(r0 + 3u, col1, c31);
+    store4(r4, col0, c40);
+    store4(r4, col1, c41);
+    store4(r4 + 1u, col0, c50);
+    store4(r4 + 1u, col1, c51);
+    store4(r4 + 2u, col0, c60);
+    store4(r4 + 2u, col1, c61);
+    store4(r4 + 3u, col0, c70);
+    store4(r4 + 3u, col1, c71);
+}
+
+// Four K values of 4 rows of X (rows 4 group .. + 3 of the block at m0) or of W (at
+// n0), from K value k on; rows clamped into range.
+struct Staged {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+fn stage_block(stage_x: bool, m0: u32, n0: u32, group: u32, k: u32) -> Staged {
+    let r = 4u * group;
+    if stage_x {
+        let last = lp.m - 1u;
+        return Staged(
+            x4_at(min(m0 + r, last), k),
+            x4_at(min(m0 + r + 1u, last), k),
+            x4_at(min(m0 + r + 2u, last), k),
+            x4_at(min(m0 + r + 3u, last), k),
+        );
     }
+    let last = lp.n - 1u;
+    return Staged(
+        w4_at(min(n0 + r, last), k),
+        w4_at(min(n0 + r + 1u, last), k),
+        w4_at(min(n0 + r + 2u, last), k),
+        w4_at(min(n0 + r + 3u, last), k),
+    );
+}
+
+// The staged block, transposed: K value kq + c of the 4 rows as one vec4, into slab
+// buffer `slab`.
+fn put_block(stage_x: bool, slab: u32, group: u32, kq: u32, b: Staged) {
+    let k0 = vec4<f32>(b.r0.x, b.r1.x, b.r2.x, b.r3.x);
+    let k1 = vec4<f32>(b.r0.y, b.r1.y, b.r2.y, b.r3.y);
+    let k2 = vec4<f32>(b.r0.z, b.r1.z, b.r2.z, b.r3.z);
+    let k3 = vec4<f32>(b.r0.w, b.r1.w, b.r2.w, b.r3.w);
+    if stage_x {
+        xs[slab + at(kq, group)] = k0;
+        xs[slab + at(kq + 1u, group)] = k1;
+        xs[slab + at(kq + 2u, group)] = k2;
+        xs[slab + at(kq + 3u, group)] = k3;
+    } else {
+        ws[slab + at(kq, group)] = k0;
+        ws[slab + at(kq + 1u, group)] = k1;
+        ws[slab + at(kq + 2u, group)] = k2;
+        ws[slab + at(kq + 3u, group)] = k3;
+    }
+}
+
+// Columns col .. col + 3 of row `row`.
+fn store4(row: u32, col: u32, v: vec4<f32>) {
+    store(row, col, v.x);
+    store(row, col + 1u, v.y);
+    store(row, col + 2u, v.z);
+    store(row, col + 3u, v.w);
 }
