@@ -621,6 +621,7 @@ impl Plan {
             encoder,
             self.dtype,
             &buffers.bind(&params_buffer, &partials),
+            &params,
             s,
             split,
         )

@@ -212,3 +212,67 @@ fn auto_takes_decode_for_few_rows_and_many_keys() {
         Ok(ResolvedKernel::Fused(_))
     ));
 }
+
+#[test]
+fn the_lanes_design_matches_the_reference() {
+    // The GPU design (one subgroup per workgroup, key groups of 8 or 16 lanes reading
+    // 16-byte words), pinned on whatever adapter runs the tests: lavapipe's 8-lane
+    // subgroups make every group a whole subgroup, 32-lane GPUs four groups that merge.
+    let Some(shared) = common::ctx() else { return };
+    let mut ctx = wgpu_attention::Context::new().expect("a second context");
+    ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
+    match decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto) {
+        Ok(design) => assert_eq!(design, decode::DecodeDesign::Lanes),
+        Err(e) => {
+            common::skip_or_fail(&format!("the lanes design needs a fixed subgroup size: {e}"));
+            return;
+        }
+    }
+    let mut seed = 700;
+    // GQA 4 (one block), 8 rows of a kv head (two blocks), MQA with 3 rows (a block
+    // with a row past its end); head dims of both classes, and 40, which f16 cannot
+    // read in whole 16-byte words (Tiles runs it, on the same splits).
+    for (shape, what) in [
+        (AttentionShape::new(2, 8, 2, 1, 700, 64, 64), "GQA 4"),
+        (AttentionShape::new(1, 4, 1, 2, 300, 128, 128), "two row blocks"),
+        (AttentionShape::new(2, 3, 1, 1, 1000, 40, 40), "MQA, D 40"),
+        (AttentionShape::new(1, 2, 2, 1, 129, 128, 64), "Dv 64"),
+    ] {
+        let mut rng = Rng::new(seed);
+        let masks = [
+            AttentionOptions::default(),
+            AttentionOptions {
+                key_lengths: Some((0..shape.batch).map(|b| [shape.len_k as u32 - 1, 1][b % 2]).collect()),
+                causal: Some(CausalAlignment::BottomRight),
+                ..Default::default()
+            },
+            AttentionOptions {
+                window: Some(Window {
+                    left: Some(90),
+                    right: Some(0),
+                }),
+                ..Default::default()
+            },
+            AttentionOptions {
+                mask: Some(random_bool_mask(
+                    &mut rng,
+                    [shape.batch, shape.heads_q, shape.len_q, shape.len_k],
+                )),
+                softcap: Some(5.0),
+                ..Default::default()
+            },
+        ];
+        for (m, options) in masks.into_iter().enumerate() {
+            for dtype in [DType::F32, DType::F16] {
+                if dtype == DType::F16 && !shared.capabilities().f16 {
+                    continue;
+                }
+                seed += 1;
+                eprintln!("decode (lanes) {what} {shape:?} mask {m} {dtype:?} (seed {seed})");
+                let case = decode_case(shape, options.clone(), dtype, seed);
+                common::assert_case(&ctx, &case);
+                assert_eq!(run_case(&ctx, &case).expect("runs").kernel, "decode");
+            }
+        }
+    }
+}

@@ -19,7 +19,7 @@
 # 570, under a 10-minute call) the pass; STEPS (e.g. "info check") runs only the steps
 # named (default: all; see the names below), so a pass can be split across calls of a
 # tool that bounds each call; PREVIOUS (an earlier OUT_DIR) adds the comparisons; TORCH
-# (default python3, with torch_sdpa.py next to BINARY) runs the yardstick; SMOKE=1
+# (default python3) runs the yardsticks (torch_sdpa.py, torch_backward.py, beside this script); SMOKE=1
 # shrinks every shape so the whole pass runs on a CPU adapter in about a minute (to
 # test this script; tune then emulates the tensor cores).
 set -u
@@ -34,13 +34,11 @@ mkdir -p "$out"
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
     mha=1,64,64,4 reps=2 probe=64 tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1)
-    probe_tune=(--shape 1,1,1,1,1,16 --dtype f16 --emulate-coop --reps 1) probes="none store-marker"
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
-    probe_tune=(--shape 1,1,1,1,1,64 --dtype f16 --reps 1)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
 fi
 shape_args=()
@@ -72,26 +70,26 @@ step() {
 
 step info "$bin" info
 step check "$bin" check --json "$out/check.json"
-# tune opts into the tensor-core attention kernel, which the library does not run on
-# real tensor cores until a GPU run shows it right (docs/design.md, "Tensor cores"):
-# its rows say whether it is right yet; a table is written only if every row is.
-step tune env WGPU_ATTENTION_UNVERIFIED_COOP=1 "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
-# The kernel's diagnostic probes (docs/gpu/coop_probes.sh says how to read them).
-step coop-probes env PROBES="${probes:-}" "$(dirname "$0")/coop_probes.sh" "$bin" "${probe_tune[@]}"
+# tune checks every tensor-core variant against the reference and times it; a table is
+# written only if every row is right.
+step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
     --precision medium --reps "$reps" --probe "$probe" --json "$out/fused-medium.json"
 step decode "$bin" bench --decode "$decode" --dtype both --reps "$reps" --json "$out/decode.json"
+# The same with the older GPU decode design, for the ratio (docs/design.md, "Decode").
+step decode-tiles env WGPU_ATTENTION_DECODE=tiles "$bin" bench --decode "$decode" --dtype both \
+    --kernel decode --reps "$reps" --json "$out/decode-tiles.json"
 step window "$bin" bench --shape "${window[0]}" --causal --window "${window[1]}" \
     --kernel fused --dtype both --reps "$reps" --json "$out/window.json"
 step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps" --json "$out/mha.json"
 
-torch_script=$(dirname "$bin")/torch_sdpa.py
-if [ -f "$torch_script" ] && ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+torch_script=$(dirname "$0")/torch_sdpa.py
+if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch ${TORCH:-python3} "$torch_script" "${attn[@]}"
 else
-    step torch echo "skipped: no $torch_script, or no torch with CUDA"
+    step torch echo "skipped: no torch with CUDA"
 fi
 
 # The backward pass beside the forward (issue 39), last: the `blocked` tiling on GPUs,
@@ -103,11 +101,11 @@ step backward "$bin" bench "${backward_args[@]}" --causal --dtype both --kernel 
     --reps 3 --probe "$probe" --json "$out/backward.json"
 step backward-rows env WGPU_ATTENTION_TILING=registers "$bin" bench "${backward_args[@]}" --dtype both \
     --kernel backward --reps 3 --probe "$probe" --json "$out/backward-rows.json"
-# The tensor-core backward (`coop`), through the forward's coop tiling, which the library
-# runs on real tensor cores only when opted into (as `tune` above): f16, and f32 at
-# precision medium; its rows name the tiling each pass ran. Needs tensor cores (the
-# smoke pass leaves it out: `bench` has no emulation).
-step backward-coop env WGPU_ATTENTION_UNVERIFIED_COOP=1 WGPU_ATTENTION_TILING=coop "$bin" bench \
+# The tensor-core backward (`coop`), through the forward's coop tiling (the GPU default
+# where tensor cores exist; pinned here so that the rows say if it is not taken): f16,
+# and f32 at precision medium; its rows name the tiling each pass ran. Needs tensor
+# cores (the smoke pass leaves it out: `bench` has no emulation).
+step backward-coop env WGPU_ATTENTION_TILING=coop "$bin" bench \
     "${backward_args[@]}" --causal --dtype both --precision medium --kernel fused+backward \
     --reps 3 --probe "$probe" --json "$out/backward-coop.json"
 torch_backward=$(dirname "$0")/torch_backward.py
@@ -119,7 +117,7 @@ fi
 
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
-    for name in fused fused-medium decode window backward backward-coop; do
+    for name in fused fused-medium decode decode-tiles window backward backward-coop; do
         if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
             step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
         fi

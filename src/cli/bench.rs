@@ -41,16 +41,16 @@ pub struct BenchArgs {
     /// f32, f16 or both (f16 rows only where the adapter has SHADER_F16).
     #[arg(long, default_value = "both")]
     dtype: String,
-    /// fused, materialized, decode, decode+fused, cpu (the f64 reference), both (fused +
-    /// materialized), all, backward, fused+backward (the backward pass beside the
-    /// forward; its GFLOP/s count 2.5x the forward's FLOPs, as FlashAttention-2 does), or
-    /// backward+materialized (those and the materialized backward, row
-    /// `backward/matrices`, for small problems), or fused+merge (the forward and
-    /// merge_attentions of two partials of its output shape, no FLOPs counted), or
-    /// decode+rope (split-K decode from a cache without and with a rotary embedding, then
-    /// whole decode steps, append and attend, without and with it, and their ratio over
-    /// steps timed in alternation).
-    #[arg(long, default_value = "all")]
+    /// What to time:
+    ///   fused, materialized, decode, cpu (the f64 reference)
+    ///   decode+fused, both (fused + materialized), all
+    ///   backward, fused+backward: the backward pass (beside the forward); its GFLOP/s
+    ///     count 2.5x the forward's FLOPs, as FlashAttention-2 does
+    ///   backward+materialized: those and the materialized backward (small problems)
+    ///   fused+merge: the forward and merge_attentions of two partials (no FLOPs)
+    ///   decode+rope: split-K decode without and with a rotary embedding, then whole
+    ///     decode steps (append and attend), alternated
+    #[arg(long, default_value = "all", verbatim_doc_comment)]
     kernel: String,
     /// Timed repetitions after the first call and one warm-up.
     #[arg(long, default_value_t = 3)]
@@ -62,9 +62,10 @@ pub struct BenchArgs {
     /// medium. f16 rows always may.
     #[arg(long, default_value = "highest", value_parser = super::run::parse_precision)]
     precision: Precision,
-    /// MiB copied by the bandwidth probe.
-    #[arg(long, default_value_t = 64)]
-    copy_mib: u64,
+    /// MiB copied by the bandwidth probe (default: 1 GiB on GPUs, 256 MiB on CPU
+    /// adapters, within the device's buffer limits).
+    #[arg(long)]
+    copy_mib: Option<u64>,
     /// Also write the results as JSON to this file (with --mha, the layer's phases).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -162,7 +163,7 @@ impl Plan {
                 args.kernel
             ))
         })?;
-        if args.reps == 0 || args.probe == 0 || args.copy_mib == 0 {
+        if args.reps == 0 || args.probe == 0 || args.copy_mib == Some(0) {
             return Err(CliError::bad("--reps, --probe and --copy-mib must be at least 1"));
         }
         Ok(Plan {
@@ -317,14 +318,19 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     let probe = Probe::measure(ctx, args.probe, args.copy_mib, args.reps)?;
     progress.inc(1);
     outln!(
-        "probe: GEMM {0}x{0}x{0} f32 ({1}) {2:.2} ms = {3:.2} GFLOP/s; copy {4} MiB {5:.2} ms = {6:.2} GB/s (read + write)",
+        "probe: GEMM {0}x{0}x{0} f32 ({1}) {2:.2} ms = {3:.2} GFLOP/s",
         probe.gemm_n,
         probe.gemm_tiling,
         probe.gemm.median.as_secs_f64() * 1e3,
         probe.gemm_gflops,
+    );
+    outln!(
+        "probe: copy {0} MiB {1:.2} ms = {2:.2} GB/s (read + write; kernel {3:.2}, driver {4:.2}): the %copy ceiling",
         probe.copy_bytes >> 20,
         probe.copy.median.as_secs_f64() * 1e3,
-        probe.copy_gbps
+        probe.copy_gbps,
+        probe.copy_kernel_gbps,
+        probe.copy_driver_gbps
     );
     if let Some((tiling, timing, gflops)) = &probe.gemm_f16 {
         outln!(
@@ -416,6 +422,8 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
             "copy_bytes": probe.copy_bytes,
             "copy_median_ms": ms(probe.copy.median),
             "copy_gbps": probe.copy_gbps,
+            "copy_kernel_gbps": probe.copy_kernel_gbps,
+            "copy_driver_gbps": probe.copy_driver_gbps,
         },
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
         "paired": paired_json,

@@ -10,10 +10,10 @@ mod device_watch;
 mod resources;
 mod submit;
 
-#[cfg(not(target_arch = "wasm32"))]
-pub use adapter::enumerate_adapters;
 #[cfg(test)]
 pub use adapter::mesa_version;
+#[cfg(not(target_arch = "wasm32"))]
+pub use adapter::{enumerate_adapters, quiet_headless_vulkan};
 pub use adapter::{enumerate_adapters_async, is_cpu_adapter, AdapterSelector};
 pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
 pub(crate) use resources::{CompiledPipeline, PipelineKey};
@@ -48,6 +48,10 @@ pub struct Context {
     /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
     /// or why it could not be parsed.
     env_tiling: std::result::Result<FusedTiling, String>,
+    /// The split-K decode design `WGPU_ATTENTION_DECODE` or
+    /// [`Context::use_decode_design`] pins (`None`: the adapter's), or why the
+    /// variable could not be parsed.
+    decode_design: std::result::Result<Option<crate::kernels::decode::DecodeDesign>, String>,
     /// Bytes the texel backward's dX scratch may take (`crate::backward`).
     backward_scratch_bytes: u64,
 }
@@ -137,13 +141,19 @@ impl Context {
         let backends = selector.backends()?;
         let instance = new_instance(backends);
         let adapter = match &selector.name {
-            Some(name) => {
-                let wanted = name.to_lowercase();
+            Some(_) => {
                 let adapters = instance.enumerate_adapters(backends).await;
-                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-                adapters
+                let names: Vec<String> = adapters
+                    .iter()
+                    .map(|a| {
+                        let info = a.get_info();
+                        format!("{} ({:?})", info.name, info.backend)
+                    })
+                    .collect();
+                selector
+                    .pick(adapters)
                     .into_iter()
-                    .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
+                    .next()
                     .ok_or_else(|| no_adapter(&selector, &names))?
             }
             None => {
@@ -204,7 +214,7 @@ impl Context {
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
-        ctx.caps.coop_probes = crate::kernels::flash::CoopProbes::from_env()?;
+        ctx.decode_design()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -231,15 +241,6 @@ impl Context {
         self.backward_scratch_bytes
     }
 
-    /// Builds this context's tensor-core attention pipelines with diagnostic edits
-    /// ([`crate::kernels::flash::coop_probes`]; what `WGPU_ATTENTION_COOP_PROBES` sets
-    /// for contexts made by [`Context::new`]). For debugging that kernel on a GPU; call
-    /// it before the context's first tensor-core attention call (pipelines are kept).
-    #[doc(hidden)]
-    pub fn use_coop_probes(&mut self, probes: crate::kernels::flash::CoopProbes) {
-        self.caps.coop_probes = probes;
-    }
-
     /// Records the cooperative-matrix configurations of the adapter this context's
     /// device came from (`adapter.cooperative_matrix_properties()`), for a context made
     /// by [`Context::from_wgpu`]; ignored unless the device has
@@ -258,10 +259,9 @@ impl Context {
     /// coop operation emulated per subgroup in plain WGSL (`kernels::coop_emulation`):
     /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
     /// `SUBGROUP` with a fixed subgroup size of at most 16 lanes; a device with real
-    /// tensor cores keeps them where its attention kernel is opted into
-    /// ([`Capabilities::coop_attention_unverified`]).
+    /// tensor cores keeps them.
     pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
-        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated && self.caps.coop_attention_unverified {
+        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated {
             return Ok(()); // real tensor cores the kernels can use
         }
         let mut caps = self.caps.clone();
@@ -328,6 +328,7 @@ impl Context {
             watch,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
             env_tiling: tiling_from_env(),
+            decode_design: crate::kernels::decode::DecodeDesign::from_env(),
             backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
         }
     }
@@ -338,6 +339,21 @@ impl Context {
         self.env_tiling
             .clone()
             .map_err(|reason| Error::invalid(TILING_VAR, reason))
+    }
+
+    /// The split-K decode design pinned for this context (`None`: the adapter's own
+    /// pick), or the error `WGPU_ATTENTION_DECODE` gave.
+    pub(crate) fn decode_design(&self) -> Result<Option<crate::kernels::decode::DecodeDesign>> {
+        self.decode_design
+            .clone()
+            .map_err(|reason| Error::invalid(crate::kernels::decode::DECODE_VAR, reason))
+    }
+
+    /// Pins the split-K decode design (what `WGPU_ATTENTION_DECODE` does for contexts
+    /// made by [`Context::new`]): for tests and for timing the designs side by side.
+    #[doc(hidden)]
+    pub fn use_decode_design(&mut self, design: Option<crate::kernels::decode::DecodeDesign>) {
+        self.decode_design = Ok(design);
     }
 
     /// This context's identity within the process.

@@ -1,7 +1,8 @@
 //! Split-K decode (`shaders/flash_decode.wgsl`): attention for few query rows against
 //! many keys. The key range of each (batch, kv head) is cut into splits walked by
 //! separate workgroups, each writing normalised partial rows and their log-sum-exp;
-//! a combine pass merges them (docs/design.md, "Decode").
+//! a combine pass merges them (docs/design.md, "Decode"). Three designs of the split
+//! pass: [`DecodeDesign`].
 
 use super::kv_texels::TexelGrid;
 use super::{dispatch_entries, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
@@ -13,6 +14,7 @@ use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
 const SUBGROUP_SOURCE: &str = include_str!("../../shaders/flash_decode_subgroup.wgsl");
+const LANES_SOURCE: &str = include_str!("../../shaders/flash_decode_lanes.wgsl");
 const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
 /// How the subgroup design reads K and V: from their buffers, or from a KV cache's
 /// texel mirror (`kernels::kv_texels`).
@@ -29,7 +31,20 @@ pub enum DecodeDesign {
     /// blocks of 16 keys (two per lane), softmax by subgroup reductions, no barriers.
     /// CPU adapters with subgroups of at least 8 lanes (lavapipe).
     Subgroup,
+    /// `flash_decode_lanes.wgsl`: a workgroup is one subgroup, in groups of 8 or 16
+    /// lanes per key, each lane a share of the head dim in 16-byte words; no barrier
+    /// and no workgroup memory in the key loop. GPUs with a fixed subgroup size of at
+    /// least 8, for head dims up to 128 in whole words (else `Tiles` runs).
+    Lanes,
 }
+
+/// The environment variable that pins the decode design: `auto`, `tiles`, `subgroup`
+/// or `lanes` (read once per context, as `WGPU_ATTENTION_TILING`).
+pub const DECODE_VAR: &str = "WGPU_ATTENTION_DECODE";
+
+/// The largest head dim the `Lanes` design serves (a lane keeps its share of 4 Q rows
+/// and 4 output rows in registers).
+pub const LANES_MAX_HEAD_DIM: usize = 128;
 
 /// Whether the subgroup design reads K and V of `dtype` 16 bytes at a time: both head
 /// dims (so every row stride) a multiple of the elements in 16 bytes.
@@ -67,21 +82,66 @@ pub fn one_key_loop(mesa_version: Option<(u32, u32)>) -> bool {
 pub const SUBGROUP_LANES: u32 = 8;
 
 impl DecodeDesign {
-    /// The design for a context: `Subgroup` on CPU adapters with 8-lane subgroups,
-    /// else `Tiles`. A fused tiling asked for (`tiling`, else `WGPU_ATTENTION_TILING`)
-    /// decides: `subgroup` takes `Subgroup` (refused without 8-lane subgroups), any
-    /// other `Tiles`.
+    /// Every design, in the order `bench` and the docs name them.
+    pub const ALL: [DecodeDesign; 3] = [DecodeDesign::Tiles, DecodeDesign::Subgroup, DecodeDesign::Lanes];
+
+    /// Parses a design's name; `auto` is `None`.
+    pub fn parse(name: &str) -> std::result::Result<Option<DecodeDesign>, String> {
+        match name.trim() {
+            "auto" => Ok(None),
+            name => Self::ALL
+                .into_iter()
+                .find(|d| d.name() == name)
+                .map(Some)
+                .ok_or_else(|| format!("'{name}' is not one of auto, tiles, subgroup, lanes")),
+        }
+    }
+
+    /// [`DECODE_VAR`], parsed (`None` where unset or `auto`).
+    pub(crate) fn from_env() -> std::result::Result<Option<DecodeDesign>, String> {
+        match std::env::var(DECODE_VAR) {
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => Err("not valid UTF-8".into()),
+            Ok(name) => Self::parse(&name),
+        }
+    }
+
+    /// The design for a context: one pinned by [`DECODE_VAR`] or
+    /// [`Context::use_decode_design`]; else `Subgroup` on CPU adapters with 8-lane
+    /// subgroups, `Lanes` on GPUs with a fixed subgroup size of at least 8, else
+    /// `Tiles`. A fused tiling asked for (`tiling`, else `WGPU_ATTENTION_TILING`)
+    /// decides over the adapter: `subgroup` takes `Subgroup` (refused without 8-lane
+    /// subgroups), any other `Tiles`.
     pub fn for_context(ctx: &Context, tiling: FusedTiling) -> Result<DecodeDesign> {
-        let tiling = match tiling {
-            FusedTiling::Auto => ctx.env_tiling()?,
-            asked => asked,
-        };
         let lanes_ok = ctx
             .capabilities()
             .subgroups
             .is_some_and(|(min, _)| min >= SUBGROUP_LANES);
+        let missing = |feature: &'static str, design: DecodeDesign| Error::MissingFeature {
+            adapter: ctx.adapter_info().name.clone(),
+            feature,
+            needed_for: format!("{} split-K decode", design.name()),
+        };
+        match ctx.decode_design()? {
+            Some(DecodeDesign::Subgroup) if !lanes_ok => {
+                return Err(missing("SUBGROUP (with at least 8 lanes)", DecodeDesign::Subgroup))
+            }
+            Some(DecodeDesign::Lanes) if lanes_subgroup(ctx).is_none() => {
+                return Err(missing(
+                    "SUBGROUP with a fixed subgroup size of 8 to 128 lanes",
+                    DecodeDesign::Lanes,
+                ))
+            }
+            Some(pinned) => return Ok(pinned),
+            None => {}
+        }
+        let tiling = match tiling {
+            FusedTiling::Auto => ctx.env_tiling()?,
+            asked => asked,
+        };
         match tiling {
             FusedTiling::Auto if ctx.is_cpu_adapter() && lanes_ok => Ok(DecodeDesign::Subgroup),
+            FusedTiling::Auto if !ctx.is_cpu_adapter() && lanes_subgroup(ctx).is_some() => Ok(DecodeDesign::Lanes),
             FusedTiling::Auto => Ok(DecodeDesign::Tiles),
             FusedTiling::Subgroup if lanes_ok => Ok(DecodeDesign::Subgroup),
             FusedTiling::Subgroup => Err(Error::MissingFeature {
@@ -106,7 +166,7 @@ impl DecodeDesign {
         dtype: DType,
     ) -> Vec<(&'static str, u32)> {
         match self {
-            DecodeDesign::Tiles => Vec::new(),
+            DecodeDesign::Tiles | DecodeDesign::Lanes => Vec::new(),
             DecodeDesign::Subgroup => vec![
                 ("KV_WIDE", kv_wide(s, dtype)),
                 ("ONE_KEY_LOOP", u32::from(one_key_loop(mesa_version))),
@@ -118,20 +178,29 @@ impl DecodeDesign {
         match self {
             DecodeDesign::Tiles => "tiles",
             DecodeDesign::Subgroup => "subgroup",
+            DecodeDesign::Lanes => "lanes",
         }
     }
 
     fn variants(self) -> &'static [SplitVariant; 2] {
         match self {
-            DecodeDesign::Tiles => &SPLIT_VARIANTS,
+            DecodeDesign::Tiles | DecodeDesign::Lanes => &SPLIT_VARIANTS,
             DecodeDesign::Subgroup => &SUBGROUP_SPLIT_VARIANTS,
         }
     }
 
     /// The split kernel for a problem: the smallest row block that holds one kv head's
-    /// rows, else the widest.
+    /// rows, else the widest (`Lanes` kernels are generated: [`LanesVariant`]).
     pub fn variant_for(self, s: &AttentionShape) -> SplitVariant {
         smallest_holding(self.variants(), s)
+    }
+
+    /// Query rows one workgroup of the split pass owns.
+    pub fn rows_per_block(self, s: &AttentionShape) -> usize {
+        match self {
+            DecodeDesign::Lanes => LANES_ROWS,
+            _ => self.variant_for(s).rows,
+        }
     }
 
     /// Loop iterations of one invocation walking `keys` keys in one split, for the
@@ -165,6 +234,19 @@ impl DecodeDesign {
             // block bounds, the stores (a lane's slots × 2 quads × 4 rows) and the key
             // loops' exits and passes (the masked loop's two exits, the plain one's, the
             // two passes of the loop around them; `ONE_KEY_LOOP`'s one exit is fewer).
+            // Lanes runs on GPUs, where no loop cap applies; under one (tests on
+            // lavapipe) it is bounded as generously as the design it falls back to:
+            // per step of up to 8 keys, the step loop, two load loops of up to 4 words,
+            // the score and P·V loops (4 words of up to 8 elements), up to 4 shuffle
+            // steps, mask_quad's row loop and the rescale loop over 32 elements; around
+            // it the Q share (4 words × 2 vec4s × two loops of 4), the accumulator clear,
+            // up to 4 merges of 32 elements and the stores (4 words × 8 elements × 4 rows).
+            DecodeDesign::Lanes => {
+                let steps = (keys as u64).div_ceil(u64::from(SUBGROUP_LANES / 8));
+                let per_step = 1 + 2 * 5 + 2 * (4 * 9 + 1) + 5 + 5 + 33;
+                let around = 4 * 2 * 10 + 33 + 4 * 34 + 4 * 8 * 5 + 8;
+                (steps * per_step + around).max(DecodeDesign::Tiles.iterations(s, keys))
+            }
             DecodeDesign::Subgroup => {
                 let blocks = (keys as u64).div_ceil(2 * u64::from(SUBGROUP_LANES));
                 let chunks = (s.head_dim_v as u64).div_ceil(4 * u64::from(SUBGROUP_LANES));
@@ -320,18 +402,173 @@ fn smallest_holding(variants: &[SplitVariant; 2], s: &AttentionShape) -> SplitVa
 }
 
 /// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, in
-/// blocks of the variant's rows.
+/// blocks of the design's rows.
 pub fn row_blocks(design: DecodeDesign, s: &AttentionShape) -> usize {
-    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(design.variant_for(s).rows)
+    (s.heads_q / s.heads_kv.max(1) * s.len_q).div_ceil(design.rows_per_block(s))
 }
 
-/// Workgroups that keep the adapter busy: GPUs run thousands of lanes, CPU adapters a
-/// few threads.
-fn target_workgroups(ctx: &Context) -> usize {
-    if ctx.is_cpu_adapter() {
-        32
-    } else {
-        2048
+/// Rows of a `Lanes` block: one quad (a lane keeps 4 rows of Q and output).
+const LANES_ROWS: usize = 4;
+
+/// The bindings of `flash_decode_lanes.wgsl`: K and V as 16-byte words only.
+const LANES_SLOTS: &[Slot] = SUBGROUP_SLOTS;
+
+/// One kernel of the `Lanes` design: head dims up to `dmax` (64 or 128), subgroups of
+/// `sg` lanes, `lk` lanes to a key (`LW`, a lane's words of a row, follows from these
+/// and the element type in the WGSL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LanesVariant {
+    pub dmax: u32,
+    pub sg: u32,
+    pub lk: u32,
+}
+
+impl LanesVariant {
+    /// Every kernel the design builds on the subgroup sizes tests and GPUs meet (8:
+    /// lavapipe; 32: NVIDIA, AMD's wave32; 64: AMD's wave64), for validation.
+    pub const ALL: [LanesVariant; 11] = [
+        LanesVariant { dmax: 64, sg: 8, lk: 4 },
+        LanesVariant {
+            dmax: 128,
+            sg: 8,
+            lk: 4,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 32,
+            lk: 8,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 32,
+            lk: 16,
+        },
+        LanesVariant {
+            dmax: 128,
+            sg: 32,
+            lk: 16,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 64,
+            lk: 8,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 64,
+            lk: 16,
+        },
+        LanesVariant {
+            dmax: 128,
+            sg: 64,
+            lk: 16,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 16,
+            lk: 8,
+        },
+        LanesVariant {
+            dmax: 64,
+            sg: 16,
+            lk: 16,
+        },
+        LanesVariant {
+            dmax: 128,
+            sg: 16,
+            lk: 16,
+        },
+    ];
+
+    /// The variant for head dims `d`, `dv` of `dtype` on subgroups of `sg` lanes: the
+    /// smaller head-dim class that holds both, and 16 lanes to a key where the
+    /// subgroup and the class's words allow (half the registers a lane needs, so twice
+    /// the subgroups in flight), else 8; on 8-lane subgroups (lavapipe, where the
+    /// design runs only when pinned) 4, so that two key groups share a subgroup and
+    /// CI runs their merge as 32-lane GPUs do.
+    pub fn for_problem(d: usize, dv: usize, dtype: DType, sg: u32) -> Option<LanesVariant> {
+        let need = d.max(dv);
+        if need > LANES_MAX_HEAD_DIM || sg < 8 {
+            return None;
+        }
+        let dmax = if need <= 64 { 64 } else { 128 };
+        let words = dmax / (16 / dtype.size() as u32);
+        let lk = match sg {
+            8 => 4,
+            _ if words >= 16 => 16,
+            _ => 8,
+        };
+        Some(LanesVariant { dmax, sg, lk })
+    }
+
+    /// Its kernel (built once per process and kept).
+    pub fn kernel(&self) -> Kernel {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static BUILT: OnceLock<Mutex<HashMap<LanesVariant, Kernel>>> = OnceLock::new();
+        let mut built = BUILT
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *built.entry(*self).or_insert_with(|| {
+            let prelude = super::flash::leak(format!(
+                "const DEC_ROWS: u32 = 4u;\nconst DMAX: u32 = {}u;\nconst SG: u32 = {}u;\nconst LK: u32 = {}u;\n\
+                 const LW: u32 = max(1u, DMAX / (LK * 4u * ELEMS_PER_WORD));\n",
+                self.dmax, self.sg, self.lk
+            ));
+            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, prelude, DECODE_COMMON, KV_BUFFERS]));
+            Kernel {
+                file: "flash_decode_lanes.wgsl",
+                source: LANES_SOURCE,
+                entry: "decode_split_lanes",
+                slots: LANES_SLOTS,
+                preludes,
+                variant: super::flash::leak(format!("[{} lk{} sg{}]", self.dmax, self.lk, self.sg)),
+            }
+        })
+    }
+}
+
+/// The fixed subgroup size the `Lanes` design builds for, where the adapter has one
+/// of 8 to 128 lanes.
+fn lanes_subgroup(ctx: &Context) -> Option<u32> {
+    match ctx.capabilities().subgroups {
+        Some((min, max)) if min == max && (8..=128).contains(&min) && min.is_power_of_two() => Some(min),
+        _ => None,
+    }
+}
+
+/// Whether the `Lanes` design serves a problem: head dims up to 128 whose rows and
+/// every K and V stride are whole 16-byte words, in buffers of whole words.
+pub(crate) fn lanes_fit(dtype: DType, params: &super::AttentionParams, bindings: &AttentionBindings) -> bool {
+    let per_word = 16 / dtype.size() as u32;
+    let dims = (params.head_dim, params.head_dim_v);
+    dims.0.max(dims.1) as usize <= LANES_MAX_HEAD_DIM
+        && super::flash::words_fit(per_word, dims, &params.kv_strides())
+        && [bindings.k, bindings.v]
+            .iter()
+            .all(|b| b.size() >= 16 && b.size().is_multiple_of(16))
+}
+
+/// Workgroups that keep the adapter busy: CPU adapters run a few threads; GPUs
+/// thousands of lanes, and a `Lanes` workgroup is one subgroup, so it wants more of
+/// them (about 32 per compute unit of a 128-unit GPU: memory-bound loops need many in
+/// flight). wgpu reports no compute-unit count, so these are per class, not per GPU.
+fn target_workgroups(ctx: &Context, design: DecodeDesign) -> usize {
+    match design {
+        _ if ctx.is_cpu_adapter() => 32,
+        DecodeDesign::Lanes => 4096,
+        _ => 2048,
+    }
+}
+
+/// Splits no shorter than this: `Lanes` walks a split's keys in steps of a subgroup's
+/// key groups and merges nothing through workgroup memory, so shorter splits cost it
+/// less (its partials are then about 6% of an f16 cache's bytes at D 128).
+fn min_split_keys(design: DecodeDesign) -> usize {
+    match design {
+        DecodeDesign::Lanes => 128,
+        _ => MIN_SPLIT_KEYS,
     }
 }
 
@@ -343,8 +580,8 @@ pub fn choose_split(ctx: &Context, design: DecodeDesign, s: &AttentionShape, key
     let keys = keys.clamp(1, s.len_k.max(1));
     let iterations = |keys| design.iterations(s, keys);
     let blocks = s.batch * s.heads_kv * row_blocks(design, s);
-    let wanted = target_workgroups(ctx).div_ceil(blocks.max(1));
-    let most_useful = keys.div_ceil(MIN_SPLIT_KEYS);
+    let wanted = target_workgroups(ctx, design).div_ceil(blocks.max(1));
+    let most_useful = keys.div_ceil(min_split_keys(design));
     let mut splits = wanted.min(most_useful).max(1);
     if let Some(cap) = ctx.loop_cap() {
         if iterations(TILE) > cap {
@@ -390,11 +627,24 @@ pub(crate) fn encode(
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,
+    params: &super::AttentionParams,
     shape: &AttentionShape,
     split: DecodeSplit,
 ) -> Result<()> {
+    // `Lanes` serves head dims up to 128 in whole words; elsewhere `Tiles`, on the same
+    // splits (choose_split bounded them for both).
+    let lanes = match (split.design, lanes_subgroup(ctx)) {
+        (DecodeDesign::Lanes, Some(sg)) if lanes_fit(dtype, params, bindings) => {
+            LanesVariant::for_problem(shape.head_dim, shape.head_dim_v, dtype, sg)
+        }
+        _ => None,
+    };
+    let design = match (split.design, lanes) {
+        (DecodeDesign::Lanes, None) => DecodeDesign::Tiles,
+        (design, _) => design,
+    };
     let max_groups = ctx.capabilities().max_workgroups_per_dim as usize;
-    let row_groups = shape.batch * shape.heads_kv * row_blocks(split.design, shape);
+    let row_groups = shape.batch * shape.heads_kv * row_blocks(design, shape);
     let rows = shape.batch * shape.heads_q * shape.len_q;
     let combine_y = rows.min(65535);
     let combine_z = rows.div_ceil(65535);
@@ -414,13 +664,15 @@ pub(crate) fn encode(
         }
     }
     // A KV cache's texel mirror, where it has one, serves the subgroup design.
-    let texels = split.design == DecodeDesign::Subgroup && bindings.kv_texels.is_some();
-    let mut constants = split.design.constants(ctx.capabilities().mesa_version, shape, dtype);
-    let split_kernel = if texels {
+    let texels = design == DecodeDesign::Subgroup && bindings.kv_texels.is_some();
+    let mut constants = design.constants(ctx.capabilities().mesa_version, shape, dtype);
+    let split_kernel = if let Some(v) = lanes {
+        v.kernel()
+    } else if texels {
         constants.extend(TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS"));
         smallest_holding(&SUBGROUP_TEXEL_SPLIT_VARIANTS, shape).kernel
     } else {
-        split.design.variant_for(shape).kernel
+        design.variant_for(shape).kernel
     };
     let split_pipeline = pipeline(ctx, &split_kernel, dtype, &constants)?;
     dispatch_entries(
@@ -447,6 +699,40 @@ pub(crate) fn encode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn designs_parse_by_name_and_lanes_variants_fit_their_registers() {
+        assert_eq!(DecodeDesign::parse("auto"), Ok(None));
+        for d in DecodeDesign::ALL {
+            assert_eq!(DecodeDesign::parse(d.name()), Ok(Some(d)));
+        }
+        assert!(DecodeDesign::parse("tile").expect_err("no such").contains("lanes"));
+        // 16 lanes to a key where 32-lane subgroups and the class's words allow it.
+        let v = |d, dtype, sg| LanesVariant::for_problem(d, d, dtype, sg).map(|v| (v.dmax, v.lk));
+        assert_eq!(v(128, DType::F16, 32), Some((128, 16)));
+        assert_eq!(v(128, DType::F32, 32), Some((128, 16)));
+        assert_eq!(v(64, DType::F16, 32), Some((64, 8)));
+        assert_eq!(v(64, DType::F32, 32), Some((64, 16)));
+        assert_eq!(v(128, DType::F16, 8), Some((128, 4)));
+        assert_eq!(v(129, DType::F32, 32), None);
+        assert_eq!(v(64, DType::F32, 4), None);
+        // On GPUs a lane holds at most 16 elements of a row: 4 rows of Q and of output
+        // in 32 vec4 registers (lavapipe's 8-lane subgroups take 32, for the merge).
+        for dtype in [DType::F32, DType::F16] {
+            for sg in [8, 16, 32, 64] {
+                for d in [8, 64, 100, 128] {
+                    let Some(l) = LanesVariant::for_problem(d, d, dtype, sg) else {
+                        continue;
+                    };
+                    let per_lane = l.dmax / l.lk;
+                    let most = if sg == 8 { 32 } else { 16 };
+                    assert!((4..=most).contains(&per_lane), "{l:?}: {per_lane}");
+                    assert!(l.lk <= sg, "{l:?}");
+                    assert!(LanesVariant::ALL.contains(&l), "{l:?} is not validated");
+                }
+            }
+        }
+    }
 
     #[test]
     fn only_mesa_22_and_older_walk_keys_in_two_loops() {

@@ -11,6 +11,7 @@ pub mod backward_blocked;
 pub mod backward_coop;
 pub mod backward_texel;
 pub mod coop_emulation;
+pub mod copy_probe;
 pub mod decode;
 pub mod flash;
 pub mod flash_texel;
@@ -106,11 +107,13 @@ pub fn every_kernel() -> Vec<Kernel> {
         )
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
         .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
+        .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))
         .collect()
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 59] = [
+pub const ALL_KERNELS: [Kernel; 60] = [
+    copy_probe::KERNEL,
     crate::rotary::KERNEL,
     crate::merge::FOLD,
     crate::merge::STORE,
@@ -202,31 +205,16 @@ pub(crate) fn pipeline(
     dtype: DType,
     constants: &[(&'static str, u32)],
 ) -> Result<CompiledPipeline> {
-    // Diagnostic edits of the tensor-core attention kernel (flash::coop_probes), part
-    // of the key so that a probed pipeline never stands in for a plain one.
     let caps = ctx.capabilities();
-    let probes = &caps.coop_probes;
-    let probed = kernel.entry == "flash_coop" && !probes.is_empty();
     let key = PipelineKey {
         shader: (kernel.file, kernel.entry, kernel.variant),
         dtype,
         constants: constants.to_vec(),
-        probes: if probed { probes.label() } else { String::new() },
     };
     ctx.pipeline(key, |key| {
         let mut source = shader_source(kernel, dtype);
-        let mut constants = key.constants.clone();
-        if probed {
-            (source, constants) = probes.edit(&source, &constants)?;
-        }
-        let label = format!(
-            "{}:{}{}{} ({})",
-            kernel.file,
-            kernel.entry,
-            kernel.variant,
-            key.probes,
-            dtype.name()
-        );
+        let constants = &key.constants;
+        let label = format!("{}:{}{} ({})", kernel.file, kernel.entry, kernel.variant, dtype.name());
         if caps.coop_emulated && source.contains("enable wgpu_cooperative_matrix;") {
             let sg = caps.coop_subgroup_size().unwrap_or(0);
             source = coop_emulation::rewrite(&source, sg)?;
@@ -244,8 +232,8 @@ pub(crate) fn pipeline(
                 entry_point: Some(kernel.entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
-                    // Off: every kernel writes what it reads (a probe turns it on).
-                    zero_initialize_workgroup_memory: probed && probes.has(crate::kernels::flash::CoopProbe::ZeroInit),
+                    // Off: every kernel writes what it reads.
+                    zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
             }))
