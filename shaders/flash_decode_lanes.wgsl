@@ -14,8 +14,8 @@
 // ..., so one step of the subgroup reads SG / LK consecutive rows. Lane l of a group
 // holds words l, l + LK, ... of a row (LW of them): its share of every Q row (loaded
 // once, scaled, element e of the 4 rows as one vec4) and of every output row. Per key:
-//   1. the lane loads its K and V words (both before any arithmetic, so the loads of
-//      V overlap the scores), dots its K elements with its Q share, and log2(LK)
+//   1. the lane has its K and V words (loaded a step ahead, both before any arithmetic,
+//      so two steps' loads are in flight), dots its K elements with its Q share, and log2(LK)
 //      subgroupShuffleXor steps sum the group's parts: every lane of the group has
 //      the key's 4 scores;
 //   2. masks: none for keys every row sees when visible ranges are the only rule;
@@ -62,6 +62,24 @@ fn element(x: array<vec4<f32>, 2>, e: u32) -> f32 {
     return x[e / 4u][e % 4u];
 }
 
+// A lane's words of key j's K and V rows: words part, part + LK, ... (zero past a row).
+struct RowWords {
+    k: array<vec4<u32>, LW>,
+    v: array<vec4<u32>, LW>,
+}
+
+fn load_row_words(b: u32, k_base: u32, v_base: u32, j: u32, part: u32, k_words: u32, v_words: u32) -> RowWords {
+    let k_at = (k_base + kv_offset(true, b, j)) / EW;
+    let v_at = (v_base + kv_offset(false, b, j)) / EW;
+    var r: RowWords;
+    for (var i = 0u; i < LW; i++) {
+        let w = part + i * LK;
+        r.k[i] = select(vec4<u32>(0u), k4[k_at + min(w, k_words - 1u)], w < k_words);
+        r.v[i] = select(vec4<u32>(0u), v4[v_at + min(w, v_words - 1u)], w < v_words);
+    }
+    return r;
+}
+
 @compute @workgroup_size(SG)
 fn decode_split_lanes(
     @builtin(subgroup_invocation_id) lane: u32,
@@ -106,18 +124,17 @@ fn decode_split_lanes(
 
     // Every lane runs every step (the shuffles need the whole subgroup): steps past
     // the split read the last readable key and mask it.
+    // The loop is pipelined by one step: the next key's K and V words are loaded before
+    // this key's arithmetic, so each lane has two steps' loads in flight.
     let steps = (max(blk.stop, blk.begin) - blk.begin + GROUPS - 1u) / GROUPS;
+    var next = load_row_words(b, k_base, v_base, min(blk.begin + group, last_k), part, k_words, v_words);
     for (var step = 0u; step < steps; step++) {
         let j = blk.begin + step * GROUPS + group;
-        let jr = min(j, last_k);
-        let k_at = (k_base + kv_offset(true, b, jr)) / EW;
-        let v_at = (v_base + kv_offset(false, b, jr)) / EW;
-        var kw: array<vec4<u32>, LW>;
-        var vw: array<vec4<u32>, LW>;
-        for (var i = 0u; i < LW; i++) {
-            let w = part + i * LK;
-            kw[i] = select(vec4<u32>(0u), k4[k_at + min(w, k_words - 1u)], w < k_words);
-            vw[i] = select(vec4<u32>(0u), v4[v_at + min(w, v_words - 1u)], w < v_words);
+        let kw = next.k;
+        let vw = next.v;
+        if step + 1u < steps {
+            let jn = min(j + GROUPS, last_k);
+            next = load_row_words(b, k_base, v_base, jn, part, k_words, v_words);
         }
         var s = vec4<f32>(0.0);
         for (var i = 0u; i < LW; i++) {

@@ -452,3 +452,56 @@ fn a_closed_stdout_ends_the_printing_not_the_command() {
         assert!(written.contains("\"median_ms\""), "{written}");
     }
 }
+
+#[test]
+fn run_computes_in_the_dtype_of_its_files_unless_told() {
+    // Issue 56: float16 files were computed in f32 unless --dtype f16 said otherwise.
+    let Some(ctx) = common::ctx() else { return };
+    if !ctx.capabilities().f16 {
+        common::skip_or_fail("needs SHADER_F16");
+        return;
+    }
+    let dir = scratch("dtype-follows-files");
+    let mut rng = Rng::new(56);
+    for name in ["q", "k", "v"] {
+        let halves: Vec<half::f16> = rng
+            .vec(2 * 3 * 8, -1.0, 1.0)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect();
+        write_npy(&dir.join(format!("{name}16.npy")), &[1, 2, 3, 8], &halves);
+        write_npy(
+            &dir.join(format!("{name}32.npy")),
+            &[1, 2, 3, 8],
+            &rng.vec(2 * 3 * 8, -1.0, 1.0),
+        );
+    }
+    let ran_in = |files: &str, extra: &[&str]| {
+        let out = bin()
+            .current_dir(&dir)
+            .args(["run", "--out", "o.npy"])
+            .args(["--q", &format!("q{files}.npy"), "--k", &format!("k{files}.npy")])
+            .args(["--v", &format!("v{files}.npy")])
+            .args(extra)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    assert!(ran_in("16", &[]).contains(" f16 on "), "float16 files run in f16");
+    assert!(ran_in("32", &[]).contains(" f32 on "), "float32 files run in f32");
+    assert!(ran_in("16", &["--dtype", "f32"]).contains(" f32 on "), "--dtype wins");
+    // Mixed files compute in f32, where nothing is rounded away.
+    let mixed = bin()
+        .current_dir(&dir)
+        .args([
+            "run", "--out", "o.npy", "--q", "q16.npy", "--k", "k32.npy", "--v", "v32.npy",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        String::from_utf8_lossy(&mixed.stderr).contains(" f32 on "),
+        "mixed files run in f32"
+    );
+}

@@ -1,4 +1,4 @@
-// The demo page: seed 003's padded sentences through one multi-head attention layer
+// The demo page: two padded sentences (the seed documents' example) through one multi-head attention layer
 // (the library's sentence_example, as the native `demo` runs it), drawn as per-head
 // heatmaps by the library's own renderer, checked against the CPU reference.
 import { fail, openContext, report } from './page.js';
@@ -19,7 +19,7 @@ function draw({ width, height, rgba }, caption) {
 async function main() {
   const { ctx, adapter } = await openContext();
   const r = await ctx.sentenceExample();
-  r.images.forEach((image, b) => draw(image, `sentence ${b}: ${r.sentences[b].join(' ')}`));
+  r.images.forEach((image, b) => draw(image, `sentence ${b + 1}: ${r.sentences[b].join(' ')}`));
   const verdict = r.passed ? 'agrees with the CPU reference' : 'DOES NOT agree with the CPU reference';
   $('summary').className = r.passed ? 'ok' : 'failed';
   $('summary').textContent = `On ${adapter.name || 'this browser\'s adapter'} (${adapter.device_type}, ${adapter.backend}) the layer ${verdict}: output within ` +

@@ -225,8 +225,22 @@ impl Variant {
     /// Why this adapter cannot run the variant (a fused tiling or decode design whose
     /// needs it does not meet), if it cannot.
     pub fn unmet(&self, ctx: &Context) -> Option<crate::Error> {
+        use crate::kernels::decode::DecodeDesign;
         let runs = match self.kernel {
-            KernelChoice::Decode => crate::kernels::decode::DecodeDesign::for_context(ctx, self.tiling).map(|_| ()),
+            // `decode/lanes` runs the adapter's own pick, where that is the lanes design
+            // (GPUs with a fixed subgroup size); elsewhere it would repeat another row.
+            KernelChoice::Decode if self.tiling == FusedTiling::Auto => {
+                match DecodeDesign::for_context(ctx, self.tiling) {
+                    Ok(DecodeDesign::Lanes) => Ok(()),
+                    Ok(_) => Err(crate::Error::MissingFeature {
+                        adapter: ctx.adapter_info().name.clone(),
+                        feature: "a fixed subgroup size on a GPU",
+                        needed_for: "the lanes decode design (this adapter decodes with another)".into(),
+                    }),
+                    Err(e) => Err(e),
+                }
+            }
+            KernelChoice::Decode => DecodeDesign::for_context(ctx, self.tiling).map(|_| ()),
             _ => ctx
                 .fused_config_for(self.tiling, self.dtype, self.precision)
                 .map(|_| ()),
@@ -257,16 +271,17 @@ impl Variant {
     }
 }
 
-/// Every kernel variant: the materialized path, split-K decode (both designs) and each registered fused tiling, in f32
+/// Every kernel variant: the materialized path, split-K decode (each design) and each registered fused tiling, in f32
 /// and (where the adapter has it) f16. Tilings that multiply in f16 (tensor cores) run
 /// their f32 variant at precision medium.
 pub fn variants(f16: bool) -> Vec<Variant> {
     let dtypes: &[DType] = if f16 { &[DType::F32, DType::F16] } else { &[DType::F32] };
     let mut v = Vec::new();
     for &dtype in dtypes {
-        // Split-K decode in both designs (kernels::decode::DecodeDesign): a tiling asked
+        // Split-K decode in each design (kernels::decode::DecodeDesign): a tiling asked
         // for picks one, `subgroup` the subgroup design, any other (here `registers`,
-        // which every adapter meets) the tiled one.
+        // which every adapter meets) the tiled one; none (`decode/lanes`) the adapter's
+        // own, run only where that is the lanes design.
         // `decode/kv-cache` is the subgroup design reading a KvCache, which keeps a
         // texel mirror of K and V for that design and decode reads it instead.
         for (name, kernel, tiling, kv) in [
@@ -286,6 +301,12 @@ pub fn variants(f16: bool) -> Vec<Variant> {
                 "decode/subgroup",
                 KernelChoice::Decode,
                 FusedTiling::Subgroup,
+                KvSource::Tensors,
+            ),
+            (
+                "decode/lanes",
+                KernelChoice::Decode,
+                FusedTiling::Auto,
                 KvSource::Tensors,
             ),
             (

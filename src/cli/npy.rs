@@ -112,26 +112,28 @@ fn read_as<T: npyz::Deserialize>(path: &Path, npy: npyz::NpyFile<Data>) -> Resul
 
 /// Reads a float32 or float16 array as f32.
 pub fn read_float(path: &Path) -> Result<Array<f32>, CliError> {
+    Ok(read_float_noting_f16(path)?.0)
+}
+
+/// [`read_float`], and whether the file held float16 (read once: the path may be a
+/// FIFO or standard input).
+pub fn read_float_noting_f16(path: &Path) -> Result<(Array<f32>, bool), CliError> {
     let npy = open(path)?;
     match kind(&npy).as_str() {
-        "f4" => read_as::<f32>(path, npy),
+        "f4" => Ok((read_as::<f32>(path, npy)?, false)),
         "f2" => {
             let a = read_as::<f16>(path, npy)?;
-            Ok(Array {
+            let widened = Array {
                 shape: a.shape,
                 data: a.data.into_iter().map(f16::to_f32).collect(),
-            })
+            };
+            Ok((widened, true))
         }
         other => Err(CliError::bad(format!(
             "{}: dtype {other} is not float32 or float16",
             path.display()
         ))),
     }
-}
-
-/// Whether the file holds float16 (the header alone is read).
-pub fn is_float16(path: &Path) -> Result<bool, CliError> {
-    Ok(kind(&open(path)?) == "f2")
 }
 
 /// Reads an int32 or int64 array as i64.

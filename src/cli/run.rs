@@ -134,8 +134,8 @@ pub struct RunArgs {
     /// Tile configuration of the fused kernel: auto, or a tiling `info` lists.
     #[arg(long, default_value = "auto", value_parser = parse_tiling, help_heading = "Computation")]
     tiling: FusedTiling,
-    /// The element type the GPU stores and computes in. Default: the q file's (f16 for a
-    /// float16 file where the adapter has SHADER_F16, else f32).
+    /// The element type the GPU stores and computes in. Default: the files' (f16 where
+    /// q, k and v are all float16 and the adapter has SHADER_F16, else f32).
     #[arg(long, value_enum, help_heading = "Computation")]
     dtype: Option<DTypeArg>,
     /// Whether f32 data may be multiplied in f16 on tensor cores: highest (never), high
@@ -150,11 +150,13 @@ pub struct HostInput {
     /// The array's shape as stored (BHSD or BSHD).
     memory: [usize; 4],
     data: Vec<f32>,
+    /// Whether the file held float16.
+    float16: bool,
 }
 
 impl HostInput {
     pub fn read(path: &std::path::Path) -> Result<Self, CliError> {
-        let a = npy::read_float(path)?;
+        let (a, float16) = npy::read_float_noting_f16(path)?;
         let memory: [usize; 4] = a.shape.as_slice().try_into().map_err(|_| {
             CliError::bad(format!(
                 "{}: expected a 4-D array, got shape {:?}",
@@ -166,6 +168,7 @@ impl HostInput {
             path: path.to_path_buf(),
             memory,
             data: a.data,
+            float16,
         })
     }
 
@@ -318,15 +321,11 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|p| p.as_path())
         .collect();
     output::check_outputs(&outputs, true)?;
-    if std::env::args().any(|a| a == "--d-out" || a.starts_with("--d-out=")) {
+    let old_flag = |a: &std::ffi::OsString| a.to_str().is_some_and(|a| a == "--d-out" || a.starts_with("--d-out="));
+    if std::env::args_os().any(|a| old_flag(&a)) {
         eprintln!("note: --d-out is now --grad (the gradient dO is an input); --d-out works until 0.2");
     }
     let ctx = adapter.context()?;
-    let dtype = match args.dtype {
-        Some(d) => d.into(),
-        None if npy::is_float16(&args.q)? && ctx.capabilities().f16 => DType::F16,
-        None => DType::F32,
-    };
     let layout = match args.layout {
         LayoutArg::Bhsd => Layout::Bhsd,
         LayoutArg::Bshd => Layout::Bshd,
@@ -335,6 +334,12 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|path| HostInput::read(path))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+    let dtype = match args.dtype {
+        Some(d) => d.into(),
+        // f16 only where nothing is lost: every input a float16 file.
+        None if inputs.iter().all(|h| h.float16) && ctx.capabilities().f16 => DType::F16,
+        None => DType::F32,
+    };
     let d_out = args.grad.as_ref().map(|path| HostInput::read(path)).transpose()?;
     let [qh, kh, vh] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.logical_shape(layout));
     let options = options_from(args, qh[0])?;

@@ -366,7 +366,7 @@ async fn sentence_example(ctx: &Context) -> wgpu_attention::Result<JsValue> {
     for b in 0..example.batch {
         let panels: Vec<Panel> = (0..heads)
             .map(|h| Panel {
-                title: format!("sentence {b}, head {h}"),
+                title: format!("sentence {}, head {}", b + 1, h + 1),
                 weights: &result.weights[(b * heads + h) * seq * seq..][..seq * seq],
                 len_q: seq,
                 len_k: seq,
