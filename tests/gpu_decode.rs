@@ -216,8 +216,9 @@ fn auto_takes_decode_for_few_rows_and_many_keys() {
 #[test]
 fn the_lanes_design_matches_the_reference() {
     // The GPU design (one subgroup per workgroup, key groups of 8 or 16 lanes reading
-    // 16-byte words), pinned on whatever adapter runs the tests: lavapipe's 8-lane
-    // subgroups make every group a whole subgroup, 32-lane GPUs four groups that merge.
+    // 16-byte words), pinned on whatever adapter runs the tests: on lavapipe's 8-lane
+    // subgroups it takes groups of 4 lanes, two to a subgroup, so the groups' merge
+    // runs here as on 32-lane GPUs.
     let Some(shared) = common::ctx() else { return };
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));

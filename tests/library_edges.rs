@@ -314,12 +314,14 @@ fn info_numbers_adapters_keeps_to_120_columns_and_the_backend_prefix_picks() {
     for (i, (name, _)) in every.iter().enumerate() {
         assert!(stdout.contains(&format!("#{i} {name} [")), "#{i} {name}: {stdout}");
     }
-    // `BACKEND:NAME` and `BACKEND:N` pick on that backend only; `N` the Nth listed.
+    // `BACKEND:NAME` picks on that backend only; `#N` the Nth listed. (A bare `N` is a
+    // name where one holds it: "0" is in "LLVM 15.0.6", as "4090" is in an RTX 4090.)
     for (i, (name, backend)) in every.iter().enumerate() {
         let prefixed = format!("{}:{}", backend.to_lowercase(), name);
+        let index = format!("#{i}");
         for args in [
             vec!["--json", "--adapter", prefixed.as_str()],
-            vec!["--json", "--adapter", &*Box::leak(i.to_string().into_boxed_str())],
+            vec!["--json", "--adapter", index.as_str()],
         ] {
             let (code, out, err) = info(&args, None, None);
             assert_eq!(code, Some(0), "{args:?}: {err}");
@@ -328,7 +330,7 @@ fn info_numbers_adapters_keeps_to_120_columns_and_the_backend_prefix_picks() {
             assert!(got.iter().any(|(n, _)| n == name), "{args:?}: {got:?}");
         }
     }
-    let (code, _, err) = info(&["--adapter", "99"], None, None);
+    let (code, _, err) = info(&["--adapter", "#99"], None, None);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("adapter #99"), "{err}");
 }

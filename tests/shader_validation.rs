@@ -1018,4 +1018,14 @@ fn the_16_byte_rule_catches_what_breaks_it() {
         offset.iter().any(|b| b.contains("offset of 4-byte alignment")),
         "{offset:?}"
     );
+    // A builtin (the subgroup id) knows no alignment: an offset that adds it breaks the
+    // rule.
+    let builtin = check(&[(
+        "let ib = kc * 16u * LDQ + dc * 16u;",
+        "let ib = kc * 16u * LDQ + dc * 16u + sg;",
+    )]);
+    assert!(
+        builtin.iter().any(|b| b.contains("offset of 2-byte alignment")),
+        "{builtin:?}"
+    );
 }

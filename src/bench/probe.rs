@@ -45,7 +45,10 @@ impl Probe {
         } else {
             None
         };
-        let copy_bytes = copy_mib.map_or_else(|| default_copy_bytes(ctx), |mib| mib << 20);
+        let copy_bytes = copy_mib.map_or_else(
+            || default_copy_bytes(ctx),
+            |mib| within_limits(ctx, mib.saturating_mul(1 << 20)),
+        );
         let (by_kernel, by_driver) = time_copy(ctx, copy_bytes, reps)?;
         let gbps = |t: &Timing| 2.0 * copy_bytes as f64 / t.median.as_secs_f64() / 1e9;
         let (copy_kernel_gbps, copy_driver_gbps) = (gbps(&by_kernel), gbps(&by_driver));
@@ -124,9 +127,13 @@ pub fn time_matmul(ctx: &Context, n: usize, dtype: DType, reps: usize) -> Result
 /// CPU adapters (host memory, well past their caches), within the device's buffer and
 /// binding limits, in whole 16-byte words.
 pub fn default_copy_bytes(ctx: &Context) -> u64 {
+    within_limits(ctx, if ctx.is_cpu_adapter() { 256 << 20 } else { 1 << 30 })
+}
+
+/// `bytes`, cut to what one buffer and one storage binding may hold, in whole words.
+fn within_limits(ctx: &Context, bytes: u64) -> u64 {
     let caps = ctx.capabilities();
-    let wanted: u64 = if ctx.is_cpu_adapter() { 256 << 20 } else { 1 << 30 };
-    wanted.min(caps.max_buffer).min(caps.max_storage_binding) / 16 * 16
+    (bytes.min(caps.max_buffer).min(caps.max_storage_binding) / 16 * 16).max(16)
 }
 
 /// Times a device-to-device copy of `bytes` by the copy kernel and by the driver

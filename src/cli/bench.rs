@@ -63,7 +63,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "highest", value_parser = super::run::parse_precision)]
     precision: Precision,
     /// MiB copied by the bandwidth probe (default: 1 GiB on GPUs, 256 MiB on CPU
-    /// adapters, within the device's buffer limits).
+    /// adapters; always within the device's buffer and binding limits).
     #[arg(long)]
     copy_mib: Option<u64>,
     /// Also write the results as JSON to this file (with --mha, the layer's phases).

@@ -21,6 +21,26 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
     }
     .with_env();
     let adapters = selector.adapters()?;
+    // Numbers are positions among every adapter on the chosen backends, what
+    // `--adapter N` counts, also when a name filter leaves some out.
+    let numbers: Vec<String> = match selector.name {
+        // Unfiltered, the list is the numbered one (identical GPUs keep their places).
+        None => (0..adapters.len()).map(|i| format!("#{i}")).collect(),
+        Some(_) => {
+            let numbered = wgpu_attention::AdapterSelector {
+                name: None,
+                backend: selector.backend.clone(),
+            }
+            .adapters()?;
+            let number_of = |info: wgpu_attention::wgpu::AdapterInfo| {
+                numbered
+                    .iter()
+                    .position(|a| a.get_info() == info)
+                    .map_or("#?".to_string(), |i| format!("#{i}"))
+            };
+            adapters.iter().map(|a| number_of(a.get_info())).collect()
+        }
+    };
     let mut all = Vec::new();
     for a in &adapters {
         all.push(adapter_json(
@@ -40,11 +60,9 @@ pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
     if all.is_empty() {
         outln!("no adapters found (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)");
     }
-    for (index, a) in all.iter().enumerate() {
-        // The index is what `--adapter N` (or `--adapter BACKEND:N` for the same
-        // backend filter) picks.
+    for (number, a) in numbers.iter().zip(&all) {
         outln!(
-            "#{index} {} [{} / {}]",
+            "{number} {} [{} / {}]",
             a["name"].as_str().unwrap_or("?"),
             a["backend"].as_str().unwrap_or("?"),
             a["device_type"].as_str().unwrap_or("?")

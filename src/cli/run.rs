@@ -135,7 +135,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "auto", value_parser = parse_tiling, help_heading = "Computation")]
     tiling: FusedTiling,
     /// The element type the GPU stores and computes in. Default: the files' (f16 where
-    /// q, k and v are all float16 and the adapter has SHADER_F16, else f32).
+    /// q, k, v and dO are all float16 and the adapter has SHADER_F16, else f32).
     #[arg(long, value_enum, help_heading = "Computation")]
     dtype: Option<DTypeArg>,
     /// Whether f32 data may be multiplied in f16 on tensor cores: highest (never), high
@@ -334,13 +334,13 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|path| HostInput::read(path))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+    let d_out = args.grad.as_ref().map(|path| HostInput::read(path)).transpose()?;
     let dtype = match args.dtype {
         Some(d) => d.into(),
-        // f16 only where nothing is lost: every input a float16 file.
-        None if inputs.iter().all(|h| h.float16) && ctx.capabilities().f16 => DType::F16,
+        // f16 only where nothing is lost: every input (dO too) a float16 file.
+        None if inputs.iter().chain(&d_out).all(|h| h.float16) && ctx.capabilities().f16 => DType::F16,
         None => DType::F32,
     };
-    let d_out = args.grad.as_ref().map(|path| HostInput::read(path)).transpose()?;
     let [qh, kh, vh] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.logical_shape(layout));
     let options = options_from(args, qh[0])?;
     let shape = AttentionShape::from_qkv(qh, kh, vh)?;
@@ -349,7 +349,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     // would turn into infinities silently.
     let kernel = resolve_kernel(&ctx, dtype, &options, &shape)?;
     let why = if dtype == DType::F16 {
-        Some("f16 (--dtype f16, or a float16 q file)")
+        Some("f16 (--dtype f16, or float16 input files)")
     } else if kernel.f16_products() {
         Some("--precision medium on this adapter's tensor-core tiling")
     } else {

@@ -272,11 +272,13 @@ fn read_table(path: &Path) -> Result<String, CliError> {
 /// table, so two `tune` runs ending together both land (each re-reads what the other
 /// wrote) instead of the later one's rewrite dropping the earlier one's entries.
 fn merge_into_table(path: &Path, entries: &[TuneEntry]) -> Result<(), CliError> {
-    let name = path
+    // Beside the file itself, so that two links to one table share a lock.
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let name = real
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let lock_path = path.with_file_name(format!(".{name}.lock"));
+    let lock_path = real.with_file_name(format!(".{name}.lock"));
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, Default)]
 pub struct AdapterSelector {
     /// Case-insensitive substring of the adapter name; or an index into the adapters
-    /// listed on the selected backends, in `wgpu-attention info`'s order (`1` or `#1`).
+    /// listed on the selected backends, in `wgpu-attention info`'s order: `#1`, or `1`
+    /// where no adapter's name contains "1" (so `4090` still finds an RTX 4090).
     /// Either may follow a backend and a colon (`vulkan:llvmpipe`, `gl:0`): two
     /// drivers can share a name on different backends.
     pub name: Option<String>,
@@ -71,14 +72,15 @@ impl AdapterSelector {
         (None, Some(name))
     }
 
-    /// Whether the name (past any backend prefix) asks for nothing, an index (`#2`,
-    /// `2`) or a substring.
+    /// Whether the name (past any backend prefix) asks for nothing, an index (`#2`),
+    /// a substring or a number that is either (`2`: a substring first).
     fn wanted(&self) -> Wanted {
         match self.name_parts().1 {
             None => Wanted::Any,
-            Some(rest) => match rest.strip_prefix('#').unwrap_or(rest).parse::<usize>() {
-                Ok(index) => Wanted::Index(index),
-                Err(_) => Wanted::Containing(rest.to_lowercase()),
+            Some(rest) => match (rest.strip_prefix('#').map(str::parse::<usize>), rest.parse::<usize>()) {
+                (Some(Ok(index)), _) => Wanted::Index(index),
+                (_, Ok(index)) => Wanted::NameOrIndex(rest.to_lowercase(), index),
+                _ => Wanted::Containing(rest.to_lowercase()),
             },
         }
     }
@@ -86,13 +88,23 @@ impl AdapterSelector {
     /// The adapters of `listed` (every adapter on this selector's backends, in listing
     /// order) that the name admits.
     pub(super) fn pick(&self, listed: Vec<wgpu::Adapter>) -> Vec<wgpu::Adapter> {
+        let containing = |listed: Vec<wgpu::Adapter>, w: &str| -> Vec<wgpu::Adapter> {
+            listed
+                .into_iter()
+                .filter(|a| a.get_info().name.to_lowercase().contains(w))
+                .collect()
+        };
         match self.wanted() {
             Wanted::Any => listed,
             Wanted::Index(i) => listed.into_iter().nth(i).into_iter().collect(),
-            Wanted::Containing(w) => listed
-                .into_iter()
-                .filter(|a| a.get_info().name.to_lowercase().contains(&w))
-                .collect(),
+            Wanted::Containing(w) => containing(listed, &w),
+            Wanted::NameOrIndex(w, i) => {
+                if listed.iter().any(|a| a.get_info().name.to_lowercase().contains(&w)) {
+                    containing(listed, &w)
+                } else {
+                    listed.into_iter().nth(i).into_iter().collect()
+                }
+            }
         }
     }
 
@@ -105,6 +117,7 @@ impl AdapterSelector {
         let name = match (self.name_parts(), self.wanted()) {
             (_, Wanted::Any) => None,
             (_, Wanted::Index(i)) => Some(format!("adapter #{i}")),
+            ((_, Some(n)), Wanted::NameOrIndex(..)) => Some(format!("name containing '{n}' (or adapter #{n})")),
             ((_, Some(n)), Wanted::Containing(_)) => Some(format!("name containing '{n}'")),
             _ => None,
         };
@@ -173,6 +186,8 @@ enum Wanted {
     Any,
     Index(usize),
     Containing(String),
+    /// Digits: a name containing them where one does, else that index.
+    NameOrIndex(String, usize),
 }
 
 /// Lists every adapter wgpu sees on the selected backends.
@@ -244,7 +259,10 @@ mod tests {
         let vk = named("vulkan:llvmpipe", None);
         assert_eq!(vk.backends().expect("backend"), wgpu::Backends::VULKAN);
         assert!(matches!(vk.wanted(), Wanted::Containing(ref w) if w == "llvmpipe"));
-        assert!(matches!(named("gl:1", None).wanted(), Wanted::Index(1)));
+        assert!(matches!(named("gl:#1", None).wanted(), Wanted::Index(1)));
+        assert!(matches!(named("gl:1", None).wanted(), Wanted::NameOrIndex(ref w, 1) if w == "1"));
+        // Digits that a name holds stay a name: an RTX 4090 is no adapter #4090.
+        assert!(matches!(named("4090", None).wanted(), Wanted::NameOrIndex(ref w, 4090) if w == "4090"));
         assert_eq!(named("gl:1", None).backends().expect("backend"), wgpu::Backends::GL);
         assert!(matches!(named("#2", None).wanted(), Wanted::Index(2)));
         assert!(matches!(named("vulkan:", None).wanted(), Wanted::Any));
@@ -258,6 +276,6 @@ mod tests {
             .expect_err("outside")
             .to_string();
         assert!(e.contains("gl:0") && e.contains("vulkan"), "{e}");
-        assert_eq!(named("gl:0", None).describe(), "adapter #0 on backend 'gl'");
+        assert_eq!(named("gl:#0", None).describe(), "adapter #0 on backend 'gl'");
     }
 }

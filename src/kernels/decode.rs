@@ -34,7 +34,7 @@ pub enum DecodeDesign {
     /// `flash_decode_lanes.wgsl`: a workgroup is one subgroup, in groups of 8 or 16
     /// lanes per key, each lane a share of the head dim in 16-byte words; no barrier
     /// and no workgroup memory in the key loop. GPUs with a fixed subgroup size of at
-    /// least 8, for head dims up to 128 in whole words (else `Tiles` runs).
+    /// least 8 (up to 64), for head dims up to 128 in whole words (else `Tiles` runs).
     Lanes,
 }
 
@@ -106,12 +106,11 @@ impl DecodeDesign {
         }
     }
 
-    /// The design for a context: one pinned by [`DECODE_VAR`] or
-    /// [`Context::use_decode_design`]; else `Subgroup` on CPU adapters with 8-lane
-    /// subgroups, `Lanes` on GPUs with a fixed subgroup size of at least 8, else
-    /// `Tiles`. A fused tiling asked for (`tiling`, else `WGPU_ATTENTION_TILING`)
-    /// decides over the adapter: `subgroup` takes `Subgroup` (refused without 8-lane
-    /// subgroups), any other `Tiles`.
+    /// The design for a context. A fused tiling asked for (`tiling`, else
+    /// `WGPU_ATTENTION_TILING`) decides first: `subgroup` takes `Subgroup` (refused
+    /// without 8-lane subgroups), any other `Tiles`. Else one pinned by [`DECODE_VAR`]
+    /// or [`Context::use_decode_design`]; else `Subgroup` on CPU adapters with 8-lane
+    /// subgroups, `Lanes` on GPUs with a fixed subgroup size of 8 to 64, else `Tiles`.
     pub fn for_context(ctx: &Context, tiling: FusedTiling) -> Result<DecodeDesign> {
         let lanes_ok = ctx
             .capabilities()
@@ -122,23 +121,25 @@ impl DecodeDesign {
             feature,
             needed_for: format!("{} split-K decode", design.name()),
         };
+        let tiling = match tiling {
+            FusedTiling::Auto => ctx.env_tiling()?,
+            asked => asked,
+        };
+        // A pinned design stands in for the adapter's pick, not for a tiling asked for.
         match ctx.decode_design()? {
+            _ if tiling != FusedTiling::Auto => {}
             Some(DecodeDesign::Subgroup) if !lanes_ok => {
                 return Err(missing("SUBGROUP (with at least 8 lanes)", DecodeDesign::Subgroup))
             }
             Some(DecodeDesign::Lanes) if lanes_subgroup(ctx).is_none() => {
                 return Err(missing(
-                    "SUBGROUP with a fixed subgroup size of 8 to 128 lanes",
+                    "SUBGROUP with a fixed subgroup size of 8 to 64 lanes",
                     DecodeDesign::Lanes,
                 ))
             }
             Some(pinned) => return Ok(pinned),
             None => {}
         }
-        let tiling = match tiling {
-            FusedTiling::Auto => ctx.env_tiling()?,
-            asked => asked,
-        };
         match tiling {
             FusedTiling::Auto if ctx.is_cpu_adapter() && lanes_ok => Ok(DecodeDesign::Subgroup),
             FusedTiling::Auto if !ctx.is_cpu_adapter() && lanes_subgroup(ctx).is_some() => Ok(DecodeDesign::Lanes),
@@ -236,13 +237,14 @@ impl DecodeDesign {
             // two passes of the loop around them; `ONE_KEY_LOOP`'s one exit is fewer).
             // Lanes runs on GPUs, where no loop cap applies; under one (tests on
             // lavapipe) it is bounded as generously as the design it falls back to:
-            // per step of up to 8 keys, the step loop, two load loops of up to 4 words,
+            // per key (a step walks several; counted as one each, generously), the step
+            // loop, two load loops of up to 4 words,
             // the score and P·V loops (4 words of up to 8 elements), up to 4 shuffle
             // steps, mask_quad's row loop and the rescale loop over 32 elements; around
             // it the Q share (4 words × 2 vec4s × two loops of 4), the accumulator clear,
             // up to 4 merges of 32 elements and the stores (4 words × 8 elements × 4 rows).
             DecodeDesign::Lanes => {
-                let steps = (keys as u64).div_ceil(u64::from(SUBGROUP_LANES / 8));
+                let steps = keys as u64;
                 let per_step = 1 + 2 * 5 + 2 * (4 * 9 + 1) + 5 + 5 + 33;
                 let around = 4 * 2 * 10 + 33 + 4 * 34 + 4 * 8 * 5 + 8;
                 (steps * per_step + around).max(DecodeDesign::Tiles.iterations(s, keys))
@@ -530,10 +532,10 @@ impl LanesVariant {
 }
 
 /// The fixed subgroup size the `Lanes` design builds for, where the adapter has one
-/// of 8 to 128 lanes.
+/// of 8 to 64 lanes (the sizes [`LanesVariant::ALL`] validates).
 fn lanes_subgroup(ctx: &Context) -> Option<u32> {
     match ctx.capabilities().subgroups {
-        Some((min, max)) if min == max && (8..=128).contains(&min) && min.is_power_of_two() => Some(min),
+        Some((min, max)) if min == max && (8..=64).contains(&min) && min.is_power_of_two() => Some(min),
         _ => None,
     }
 }

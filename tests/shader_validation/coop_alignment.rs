@@ -8,7 +8,8 @@
 //! expression, the largest power of two it is certainly a multiple of (literals and
 //! constants by value, sums by the smaller, products by the product, loop counters and
 //! `let`s through what is stored into them, function arguments through every call).
-//! A value the analysis cannot see through (a builtin, a load from memory) counts as 1,
+//! A value the analysis cannot see through (a builtin, an entry point's argument, a
+//! load from memory, a float, a local whose address escapes into a call) counts as 1,
 //! so the check errs on the side of failing.
 
 use naga::{Arena, BinaryOperator, Block, Expression, Function, Handle, Literal, Module, Statement};
@@ -95,7 +96,13 @@ impl<'m> Analysis<'m> {
                 Expression::LocalVariable(v) => *self.facts.locals.get(&(key, v.index())).unwrap_or(&TOP),
                 _ => 1,
             },
-            Expression::As { expr, .. } => self.align(key, *expr),
+            // An integer conversion keeps the value; a float carries no alignment, and a
+            // bitcast may come from one.
+            Expression::As {
+                expr,
+                kind: naga::ScalarKind::Uint | naga::ScalarKind::Sint,
+                convert: Some(_),
+            } => self.align(key, *expr),
             Expression::Select { accept, reject, .. } => self.align(key, *accept).min(self.align(key, *reject)),
             Expression::Binary { op, left, right } => {
                 let (a, b) = (self.align(key, *left), self.align(key, *right));
@@ -124,6 +131,13 @@ impl<'m> Analysis<'m> {
                 let init = local.init.map_or(TOP, |e| self.align(key, e));
                 self.facts.locals.insert((key, v.index()), init);
             }
+            // An entry point's arguments are builtins: nothing is known of them.
+            if key >= self.module.functions.len() {
+                for i in 0..f.arguments.len() {
+                    let i = u32::try_from(i).expect("few arguments");
+                    self.facts.arguments.insert((key, i), 1);
+                }
+            }
         }
         loop {
             let mut narrowed = Vec::new();
@@ -140,6 +154,10 @@ impl<'m> Analysis<'m> {
                         let callee = this.keys[function];
                         for (i, a) in arguments.iter().enumerate() {
                             narrowed.push((false, callee, i, this.align(key, *a)));
+                            // A local whose address is passed may be stored through it.
+                            if let Expression::LocalVariable(v) = this.functions[key].expressions[*a] {
+                                narrowed.push((true, key, v.index(), 1));
+                            }
                         }
                     }
                     _ => {}
