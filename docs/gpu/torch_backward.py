@@ -3,21 +3,13 @@
 forward and backward (autograd.grad of a kept graph) per backend, CUDA-event medians, TFLOP/s
 counting the forward as 4*B*Hq*Lq*Lk*D and the backward as 2.5x that (halved for causal).
 usage: torch_backward.py B,Hq,Hkv,Lq,Lk,D ..."""
-import sys, statistics, torch
+import sys, torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
+from torch_sdpa import median_ms as timeit  # the forward's yardstick, beside this script
 
 torch.backends.cuda.matmul.allow_tf32 = False
 dev = "cuda"
-
-def timeit(fn, reps=10):
-    for _ in range(2): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
 
 backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION}
