@@ -4,9 +4,10 @@
 // coalesced, with no barrier and no workgroup memory in the key loop. Appended to
 // attention_common.wgsl, decode_common.wgsl and decode_kv_buffers.wgsl (the k4 and
 // v4 views of K and V) after a generator prelude (kernels::decode::LanesVariant):
-// SG, the adapter's fixed subgroup size; LK, the lanes that share a key (8 or 16,
-// dividing SG); and LW, the 16-byte words of a head-dim row one lane holds
-// (DMAX / (LK * elements per word)).
+// SG, the adapter's fixed subgroup size; LK, the lanes that share a key (8 or 16 on
+// GPUs, 4 on lavapipe's 8-lane subgroups so that groups merge there too; dividing SG);
+// and LW, the 16-byte words of a head-dim row one lane holds (DMAX / (LK * elements
+// per word), at least 1).
 //
 // Tiling. A workgroup is one subgroup of SG lanes; workgroup (x, y) takes split x and
 // row block y (4 query rows sharing one kv head, as a vec4's components). The lanes
@@ -14,10 +15,10 @@
 // ..., so one step of the subgroup reads SG / LK consecutive rows. Lane l of a group
 // holds words l, l + LK, ... of a row (LW of them): its share of every Q row (loaded
 // once, scaled, element e of the 4 rows as one vec4) and of every output row. Per key:
-//   1. the lane has its K and V words (loaded a step ahead, both before any arithmetic,
-//      so two steps' loads are in flight), dots its K elements with its Q share, and log2(LK)
-//      subgroupShuffleXor steps sum the group's parts: every lane of the group has
-//      the key's 4 scores;
+//   1. the lane has its K and V words (loaded a step ahead, before any arithmetic, so
+//      two steps' loads are in flight), dots its K elements with its Q share, and
+//      log2(LK) subgroupShuffleXor steps sum the group's parts: every lane of the
+//      group has the key's 4 scores;
 //   2. masks: none for keys every row sees when visible ranges are the only rule;
 //      else decode_common's mask_quad;
 //   3. online softmax per group, every lane alike: the accumulator and sum are
