@@ -277,3 +277,37 @@ fn the_lanes_design_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn the_lanes_design_reads_paged_keys_as_the_gathered_ones_bit_for_bit() {
+    // Pages of 5 rows (a step's keys straddle pages), f32 rows of 20 and 12 elements:
+    // whole 16-byte words, so the lanes design reads them through the block table.
+    use common::paged::{PagedInputs, D};
+    use wgpu_attention::{Layout, Tensor};
+    let Some(_) = common::ctx() else { return };
+    let mut ctx = wgpu_attention::Context::new().expect("a second context");
+    ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
+    if decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto).is_err() {
+        common::skip_or_fail("the lanes design needs a fixed subgroup size");
+        return;
+    }
+    let mut rng = Rng::new(78);
+    let (batch, heads_q) = (3, 8);
+    let paged = PagedInputs::new(&ctx, DType::F32, &mut rng, (batch, 60, 200));
+    let q = Tensor::from_f32(
+        &ctx,
+        [batch, heads_q, 1, D],
+        Layout::Bhsd,
+        &rng.vec(batch * heads_q * D, -1.0, 1.0),
+    )
+    .expect("upload");
+    let options = AttentionOptions {
+        kernel: KernelChoice::Decode,
+        causal: Some(CausalAlignment::BottomRight),
+        key_lengths: Some(vec![297, 140, 3]),
+        align_to_key_lengths: true,
+        need_lse: true,
+        ..Default::default()
+    };
+    paged.assert_same(&ctx, &q, &options, "seed 78 decode/lanes");
+}
