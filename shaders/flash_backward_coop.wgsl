@@ -8,7 +8,8 @@ enable wgpu_cooperative_matrix;
 // they are staged (f16 inputs stay exact), and so are P and dX, the products' other
 // operand; recomputing the scores, the masks, exp, dP - D and every sum stay f32. It is
 // the tensor-core forward's layout (flash_coop.wgsl; docs/design.md, "Tensor cores")
-// without its pipelining, and, like it, has not run on tensor cores yet.
+// without its pipelining. On an NVIDIA H200: right, 23.9 TFLOP/s at (4,16,4096,128) f16
+// (2026-11-28).
 //
 // Generator parameters (a one-line prelude per variant, kernels::backward_coop): DMAX
 // (head dims up to it), BR (query rows or keys per workgroup, one 16-row band per
