@@ -426,6 +426,8 @@ fn bench_decode_reports_tokens_per_second() {
         .current_dir(&dir)
         .args(["bench", "--decode", "3,4,2,300,32", "--dtype", "f32", "--reps", "1"])
         .args(["--probe", "64", "--copy-mib", "1", "--json", "d.json"])
+        // The adapter's decode design beside the tiled one, and the fused kernel.
+        .args(["--kernel", "decode+tiles"])
         .output()
         .expect("runs");
     ok(&output);
@@ -435,8 +437,11 @@ fn bench_decode_reports_tokens_per_second() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("d.json")).expect("json written")).expect("valid json");
     let rows = doc["runs"][0]["rows"].as_array().expect("rows");
     let kernels: Vec<&str> = rows.iter().filter_map(|r| r["kernel"].as_str()).collect();
-    assert!(kernels.contains(&"decode"), "{kernels:?}");
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        kernels.contains(&"decode") && kernels.contains(&"decode/tiles"),
+        "{kernels:?}"
+    );
+    assert_eq!(rows.len(), 3, "{rows:?}");
     for row in rows {
         assert_eq!(row["status"], "measured", "{row}");
         assert_eq!(

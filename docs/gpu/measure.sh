@@ -77,10 +77,10 @@ step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused 
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
     --precision medium --reps "$reps" --probe "$probe" --json "$out/fused-medium.json"
-step decode "$bin" bench --decode "$decode" --dtype both --reps "$reps" --json "$out/decode.json"
-# The same with the older GPU decode design, for the ratio (docs/design.md, "Decode").
-step decode-tiles env WGPU_ATTENTION_DECODE=tiles "$bin" bench --decode "$decode" --dtype both \
-    --kernel decode --reps "$reps" --json "$out/decode-tiles.json"
+# Decode in the adapter's design (lanes on GPUs), in the tiled one and fused, side by
+# side in one process against one copy probe (docs/design.md, "Decode").
+step decode "$bin" bench --decode "$decode" --dtype both --kernel decode+tiles --reps "$reps" \
+    --json "$out/decode.json"
 step window "$bin" bench --shape "${window[0]}" --causal --window "${window[1]}" \
     --kernel fused --dtype both --reps "$reps" --json "$out/window.json"
 step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps" --json "$out/mha.json"
@@ -117,7 +117,7 @@ fi
 
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
-    for name in fused fused-medium decode decode-tiles window backward backward-coop; do
+    for name in fused fused-medium decode window backward backward-coop; do
         if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
             step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
         fi

@@ -25,6 +25,9 @@ pub enum BenchKernel {
     Materialized,
     /// Split-K decode.
     Decode,
+    /// Split-K decode in its `tiles` design (asked for by a tiling, so it runs whatever
+    /// the adapter's own pick), beside [`BenchKernel::Decode`] for the ratio.
+    DecodeTiles,
     /// The crate's f64 CPU reference (single-threaded).
     CpuReference,
     /// The backward pass (dQ, dK, dV from the fused forward's output and lse), its
@@ -54,6 +57,7 @@ impl BenchKernel {
             "materialized" => vec![BenchKernel::Materialized],
             "decode" => vec![BenchKernel::Decode],
             "decode+fused" => vec![BenchKernel::Decode, BenchKernel::Fused],
+            "decode+tiles" => vec![BenchKernel::Decode, BenchKernel::DecodeTiles, BenchKernel::Fused],
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
@@ -287,17 +291,28 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
                 Err(e) => Err(e),
             }
         }
-        BenchKernel::Fused | BenchKernel::Materialized | BenchKernel::Decode | BenchKernel::DecodeRotary => {
+        BenchKernel::Fused
+        | BenchKernel::Materialized
+        | BenchKernel::Decode
+        | BenchKernel::DecodeTiles
+        | BenchKernel::DecodeRotary => {
             let choice = match kernel {
                 BenchKernel::Fused => KernelChoice::Fused,
-                BenchKernel::Decode | BenchKernel::DecodeRotary => KernelChoice::Decode,
+                BenchKernel::Decode | BenchKernel::DecodeTiles | BenchKernel::DecodeRotary => KernelChoice::Decode,
                 _ => KernelChoice::Materialized,
             };
-            let options = case.options(choice);
+            let mut options = case.options(choice);
+            if kernel == BenchKernel::DecodeTiles {
+                // Any tiling but `subgroup` asks for the tiled decode design.
+                options.tiling = crate::options::FusedTiling::Registers;
+            }
             let rotary = (kernel == BenchKernel::DecodeRotary).then(|| bench_rotary(&shape));
             let mut name = resolve_kernel(ctx, case.dtype, &options, &shape)?.name();
             if rotary.is_some() {
                 name.push_str("+rope");
+            }
+            if kernel == BenchKernel::DecodeTiles {
+                name.push_str("/tiles");
             }
             let [q, k, v] = match bench_inputs(ctx, &shape, case.dtype) {
                 Ok(inputs) => inputs,
@@ -313,8 +328,11 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             // copies K and V into a new mirror each call, at (1,32,8,32768,128) f32 on
             // lavapipe about a third of its time (page faults of fresh memory). A cache
             // aligns positions bottom-right, so top-left causal cases read the tensors.
-            let from_cache =
-                !case.causal && (matches!(kernel, BenchKernel::Decode | BenchKernel::DecodeRotary) || shape.len_q == 1);
+            let from_cache = !case.causal
+                && (matches!(
+                    kernel,
+                    BenchKernel::Decode | BenchKernel::DecodeTiles | BenchKernel::DecodeRotary
+                ) || shape.len_q == 1);
             let timed = (|| {
                 let cache = if from_cache {
                     Some(filled_cache(ctx, &shape, case.dtype, &k, &v, rotary)?)

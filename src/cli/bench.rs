@@ -44,6 +44,7 @@ pub struct BenchArgs {
     /// What to time:
     ///   fused, materialized, decode, cpu (the f64 reference)
     ///   decode+fused, both (fused + materialized), all
+    ///   decode+tiles: decode in the adapter's design, in the tiled one, and fused
     ///   backward, fused+backward: the backward pass (beside the forward); its GFLOP/s
     ///     count 2.5x the forward's FLOPs, as FlashAttention-2 does
     ///   backward+materialized: those and the materialized backward (small problems)
@@ -159,7 +160,7 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, cpu, both, all, backward, fused+backward, backward+materialized, fused+merge or decode+rope",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, decode+tiles, cpu, both, all, backward, fused+backward, backward+materialized, fused+merge or decode+rope",
                 args.kernel
             ))
         })?;
