@@ -33,7 +33,9 @@ mkdir -p "$out"
 # The shapes the issues' targets name (B,Hq,Hkv,Lq,Lk,D), or small ones under SMOKE=1.
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
-    mha=1,64,64,4 reps=2 probe=64 tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1)
+    mha=1,64,64,4 reps=2 probe=64
+    # Two tensor-core variants: each emulated one is a compile of tens of seconds on lavapipe.
+    tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --variants 64x16x16,64x32x32)
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
