@@ -346,7 +346,16 @@ fn panel_layout(p: &Panel, labels: &Labels, pool: (usize, usize)) -> PanelLayout
     let grid_w = cell * p.len_k as u32;
     let grid_h = cell * p.len_q as u32;
     let bottom = PAD + key_label_rows * CHAR_H + PAD + CHAR_H; // key labels + axis name
-    let width = (left + grid_w)
+
+    // A level or staggered label centred under the last column may reach past the grid.
+    let overhang = match &labels.keys {
+        Some(l) if cell >= CHAR_W && !matches!(key_labels(l, cell), KeyLabels::Vertical(_)) => {
+            let widest = l.iter().map(|s| s.chars().count()).max().unwrap_or(0) as u32 * CHAR_W;
+            (widest / 2).saturating_sub(cell / 2)
+        }
+        _ => 0,
+    };
+    let width = (left + grid_w + overhang)
         .max(left + "key position".len() as u32 * CHAR_W)
         .max(p.title.chars().count() as u32 * CHAR_W);
     PanelLayout {
