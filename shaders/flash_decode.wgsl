@@ -1,5 +1,6 @@
 // Split-K decode attention (FlashDecoding), for few query rows against many keys:
-// appended to attention_common.wgsl, whose masking and online-softmax rules it calls.
+// appended to attention_common.wgsl (whose masking and online-softmax rules it calls),
+// decode_common.wgsl and decode_scores.wgsl.
 //
 // Tiling. A workgroup of 64 invocations owns DEC_ROWS query rows (4 or 8, a constant
 // the host prepends: kernels::decode::SPLIT_VARIANTS) that share one kv head (GQA: the

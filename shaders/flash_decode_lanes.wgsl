@@ -37,16 +37,6 @@ const GROUPS: u32 = SG / LK;
 const EW: u32 = 4u * ELEMS_PER_WORD;
 const LE: u32 = LW * EW;
 
-// decode_common.wgsl's decode_scores calls these; this kernel scores keys its own way
-// and never calls it.
-fn kv_vec4s() -> u32 {
-    return 1u;
-}
-
-fn decode_k_load(k_row: u32, t: u32) -> KvLoad {
-    return KvLoad(vec4<f32>(0.0), vec4<f32>(0.0));
-}
-
 // The 4 or 8 elements of a 16-byte word as f32, in vec4s (the second is zero for f32).
 fn word_elements(w: vec4<u32>) -> array<vec4<f32>, 2> {
     if ELEMS_PER_WORD == 1u {

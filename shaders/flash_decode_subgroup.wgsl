@@ -1,7 +1,7 @@
 // Split-K decode for CPU adapters with subgroups of at least 8 lanes (lavapipe): the
 // same splits, row blocks and partial results as flash_decode.wgsl (decode_combine
 // there merges them), arranged for a SIMD CPU. Appended to attention_common.wgsl,
-// decode_common.wgsl and one of decode_kv_buffers.wgsl (K and V from their buffers)
+// decode_common.wgsl, decode_scores.wgsl and one of decode_kv_buffers.wgsl (K and V from their buffers)
 // and decode_kv_texels.wgsl (from a KV cache's texel mirror), which define kv_words.
 //
 // Why a separate kernel: flash_decode.wgsl's workgroup of 64 invocations needs three

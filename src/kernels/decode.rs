@@ -16,6 +16,8 @@ const SOURCE: &str = include_str!("../../shaders/flash_decode.wgsl");
 const SUBGROUP_SOURCE: &str = include_str!("../../shaders/flash_decode_subgroup.wgsl");
 const LANES_SOURCE: &str = include_str!("../../shaders/flash_decode_lanes.wgsl");
 const DECODE_COMMON: &str = include_str!("../../shaders/decode_common.wgsl");
+/// Scoring against Q rows staged in workgroup memory (the tiles and subgroup designs).
+const DECODE_SCORES: &str = include_str!("../../shaders/decode_scores.wgsl");
 /// How the subgroup design reads K and V: from their buffers, or from a KV cache's
 /// texel mirror (`kernels::kv_texels`).
 const KV_BUFFERS: &str = include_str!("../../shaders/decode_kv_buffers.wgsl");
@@ -320,12 +322,36 @@ const SUBGROUP_TEXEL_SLOTS: &[Slot] = &[
     Slot::SideWords,
     Slot::Scores,
 ];
-const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON];
-const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON];
-const SUBGROUP_ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON, KV_BUFFERS];
-const SUBGROUP_ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON, KV_BUFFERS];
-const TEXEL_ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON, KV_TEXELS];
-const TEXEL_ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON, KV_TEXELS];
+const ROWS_4: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 4u;\n", DECODE_COMMON, DECODE_SCORES];
+const ROWS_8: &[&str] = &[COMMON, "const DEC_ROWS: u32 = 8u;\n", DECODE_COMMON, DECODE_SCORES];
+const SUBGROUP_ROWS_4: &[&str] = &[
+    COMMON,
+    "const DEC_ROWS: u32 = 4u;\n",
+    DECODE_COMMON,
+    DECODE_SCORES,
+    KV_BUFFERS,
+];
+const SUBGROUP_ROWS_8: &[&str] = &[
+    COMMON,
+    "const DEC_ROWS: u32 = 8u;\n",
+    DECODE_COMMON,
+    DECODE_SCORES,
+    KV_BUFFERS,
+];
+const TEXEL_ROWS_4: &[&str] = &[
+    COMMON,
+    "const DEC_ROWS: u32 = 4u;\n",
+    DECODE_COMMON,
+    DECODE_SCORES,
+    KV_TEXELS,
+];
+const TEXEL_ROWS_8: &[&str] = &[
+    COMMON,
+    "const DEC_ROWS: u32 = 8u;\n",
+    DECODE_COMMON,
+    DECODE_SCORES,
+    KV_TEXELS,
+];
 const TILES_FILE: (&str, &str, &str) = ("flash_decode.wgsl", SOURCE, "decode_split");
 const SUBGROUP_FILE: (&str, &str, &str) = ("flash_decode_subgroup.wgsl", SUBGROUP_SOURCE, "decode_split_subgroup");
 
