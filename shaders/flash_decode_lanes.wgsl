@@ -5,9 +5,11 @@
 // attention_common.wgsl, decode_common.wgsl and decode_kv_buffers.wgsl (the k4 and
 // v4 views of K and V) after a generator prelude (kernels::decode::LanesVariant):
 // SG, the adapter's fixed subgroup size; LK, the lanes that share a key (8 or 16 on
-// GPUs, 4 on lavapipe's 8-lane subgroups so that groups merge there too; dividing SG);
-// and LW, the 16-byte words of a head-dim row one lane holds (DMAX / (LK * elements
-// per word), at least 1).
+// GPUs, 4 on lavapipe's 8-lane subgroups so that groups merge there too, 4 or 8 for
+// int8; dividing SG); one of decode_lanes_float.wgsl and decode_lanes_int8.wgsl, which
+// say how a 16-byte word of K or V becomes EW elements and give each row's scales
+// (an int8 KV cache's; 1 otherwise); and LW, the 16-byte words of a head-dim row one
+// lane holds (DMAX / (LK * EW), at least 1).
 //
 // Tiling. A workgroup is one subgroup of SG lanes; workgroup (x, y) takes split x and
 // row block y (4 query rows sharing one kv head, as a vec4's components). The lanes
@@ -15,15 +17,16 @@
 // ..., so one step of the subgroup reads SG / LK consecutive rows. Lane l of a group
 // holds words l, l + LK, ... of a row (LW of them): its share of every Q row (loaded
 // once, scaled, element e of the 4 rows as one vec4) and of every output row. Per key:
-//   1. the lane has its K and V words (loaded a step ahead, before any arithmetic, so
-//      two steps' loads are in flight), dots its K elements with its Q share, and
-//      log2(LK) subgroupShuffleXor steps sum the group's parts: every lane of the
-//      group has the key's 4 scores;
+//   1. the lane has its K and V words and the rows' scales (loaded a step ahead,
+//      before any arithmetic, so two steps' loads are in flight), dots its K elements
+//      with its Q share, and log2(LK) subgroupShuffleXor steps sum the group's parts:
+//      every lane of the group has the key's 4 scores (times K's row scale);
 //   2. masks: none for keys every row sees when visible ranges are the only rule;
 //      else decode_common's mask_quad;
 //   3. online softmax per group, every lane alike: the accumulator and sum are
 //      rescaled only when a score passes the running maximum (rare after the first
-//      keys), then P·V adds the key's V elements times its 4 probabilities.
+//      keys), then P·V adds the key's V elements times its 4 probabilities (times V's
+//      row scale).
 // Past the split's end the groups' last steps read the last readable key, masked.
 // Then the groups of the subgroup merge (m, sum, accumulator) by shuffles, and the
 // first group writes the split's rows normalised, with their log-sum-exp.
@@ -33,36 +36,27 @@
 
 // Key groups a subgroup walks at once.
 const GROUPS: u32 = SG / LK;
-// Elements of a 16-byte word, and a lane's elements of a row.
-const EW: u32 = 4u * ELEMS_PER_WORD;
+// A lane's elements of a row.
 const LE: u32 = LW * EW;
 
-// The 4 or 8 elements of a 16-byte word as f32, in vec4s (the second is zero for f32).
-fn word_elements(w: vec4<u32>) -> array<vec4<f32>, 2> {
-    if ELEMS_PER_WORD == 1u {
-        return array<vec4<f32>, 2>(bitcast<vec4<f32>>(w), vec4<f32>(0.0));
-    }
-    return array<vec4<f32>, 2>(
-        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
-        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
-    );
-}
-
 // Element e (of 4 per vec4) of a word's elements.
-fn element(x: array<vec4<f32>, 2>, e: u32) -> f32 {
+fn element(x: WordElements, e: u32) -> f32 {
     return x[e / 4u][e % 4u];
 }
 
-// A lane's words of key j's K and V rows: words part, part + LK, ... (zero past a row).
+// A lane's words of key j's K and V rows: words part, part + LK, ... (zero past a
+// row), and the rows' scales.
 struct RowWords {
     k: array<vec4<u32>, LW>,
     v: array<vec4<u32>, LW>,
+    scale: vec2<f32>,
 }
 
 fn load_row_words(b: u32, k_base: u32, v_base: u32, j: u32, part: u32, k_words: u32, v_words: u32) -> RowWords {
     let k_at = (k_base + kv_offset(true, b, j)) / EW;
     let v_at = (v_base + kv_offset(false, b, j)) / EW;
     var r: RowWords;
+    r.scale = row_scales(k_at, v_at);
     for (var i = 0u; i < LW; i++) {
         let w = part + i * LK;
         r.k[i] = select(vec4<u32>(0u), k4[k_at + min(w, k_words - 1u)], w < k_words);
@@ -123,6 +117,7 @@ fn decode_split_lanes(
         let j = blk.begin + step * GROUPS + group;
         let kw = next.k;
         let vw = next.v;
+        let scale = next.scale;
         if step + 1u < steps {
             let jn = min(j + GROUPS, last_k);
             next = load_row_words(b, k_base, v_base, jn, part, k_words, v_words);
@@ -137,6 +132,7 @@ fn decode_split_lanes(
         for (var o = 1u; o < LK; o *= 2u) {
             s += subgroupShuffleXor(s, o);
         }
+        s *= scale.x;
         let open = plain && j >= blk.open_begin && j < blk.open_end;
         if !open {
             s = mask_quad(b, hk, blk.block, 0u, j, blk.stop, s);
@@ -152,10 +148,11 @@ fn decode_split_lanes(
         }
         let pr = softmax_probs(s, m);
         l += pr;
+        let pv = pr * scale.y;
         for (var i = 0u; i < LW; i++) {
             let x = word_elements(vw[i]);
             for (var e = 0u; e < EW; e++) {
-                acc[i * EW + e] += pr * element(x, e);
+                acc[i * EW + e] += pv * element(x, e);
             }
         }
     }

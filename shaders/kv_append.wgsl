@@ -125,3 +125,49 @@ fn kv_texels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         }
     }
 }
+
+// For kv_quantize: an int8 KV cache's codes, four to a 32-bit word (byte c of word i
+// is element 4i + c; dst_b, dst_h and dst_s count elements, and rows are whole words),
+// and its row scales, the scale of the row starting at element e at e / dim
+// (src/quantized_kv.rs, docs/design.md "int8 KV cache").
+@group(0) @binding(7) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(8) var<storage, read_write> scales: array<f32>;
+
+// Element d of appended row s of a pair as kv_append would write it: rotated where
+// ap.rot_dim reaches, and rounded to the rows' element type.
+fn appended(pr: PairRows, s: u32, d: u32) -> f32 {
+    let row = pr.b * ap.src_b + pr.h * ap.src_h + s * ap.src_s;
+    if d < ap.rot_dim {
+        let rp = rotary_pair(d, ap.rot_dim, ap.rot_interleaved != 0u);
+        let cs = rot[(pr.b * ap.new_len + s) * (ap.rot_dim / 2u) + rp.pair];
+        return f32(elem(rotated(f32(src[row + d]), f32(src[row + rp.partner]), cs, rp.first)));
+    }
+    return f32(src[row + d]);
+}
+
+// Quantizes appended rows (symmetric, per row): scale = max|x| / 127, code =
+// round(x / max|x| * 127) (ties to even) clamped to [-127, 127]. A row whose largest
+// magnitude is below f32's smallest normal (zero, or subnormals a GPU may flush) has
+// scale 0 and codes 0. Same tiling as kv_append, each invocation one whole row.
+@compute @workgroup_size(64, 1, 1)
+fn kv_quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let pr = pair_rows(gid, groups);
+    for (var s = gid.x; s < pr.count; s += groups.x * 64u) {
+        var top = 0.0;
+        for (var d = 0u; d < ap.dim; d++) {
+            top = max(top, abs(appended(pr, s, d)));
+        }
+        let live = top >= 1.17549435e-38;
+        let at = dst_row(pr.b, pr.start + s) + pr.h * ap.dst_h;
+        for (var w = 0u; w < ap.dim / 4u; w++) {
+            var word = 0u;
+            for (var c = 0u; c < 4u; c++) {
+                let x = appended(pr, s, 4u * w + c);
+                let code = select(0.0, clamp(round(x / top * 127.0), -127.0, 127.0), live);
+                word |= (bitcast<u32>(i32(code)) & 0xffu) << (8u * c);
+            }
+            codes[at / 4u + w] = word;
+        }
+        scales[at / ap.dim] = select(0.0, top / 127.0, live);
+    }
+}

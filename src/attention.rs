@@ -447,81 +447,8 @@ impl Plan {
         out: &Tensor,
         options: &AttentionOptions,
     ) -> AttentionParams {
-        let s = &self.shape;
-        let [qb, qh, qs, _] = q.strides();
-        let [k_page, kh, ks, _] = k.strides();
-        let [v_page, vh, vs, _] = v.strides();
-        // Paged K and V: the batch element picks pages through the table, not a stride.
-        let (kb, vb) = if self.pages.is_some() { (0, 0) } else { (k_page, v_page) };
-        let [ob, oh, os, _] = out.strides();
-        // A causal mask is a window's right edge at 0 (docs/design.md, "Masks"); edges
-        // past Lq + Lk (+ |position_offset|, which moves queries that far from the keys)
-        // reach every key, and clamping them keeps the WGSL's i32 position arithmetic in
-        // range (check_options bounds the sum).
-        let moved = options.position_offset.map_or(0, |o| o.unsigned_abs() as usize);
-        let reach = s.len_q + s.len_k + moved;
-        let window = options.window.unwrap_or_default();
-        let right = match options.causal {
-            Some(_) => Some(0), // no window edge is tighter than 0
-            None => window.right.map(|r| r.min(reach)),
-        };
-        let left = window.left.map(|l| l.min(reach));
-        let (mask_kind, m) = match &options.mask {
-            None => (MASK_NONE, [0; 4]),
-            Some(mask) => (
-                match mask.values() {
-                    MaskValues::Bool(_) => MASK_BOOL,
-                    MaskValues::Additive(_) => MASK_ADDITIVE,
-                },
-                mask.broadcast_strides(),
-            ),
-        };
-        AttentionParams {
-            batch: s.batch as u32,
-            heads_q: s.heads_q as u32,
-            heads_kv: s.heads_kv as u32,
-            len_q: s.len_q as u32,
-            len_k: s.len_k as u32,
-            head_dim: s.head_dim as u32,
-            head_dim_v: s.head_dim_v as u32,
-            scale: s.scale(options),
-            q_stride_b: qb as u32,
-            q_stride_h: qh as u32,
-            q_stride_s: qs as u32,
-            has_right: right.is_some() as u32,
-            k_stride_b: kb as u32,
-            k_stride_h: kh as u32,
-            k_stride_s: ks as u32,
-            pos_offset: options.query_position_offset(s.len_q, s.len_k) as i32,
-            v_stride_b: vb as u32,
-            v_stride_h: vh as u32,
-            v_stride_s: vs as u32,
-            has_key_lengths: options.key_lengths.is_some() as u32,
-            o_stride_b: ob as u32,
-            o_stride_h: oh as u32,
-            o_stride_s: os as u32,
-            mask_kind,
-            m_stride_b: m[0] as u32,
-            m_stride_h: m[1] as u32,
-            m_stride_q: m[2] as u32,
-            m_stride_k: m[3] as u32,
-            bh_start: 0,
-            bh_count: s.batch_heads() as u32,
-            key_begin: 0,
-            key_stop: s.len_k as u32,
-            splits: 1,
-            right: right.unwrap_or(0) as u32,
-            has_left: left.is_some() as u32,
-            left: left.unwrap_or(0) as u32,
-            softcap: options.softcap.unwrap_or(0.0),
-            has_alibi: options.alibi_slopes.is_some() as u32,
-            align_to_lengths: options.aligns_to_key_lengths() as u32,
-            page_size: self.pages.as_ref().map_or(0, |_| k.shape()[2] as u32),
-            table_offset: side_words_before_table(s, options) as u32,
-            table_stride: self.pages.as_ref().map_or(0, |t| t.pages_per_sequence() as u32),
-            k_page_stride: k_page as u32,
-            v_page_stride: v_page as u32,
-        }
+        let strides = [q.strides(), k.strides(), v.strides(), out.strides()];
+        params_for(&self.shape, self.pages.as_ref(), strides, k.shape()[2], options)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -766,7 +693,89 @@ impl<'a> Buffers<'a> {
             lse: self.outputs.lse.buffer(),
             kv_texels: self.kv_texels,
             words_stand_in: None,
+            kv_scales: None,
         }
+    }
+}
+
+/// The params of attention of shape `s` over inputs with element strides `[q, k, v,
+/// out]` (K of `k_rows` rows per batch element, or per page where `pages` is given).
+pub(crate) fn params_for(
+    s: &AttentionShape,
+    pages: Option<&PageTable>,
+    [[qb, qh, qs, _], [k_page, kh, ks, _], [v_page, vh, vs, _], [ob, oh, os, _]]: [[usize; 4]; 4],
+    k_rows: usize,
+    options: &AttentionOptions,
+) -> AttentionParams {
+    // Paged K and V: the batch element picks pages through the table, not a stride.
+    let (kb, vb) = if pages.is_some() { (0, 0) } else { (k_page, v_page) };
+    // A causal mask is a window's right edge at 0 (docs/design.md, "Masks"); edges
+    // past Lq + Lk (+ |position_offset|, which moves queries that far from the keys)
+    // reach every key, and clamping them keeps the WGSL's i32 position arithmetic in
+    // range (check_options bounds the sum).
+    let moved = options.position_offset.map_or(0, |o| o.unsigned_abs() as usize);
+    let reach = s.len_q + s.len_k + moved;
+    let window = options.window.unwrap_or_default();
+    let right = match options.causal {
+        Some(_) => Some(0), // no window edge is tighter than 0
+        None => window.right.map(|r| r.min(reach)),
+    };
+    let left = window.left.map(|l| l.min(reach));
+    let (mask_kind, m) = match &options.mask {
+        None => (MASK_NONE, [0; 4]),
+        Some(mask) => (
+            match mask.values() {
+                MaskValues::Bool(_) => MASK_BOOL,
+                MaskValues::Additive(_) => MASK_ADDITIVE,
+            },
+            mask.broadcast_strides(),
+        ),
+    };
+    AttentionParams {
+        batch: s.batch as u32,
+        heads_q: s.heads_q as u32,
+        heads_kv: s.heads_kv as u32,
+        len_q: s.len_q as u32,
+        len_k: s.len_k as u32,
+        head_dim: s.head_dim as u32,
+        head_dim_v: s.head_dim_v as u32,
+        scale: s.scale(options),
+        q_stride_b: qb as u32,
+        q_stride_h: qh as u32,
+        q_stride_s: qs as u32,
+        has_right: right.is_some() as u32,
+        k_stride_b: kb as u32,
+        k_stride_h: kh as u32,
+        k_stride_s: ks as u32,
+        pos_offset: options.query_position_offset(s.len_q, s.len_k) as i32,
+        v_stride_b: vb as u32,
+        v_stride_h: vh as u32,
+        v_stride_s: vs as u32,
+        has_key_lengths: options.key_lengths.is_some() as u32,
+        o_stride_b: ob as u32,
+        o_stride_h: oh as u32,
+        o_stride_s: os as u32,
+        mask_kind,
+        m_stride_b: m[0] as u32,
+        m_stride_h: m[1] as u32,
+        m_stride_q: m[2] as u32,
+        m_stride_k: m[3] as u32,
+        bh_start: 0,
+        bh_count: s.batch_heads() as u32,
+        key_begin: 0,
+        key_stop: s.len_k as u32,
+        splits: 1,
+        right: right.unwrap_or(0) as u32,
+        has_left: left.is_some() as u32,
+        left: left.unwrap_or(0) as u32,
+        softcap: options.softcap.unwrap_or(0.0),
+        has_alibi: options.alibi_slopes.is_some() as u32,
+        align_to_lengths: options.aligns_to_key_lengths() as u32,
+        page_size: pages.map_or(0, |_| k_rows as u32),
+        table_offset: side_words_before_table(s, options) as u32,
+        table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
+        k_page_stride: k_page as u32,
+        v_page_stride: v_page as u32,
     }
 }
 

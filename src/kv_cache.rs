@@ -188,42 +188,13 @@ impl KvCache {
         self.k.check_context(ctx, "KV cache")?;
         self.check_rows(ctx, "k_new", k_new, self.k.shape()[3])?;
         self.check_rows(ctx, "v_new", v_new, self.v.shape()[3])?;
-        let n = k_new.shape()[2];
-        if v_new.shape()[2] != n {
-            return Err(Error::shape(
-                "rows of v_new",
-                format!("{n} (from k_new)"),
-                v_new.shape()[2],
-            ));
-        }
-        if counts.len() != self.lengths.len() {
-            return Err(Error::shape(
-                "append counts",
-                format!("{} entries (one per batch element)", self.lengths.len()),
-                counts.len(),
-            ));
-        }
-        for (b, (&count, &len)) in counts.iter().zip(&self.lengths).enumerate() {
-            if count as usize > n {
-                return Err(Error::invalid(
-                    "append counts",
-                    format!("entry {b} is {count}, more than the {n} rows given"),
-                ));
-            }
-            let needed = len as usize + count as usize;
-            if needed > self.capacity() {
-                // The cache's own capacity, which the caller chose: not a device limit.
-                return Err(Error::CapacityExceeded {
-                    what: format!(
-                        "KV cache rows of batch element {b} ({len} held + {count} appended; KvCache::grow makes room)"
-                    ),
-                    capacity: "the cache's capacity",
-                    unit: "rows",
-                    requested: needed as u64,
-                    max: self.capacity() as u64,
-                });
-            }
-        }
+        check_append(
+            (k_new, v_new),
+            counts,
+            &self.lengths,
+            self.capacity(),
+            "KvCache::grow makes room",
+        )?;
         ctx.record_and_submit("submitting a KV cache append", |encoder| {
             kv_append::encode(
                 ctx,
@@ -384,23 +355,76 @@ impl KvCache {
 
     /// The caller's options with the cache's lengths and bottom-right alignment to them.
     pub(crate) fn attend_options(&self, options: &AttentionOptions) -> Result<AttentionOptions> {
-        if options.key_lengths.is_some() {
-            return Err(Error::invalid(
-                "key lengths with a KV cache",
-                "the cache supplies them (its lengths); leave AttentionOptions::key_lengths unset",
-            ));
-        }
-        Ok(AttentionOptions {
-            key_lengths: Some(self.lengths.clone()),
-            align_to_key_lengths: true,
-            ..options.clone()
-        })
+        attend_options(&self.lengths, options)
     }
 
     fn check_rows(&self, ctx: &Context, what: &str, t: &Tensor, dim: usize) -> Result<()> {
         let [b, h, _, _] = self.k.shape();
         check_new_rows(ctx, what, t, ("B", b), h, dim, self.k.dtype())
     }
+}
+
+/// The caller's options with a cache's `lengths` and bottom-right alignment to them.
+pub(crate) fn attend_options(lengths: &[u32], options: &AttentionOptions) -> Result<AttentionOptions> {
+    if options.key_lengths.is_some() {
+        return Err(Error::invalid(
+            "key lengths with a KV cache",
+            "the cache supplies them (its lengths); leave AttentionOptions::key_lengths unset",
+        ));
+    }
+    Ok(AttentionOptions {
+        key_lengths: Some(lengths.to_vec()),
+        align_to_key_lengths: true,
+        ..options.clone()
+    })
+}
+
+/// Refuses an append of the first `counts[b]` rows of `k_new` and `v_new` to a cache
+/// of `capacity` rows whose batch element `b` holds `lengths[b]` rows: row counts that
+/// differ, one count per element, none past the rows given or the capacity (`remedy`
+/// says what makes room).
+pub(crate) fn check_append(
+    (k_new, v_new): (&Tensor, &Tensor),
+    counts: &[u32],
+    lengths: &[u32],
+    capacity: usize,
+    remedy: &str,
+) -> Result<()> {
+    let n = k_new.shape()[2];
+    if v_new.shape()[2] != n {
+        return Err(Error::shape(
+            "rows of v_new",
+            format!("{n} (from k_new)"),
+            v_new.shape()[2],
+        ));
+    }
+    if counts.len() != lengths.len() {
+        return Err(Error::shape(
+            "append counts",
+            format!("{} entries (one per batch element)", lengths.len()),
+            counts.len(),
+        ));
+    }
+    for (b, (&count, &len)) in counts.iter().zip(lengths).enumerate() {
+        if count as usize > n {
+            return Err(Error::invalid(
+                "append counts",
+                format!("entry {b} is {count}, more than the {n} rows given"),
+            ));
+        }
+        let needed = len as usize + count as usize;
+        if needed > capacity {
+            // The cache's own capacity, which the caller chose: not a device limit.
+            return Err(Error::CapacityExceeded {
+                what: format!("KV cache rows of batch element {b} ({len} held + {count} appended; {remedy})"),
+                capacity: "the cache's capacity",
+                unit: "rows",
+                requested: needed as u64,
+                max: capacity as u64,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a cache that attention could never read: no batch elements or heads, a head

@@ -87,6 +87,7 @@ pub mod mha;
 mod options;
 mod paged_kv;
 mod problem;
+mod quantized_kv;
 pub mod reference;
 #[cfg(feature = "json")]
 pub mod report;
@@ -129,6 +130,9 @@ pub use options::{
 };
 pub use paged_kv::{PageTable, PagedKvCache, PagedKvConfig, SequenceId};
 pub use problem::{AttentionShape, MAX_HEAD_DIM};
+pub use quantized_kv::{
+    encode_sdpa_quantized, reads_codes, sdpa_quantized, QuantizedKv, QuantizedKvCache, QuantizedRows,
+};
 pub use rotary::{apply_rotary, encode_apply_rotary, Rotary, RotaryStyle};
 #[cfg(not(target_arch = "wasm32"))]
 pub use sharded::{sdpa_sharded, KeyShard};

@@ -22,6 +22,10 @@ const DECODE_SCORES: &str = include_str!("../../shaders/decode_scores.wgsl");
 /// texel mirror (`kernels::kv_texels`).
 const KV_BUFFERS: &str = include_str!("../../shaders/decode_kv_buffers.wgsl");
 const KV_TEXELS: &str = include_str!("../../shaders/decode_kv_texels.wgsl");
+/// How the lanes design turns K and V words into elements: of the attention's dtype, or
+/// int8 codes with a scale per row (an int8 KV cache, `crate::quantized_kv`).
+const LANES_FLOAT: &str = include_str!("../../shaders/decode_lanes_float.wgsl");
+const LANES_INT8: &str = include_str!("../../shaders/decode_lanes_int8.wgsl");
 
 /// How a split pass is arranged (docs/design.md, "Decode").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -440,93 +444,102 @@ const LANES_ROWS: usize = 4;
 
 /// The bindings of `flash_decode_lanes.wgsl`: K and V as 16-byte words only.
 const LANES_SLOTS: &[Slot] = SUBGROUP_SLOTS;
+/// Its int8 form: the codes as 16-byte words, and the rows' scales.
+const LANES_INT8_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K4,
+    Slot::V4,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Scores,
+    Slot::KScales,
+    Slot::VScales,
+];
 
 /// One kernel of the `Lanes` design: head dims up to `dmax` (64 or 128), subgroups of
-/// `sg` lanes, `lk` lanes to a key (`LW`, a lane's words of a row, follows from these
-/// and the element type in the WGSL).
+/// `sg` lanes, `lk` lanes to a key, K and V of the attention's dtype or (`int8`) int8
+/// codes with row scales (`LW`, a lane's words of a row, follows from these and the
+/// element type in the WGSL).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LanesVariant {
     pub dmax: u32,
     pub sg: u32,
     pub lk: u32,
+    pub int8: bool,
+}
+
+/// A variant reading K and V of the attention's dtype (for [`LanesVariant::ALL`]).
+const fn float_lanes(dmax: u32, sg: u32, lk: u32) -> LanesVariant {
+    LanesVariant {
+        dmax,
+        sg,
+        lk,
+        int8: false,
+    }
+}
+
+/// A variant reading an int8 KV cache.
+const fn int8_lanes(dmax: u32, sg: u32, lk: u32) -> LanesVariant {
+    LanesVariant {
+        dmax,
+        sg,
+        lk,
+        int8: true,
+    }
 }
 
 impl LanesVariant {
     /// Every kernel the design builds on the subgroup sizes tests and GPUs meet (8:
     /// lavapipe; 32: NVIDIA, AMD's wave32; 64: AMD's wave64), for validation.
-    pub const ALL: [LanesVariant; 11] = [
-        LanesVariant { dmax: 64, sg: 8, lk: 4 },
-        LanesVariant {
-            dmax: 128,
-            sg: 8,
-            lk: 4,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 32,
-            lk: 8,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 32,
-            lk: 16,
-        },
-        LanesVariant {
-            dmax: 128,
-            sg: 32,
-            lk: 16,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 64,
-            lk: 8,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 64,
-            lk: 16,
-        },
-        LanesVariant {
-            dmax: 128,
-            sg: 64,
-            lk: 16,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 16,
-            lk: 8,
-        },
-        LanesVariant {
-            dmax: 64,
-            sg: 16,
-            lk: 16,
-        },
-        LanesVariant {
-            dmax: 128,
-            sg: 16,
-            lk: 16,
-        },
+    pub const ALL: [LanesVariant; 19] = [
+        float_lanes(64, 8, 4),
+        float_lanes(128, 8, 4),
+        float_lanes(64, 32, 8),
+        float_lanes(64, 32, 16),
+        float_lanes(128, 32, 16),
+        float_lanes(64, 64, 8),
+        float_lanes(64, 64, 16),
+        float_lanes(128, 64, 16),
+        float_lanes(64, 16, 8),
+        float_lanes(64, 16, 16),
+        float_lanes(128, 16, 16),
+        int8_lanes(64, 8, 4),
+        int8_lanes(128, 8, 4),
+        int8_lanes(64, 16, 4),
+        int8_lanes(128, 16, 8),
+        int8_lanes(64, 32, 4),
+        int8_lanes(128, 32, 8),
+        int8_lanes(64, 64, 4),
+        int8_lanes(128, 64, 8),
     ];
 
-    /// The variant for head dims `d`, `dv` of `dtype` on subgroups of `sg` lanes: the
-    /// smaller head-dim class that holds both, and 16 lanes to a key where the
-    /// subgroup and the class's words allow (half the registers a lane needs, so twice
-    /// the subgroups in flight), else 8; on 8-lane subgroups (lavapipe, where the
-    /// design runs only when pinned) 4, so that two key groups share a subgroup and
-    /// CI runs their merge as 32-lane GPUs do.
-    pub fn for_problem(d: usize, dv: usize, dtype: DType, sg: u32) -> Option<LanesVariant> {
+    /// The variant for head dims `d`, `dv` of K and V stored as `kv` on subgroups of
+    /// `sg` lanes: the smaller head-dim class that holds both, and 16 lanes to a key
+    /// where the subgroup and the class's words allow (half the registers a lane needs,
+    /// so twice the subgroups in flight), else 8; int8 rows are 4 or 8 words, one
+    /// lane each; on 8-lane subgroups (lavapipe, where the design runs only when
+    /// pinned, or for an int8 cache) 4, so that two key groups share a subgroup and CI
+    /// runs their merge as 32-lane GPUs do.
+    pub fn for_problem(d: usize, dv: usize, kv: KvElements, sg: u32) -> Option<LanesVariant> {
         let need = d.max(dv);
         if need > LANES_MAX_HEAD_DIM || sg < 8 {
             return None;
         }
         let dmax = if need <= 64 { 64 } else { 128 };
-        let words = dmax / (16 / dtype.size() as u32);
-        let lk = match sg {
-            8 => 4,
+        let words = dmax / kv.per_word();
+        let lk = match (sg, kv) {
+            (8, _) => 4,
+            (_, KvElements::Int8) => words,
             _ if words >= 16 => 16,
             _ => 8,
         };
-        Some(LanesVariant { dmax, sg, lk })
+        Some(LanesVariant {
+            dmax,
+            sg,
+            lk,
+            int8: kv == KvElements::Int8,
+        })
     }
 
     /// Its kernel (built once per process and kept).
@@ -541,25 +554,52 @@ impl LanesVariant {
         *built.entry(*self).or_insert_with(|| {
             let prelude = super::flash::leak(format!(
                 "const DEC_ROWS: u32 = 4u;\nconst DMAX: u32 = {}u;\nconst SG: u32 = {}u;\nconst LK: u32 = {}u;\n\
-                 const LW: u32 = max(1u, DMAX / (LK * 4u * ELEMS_PER_WORD));\n",
+                 const LW: u32 = max(1u, DMAX / (LK * EW));\n",
                 self.dmax, self.sg, self.lk
             ));
-            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, prelude, DECODE_COMMON, KV_BUFFERS]));
+            let words = if self.int8 { LANES_INT8 } else { LANES_FLOAT };
+            let preludes: &'static [&'static str] =
+                Box::leak(Box::new([COMMON, prelude, words, DECODE_COMMON, KV_BUFFERS]));
             Kernel {
                 file: "flash_decode_lanes.wgsl",
                 source: LANES_SOURCE,
                 entry: "decode_split_lanes",
-                slots: LANES_SLOTS,
+                slots: if self.int8 { LANES_INT8_SLOTS } else { LANES_SLOTS },
                 preludes,
-                variant: super::flash::leak(format!("[{} lk{} sg{}]", self.dmax, self.lk, self.sg)),
+                variant: super::flash::leak(format!(
+                    "[{} lk{} sg{}{}]",
+                    self.dmax,
+                    self.lk,
+                    self.sg,
+                    if self.int8 { " int8" } else { "" }
+                )),
             }
         })
     }
 }
 
+/// How K and V are stored, as the lanes design reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvElements {
+    /// The attention's own dtype.
+    Float(DType),
+    /// int8 codes with an f32 scale per row (`crate::quantized_kv`).
+    Int8,
+}
+
+impl KvElements {
+    /// Elements in a 16-byte word.
+    pub fn per_word(self) -> u32 {
+        match self {
+            KvElements::Float(dtype) => 16 / dtype.size() as u32,
+            KvElements::Int8 => 16,
+        }
+    }
+}
+
 /// The fixed subgroup size the `Lanes` design builds for, where the adapter has one
 /// of 8 to 64 lanes (the sizes [`LanesVariant::ALL`] validates).
-fn lanes_subgroup(ctx: &Context) -> Option<u32> {
+pub(crate) fn lanes_subgroup(ctx: &Context) -> Option<u32> {
     match ctx.capabilities().subgroups {
         Some((min, max)) if min == max && (8..=64).contains(&min) && min.is_power_of_two() => Some(min),
         _ => None,
@@ -568,8 +608,8 @@ fn lanes_subgroup(ctx: &Context) -> Option<u32> {
 
 /// Whether the `Lanes` design serves a problem: head dims up to 128 whose rows and
 /// every K and V stride are whole 16-byte words, in buffers of whole words.
-pub(crate) fn lanes_fit(dtype: DType, params: &super::AttentionParams, bindings: &AttentionBindings) -> bool {
-    let per_word = 16 / dtype.size() as u32;
+pub(crate) fn lanes_fit(kv: KvElements, params: &super::AttentionParams, bindings: &AttentionBindings) -> bool {
+    let per_word = kv.per_word();
     let dims = (params.head_dim, params.head_dim_v);
     dims.0.max(dims.1) as usize <= LANES_MAX_HEAD_DIM
         && super::flash::words_fit(per_word, dims, &params.kv_strides())
@@ -660,13 +700,24 @@ pub(crate) fn encode(
     split: DecodeSplit,
 ) -> Result<()> {
     // `Lanes` serves head dims up to 128 in whole words; elsewhere `Tiles`, on the same
-    // splits (choose_split bounded them for both).
+    // splits (choose_split bounded them for both). Only `Lanes` reads int8 K and V
+    // (bound with their scales); the caller has checked that it serves them.
+    let kv = match bindings.kv_scales {
+        Some(_) => KvElements::Int8,
+        None => KvElements::Float(dtype),
+    };
     let lanes = match (split.design, lanes_subgroup(ctx)) {
-        (DecodeDesign::Lanes, Some(sg)) if lanes_fit(dtype, params, bindings) => {
-            LanesVariant::for_problem(shape.head_dim, shape.head_dim_v, dtype, sg)
+        (DecodeDesign::Lanes, Some(sg)) if lanes_fit(kv, params, bindings) => {
+            LanesVariant::for_problem(shape.head_dim, shape.head_dim_v, kv, sg)
         }
         _ => None,
     };
+    if kv == KvElements::Int8 && lanes.is_none() {
+        return Err(Error::invalid(
+            "int8 KV decode",
+            "only the lanes design reads int8 K and V, and it does not serve this problem",
+        ));
+    }
     let design = match (split.design, lanes) {
         (DecodeDesign::Lanes, None) => DecodeDesign::Tiles,
         (design, _) => design,
@@ -736,7 +787,7 @@ mod tests {
         }
         assert!(DecodeDesign::parse("tile").expect_err("no such").contains("lanes"));
         // 16 lanes to a key where 32-lane subgroups and the class's words allow it.
-        let v = |d, dtype, sg| LanesVariant::for_problem(d, d, dtype, sg).map(|v| (v.dmax, v.lk));
+        let v = |d, dtype, sg| LanesVariant::for_problem(d, d, KvElements::Float(dtype), sg).map(|v| (v.dmax, v.lk));
         assert_eq!(v(128, DType::F16, 32), Some((128, 16)));
         assert_eq!(v(128, DType::F32, 32), Some((128, 16)));
         assert_eq!(v(64, DType::F16, 32), Some((64, 8)));
@@ -746,10 +797,14 @@ mod tests {
         assert_eq!(v(64, DType::F32, 4), None);
         // On GPUs a lane holds at most 16 elements of a row: 4 rows of Q and of output
         // in 32 vec4 registers (lavapipe's 8-lane subgroups take 32, for the merge).
-        for dtype in [DType::F32, DType::F16] {
+        for kv in [
+            KvElements::Float(DType::F32),
+            KvElements::Float(DType::F16),
+            KvElements::Int8,
+        ] {
             for sg in [8, 16, 32, 64] {
                 for d in [8, 64, 100, 128] {
-                    let Some(l) = LanesVariant::for_problem(d, d, dtype, sg) else {
+                    let Some(l) = LanesVariant::for_problem(d, d, kv, sg) else {
                         continue;
                     };
                     let per_lane = l.dmax / l.lk;

@@ -17,6 +17,12 @@ pub const KERNEL: Kernel = Kernel {
     variant: "",
 };
 
+/// The entry point that quantizes appended rows into an int8 cache.
+pub const QUANTIZE: Kernel = Kernel {
+    entry: "kv_quantize",
+    ..KERNEL
+};
+
 /// The entry point that copies appended rows into a cache's texel mirror.
 pub const TEXELS: Kernel = Kernel {
     entry: "kv_texels",
@@ -68,9 +74,35 @@ pub(crate) fn encode(
 ) -> Result<()> {
     src.check_context(ctx, "new KV rows")?;
     dst.check_context(ctx, "KV cache")?;
+    let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
+    let dst_rows = (dst.strides(), dst.shape()[2]);
+    let (up, cos_sin) = upload(ctx, src, dst_rows, starts, counts, pages, rotary)?;
+    let entries = [
+        entry(0, up.params.as_entire_binding()),
+        entry(1, src.buffer().as_entire_binding()),
+        entry(2, dst.buffer().as_entire_binding()),
+        entry(3, up.rows_of.as_entire_binding()),
+        entry(6, cos_sin.as_entire_binding()),
+    ];
+    ctx.scoped("recording a KV cache append", || {
+        dispatch_entries(ctx, encoder, &pipeline, &entries, up.groups)
+    })
+}
+
+/// The params, rows and rotary table of an append of `src`'s rows to a cache with
+/// element strides `dst_strides` and `dst_rows` rows per batch element (or page).
+fn upload(
+    ctx: &Context,
+    src: &Tensor,
+    (dst_strides, dst_rows): ([usize; 4], usize),
+    starts: &[u32],
+    counts: &[u32],
+    pages: Option<&PageTable>,
+    rotary: Option<&crate::rotary::Rotary>,
+) -> Result<(Uploaded, wgpu::Buffer)> {
     let [batch, heads, new_len, dim] = src.shape();
     let [sb, sh, ss, _] = src.strides();
-    let [db, dh, ds, _] = dst.strides();
+    let [db, dh, ds, _] = dst_strides;
     let params = AppendParams {
         heads: heads as u32,
         new_len: new_len as u32,
@@ -82,14 +114,13 @@ pub(crate) fn encode(
         dst_b: db as u32,
         dst_h: dh as u32,
         dst_s: ds as u32,
-        page_size: pages.map_or(0, |_| dst.shape()[2] as u32),
+        page_size: pages.map_or(0, |_| dst_rows as u32),
         table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
         rot_dim: rotary.map_or(0, |r| r.dim as u32),
         rot_interleaved: u32::from(rotary.is_some_and(|r| r.style == crate::rotary::RotaryStyle::GptJ)),
         ..AppendParams::default()
     };
     let table = pages.map_or(&[][..], PageTable::entries);
-    let pipeline = pipeline(ctx, &KERNEL, src.dtype(), &[])?;
     let up = Uploaded::new(ctx, &params, starts, counts, table)?;
     // cos and sin of row s of element b at position starts[b] + s (a stand-in pair
     // without a rotation: the binding is always there).
@@ -108,14 +139,40 @@ pub(crate) fn encode(
         bytemuck::cast_slice(&cos_sin),
         wgpu::BufferUsages::STORAGE,
     )?;
+    Ok((up, cos_sin))
+}
+
+/// Records the quantization of rows `0 .. counts[b]` of `src` (`[B, H, n, dim]`, any
+/// layout; rotated as [`encode`] rotates them) into rows `starts[b] ..` of an int8
+/// cache: `codes` with element strides `dst_strides` (four codes to a 32-bit word),
+/// `scales` one f32 per row in the codes' row order. The caller has checked shapes,
+/// that `dim` is a multiple of 4 and that every row fits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn encode_quantize(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &Tensor,
+    (codes, scales): (&wgpu::Buffer, &wgpu::Buffer),
+    dst_strides: [usize; 4],
+    starts: &[u32],
+    counts: &[u32],
+    rotary: Option<&crate::rotary::Rotary>,
+) -> Result<()> {
+    src.check_context(ctx, "new KV rows")?;
+    let pipeline = pipeline(ctx, &QUANTIZE, src.dtype(), &[])?;
+    let (mut up, cos_sin) = upload(ctx, src, (dst_strides, 0), starts, counts, None, rotary)?;
+    // One invocation per row here, not per element.
+    let max = ctx.capabilities().max_workgroups_per_dim as usize;
+    up.groups[0] = src.shape()[2].div_ceil(64).clamp(1, max) as u32;
     let entries = [
         entry(0, up.params.as_entire_binding()),
         entry(1, src.buffer().as_entire_binding()),
-        entry(2, dst.buffer().as_entire_binding()),
         entry(3, up.rows_of.as_entire_binding()),
         entry(6, cos_sin.as_entire_binding()),
+        entry(7, codes.as_entire_binding()),
+        entry(8, scales.as_entire_binding()),
     ];
-    ctx.scoped("recording a KV cache append", || {
+    ctx.scoped("recording an int8 KV cache append", || {
         dispatch_entries(ctx, encoder, &pipeline, &entries, up.groups)
     })
 }

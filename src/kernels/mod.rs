@@ -112,8 +112,10 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 60] = [
+pub const ALL_KERNELS: [Kernel; 62] = [
     copy_probe::KERNEL,
+    kv_append::QUANTIZE,
+    crate::quantized_kv::DEQUANTIZE,
     crate::rotary::KERNEL,
     crate::merge::FOLD,
     crate::merge::STORE,
@@ -328,6 +330,8 @@ pub(crate) struct AttentionBindings<'a> {
     /// Bound at the K4 and V4 slots instead of K and V where those are shorter than
     /// one 16-byte word (the kernel then reads no words).
     pub words_stand_in: Option<&'a wgpu::Buffer>,
+    /// An int8 KV cache's K and V row scales, where `k` and `v` are its codes.
+    pub kv_scales: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>,
 }
 
 /// Binding numbers, as declared in `attention_common.wgsl` (9-12 in
@@ -372,6 +376,10 @@ pub enum Slot {
     Q4 = 22,
     /// The output's gradient again, as 16-byte units.
     DOut4 = 23,
+    /// An int8 KV cache's K row scales (`decode_lanes_int8.wgsl`).
+    KScales = 24,
+    /// Its V row scales.
+    VScales = 25,
 }
 
 impl Slot {
@@ -402,6 +410,8 @@ impl Slot {
             Slot::DxStore => "dx_store",
             Slot::Q4 => "q4",
             Slot::DOut4 => "do4",
+            Slot::KScales => "k_scales",
+            Slot::VScales => "v_scales",
         }
     }
 }
@@ -425,6 +435,19 @@ impl<'a> AttentionBindings<'a> {
                     Slot::SideWords => self.side_words,
                     Slot::Scores => self.scores,
                     Slot::Lse => self.lse,
+                    Slot::KScales | Slot::VScales => {
+                        let (k, v) = self.kv_scales.ok_or_else(|| {
+                            Error::invalid(
+                                "attention bindings",
+                                "a kernel reads int8 row scales but none were given",
+                            )
+                        })?;
+                        if slot == Slot::KScales {
+                            k
+                        } else {
+                            v
+                        }
+                    }
                     Slot::DOut
                     | Slot::DQ
                     | Slot::DK
