@@ -129,6 +129,15 @@ impl BenchCase {
         (elements * self.dtype.size()) as f64
     }
 
+    /// [`BenchCase::compulsory_bytes`] with K and V as int8 codes and one f32 scale per
+    /// row of each (an int8 KV cache).
+    pub fn compulsory_bytes_int8_kv(&self) -> f64 {
+        let s = &self.shape;
+        let q_and_out = s.batch * s.heads_q * s.len_q * (s.head_dim + s.head_dim_v) * self.dtype.size();
+        let kv = s.batch * s.heads_kv * s.len_k * (s.head_dim + s.head_dim_v + 2 * 4);
+        (q_and_out + kv) as f64
+    }
+
     /// `none`, `causal-top-left`, and `+window=LEFT,RIGHT` (-1: unbounded) after either.
     pub fn mask_name(&self) -> String {
         let base = if self.causal { "causal-top-left" } else { "none" };

@@ -25,6 +25,10 @@ pub enum BenchKernel {
     Materialized,
     /// Split-K decode.
     Decode,
+    /// Attention against the case's K and V quantized to int8 (`QuantizedKv`): split-K
+    /// decode reading the codes where it can (`lanes`), else the dequantized values;
+    /// GB/s counts the codes and scales.
+    DecodeInt8,
     /// Split-K decode in its `tiles` design (asked for by a tiling, so it runs whatever
     /// the adapter's own pick), beside [`BenchKernel::Decode`] for the ratio.
     DecodeTiles,
@@ -58,6 +62,7 @@ impl BenchKernel {
             "decode" => vec![BenchKernel::Decode],
             "decode+fused" => vec![BenchKernel::Decode, BenchKernel::Fused],
             "decode+tiles" => vec![BenchKernel::Decode, BenchKernel::DecodeTiles, BenchKernel::Fused],
+            "decode+int8" => vec![BenchKernel::Decode, BenchKernel::DecodeInt8],
             "cpu" | "reference" => vec![BenchKernel::CpuReference],
             "backward" => vec![BenchKernel::Backward],
             "fused+backward" => vec![BenchKernel::Fused, BenchKernel::Backward],
@@ -144,7 +149,11 @@ pub fn run_kernel(
         Ok((timing, allocated_bytes)) => {
             let gf = gflops(flops, timing.median);
             let seconds = timing.median.as_secs_f64();
-            let gbps = case.compulsory_bytes() / seconds / 1e9;
+            let bytes = match kernel {
+                BenchKernel::DecodeInt8 => case.compulsory_bytes_int8_kv(),
+                _ => case.compulsory_bytes(),
+            };
+            let gbps = bytes / seconds / 1e9;
             let tokens = (case.shape.batch * case.shape.len_q) as f64;
             RowOutcome::Measured(Measured {
                 gflops: gf,
@@ -238,6 +247,35 @@ fn time_kernel(ctx: &Context, case: &BenchCase, kernel: BenchKernel, reps: usize
             .to_string();
             match decode_steps(ctx, case, rotary, reps) {
                 Ok(timing) => Ok((name, Ok((timing, None)))),
+                Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. } | Error::Unsupported { .. })) => {
+                    Ok((name, Err(format!("refused: {e}"))))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        BenchKernel::DecodeInt8 => {
+            let options = case.options(KernelChoice::Decode);
+            let name = if crate::quantized_kv::reads_codes(ctx, case.dtype, &shape, &options)? {
+                "decode/lanes+int8".to_string()
+            } else {
+                format!(
+                    "{}+int8 (dequantized)",
+                    resolve_kernel(ctx, case.dtype, &options, &shape)?.name()
+                )
+            };
+            let timed = (|| {
+                let [q, k, v] = bench_inputs(ctx, &shape, case.dtype)?;
+                let kv = crate::quantized_kv::QuantizedKv::quantize(ctx, &k, &v)?;
+                drop((k, v));
+                let before = ctx.allocated_bytes();
+                let timing = time_gpu(ctx, reps, |encoder| {
+                    crate::quantized_kv::encode_sdpa_quantized(ctx, encoder, &q, &kv, &options).map(|_| ())
+                })?;
+                Ok((timing, ctx.allocated_bytes() - before))
+            })();
+            let calls = reps.max(1) as u64 + 2;
+            match timed {
+                Ok((timing, allocated)) => Ok((name, Ok((timing, Some(allocated / calls))))),
                 Err(e @ (Error::LimitExceeded { .. } | Error::CapacityExceeded { .. } | Error::Unsupported { .. })) => {
                     Ok((name, Err(format!("refused: {e}"))))
                 }

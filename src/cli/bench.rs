@@ -51,8 +51,13 @@ pub struct BenchArgs {
     ///   fused+merge: the forward and merge_attentions of two partials (no FLOPs)
     ///   decode+rope: split-K decode without and with a rotary embedding, then whole
     ///     decode steps (append and attend), alternated
+    ///   decode+int8: decode from the dtype's K and V, then from int8 ones
     #[arg(long, default_value = "all", verbatim_doc_comment)]
     kernel: String,
+    /// int8: also time attention against K and V quantized to int8 (an int8 KV cache,
+    /// codes read inside split-K decode where it can), after the other rows.
+    #[arg(long, value_name = "int8")]
+    kv_dtype: Option<String>,
     /// Timed repetitions after the first call and one warm-up.
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -160,10 +165,17 @@ impl Plan {
         };
         let kernels = BenchKernel::parse(kernel).ok_or_else(|| {
             CliError::bad(format!(
-                "--kernel '{}': expected fused, materialized, decode, decode+fused, decode+tiles, cpu, both, all, backward, fused+backward, backward+materialized, fused+merge or decode+rope",
+                "--kernel '{}': expected fused, materialized, decode, decode+fused, decode+tiles, cpu, both, all, backward, fused+backward, backward+materialized, fused+merge, decode+rope or decode+int8",
                 args.kernel
             ))
         })?;
+        let mut kernels = kernels;
+        match args.kv_dtype.as_deref() {
+            None => {}
+            Some("int8") if !kernels.contains(&BenchKernel::DecodeInt8) => kernels.push(BenchKernel::DecodeInt8),
+            Some("int8") => {}
+            Some(other) => return Err(CliError::bad(format!("--kv-dtype '{other}': expected int8"))),
+        }
         if args.reps == 0 || args.probe == 0 || args.copy_mib == Some(0) {
             return Err(CliError::bad("--reps, --probe and --copy-mib must be at least 1"));
         }

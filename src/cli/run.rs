@@ -5,8 +5,8 @@ use super::output;
 use super::{AdapterArgs, CliError};
 use std::path::PathBuf;
 use wgpu_attention::{
-    resolve_kernel, sdpa, sdpa_backward, AttentionOptions, AttentionShape, CausalAlignment, Context, DType,
-    FusedTiling, KernelChoice, Layout, Mask, Precision, Tensor, Window,
+    reads_codes, resolve_kernel, sdpa, sdpa_backward, sdpa_quantized, AttentionOptions, AttentionShape,
+    CausalAlignment, Context, DType, FusedTiling, KernelChoice, Layout, Mask, Precision, QuantizedKv, Tensor, Window,
 };
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -142,6 +142,10 @@ pub struct RunArgs {
     /// or medium (where the adapter has them). f16 data always may.
     #[arg(long, default_value = "highest", value_parser = parse_precision, help_heading = "Computation")]
     precision: Precision,
+    /// int8: quantize K and V to int8 on load (one scale per row, as an int8 KV cache
+    /// keeps them) and attend to those; head dims must be multiples of 4. Forward only.
+    #[arg(long, value_name = "int8", value_parser = ["int8"], conflicts_with = "grad", help_heading = "Computation")]
+    kv_dtype: Option<String>,
 }
 
 /// A 4-D float input read on the host, before it goes to the GPU.
@@ -373,8 +377,23 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     let inputs_finite = inputs.iter().chain(&d_out).all(HostInput::all_finite);
     let [q, k, v] = [&inputs[0], &inputs[1], &inputs[2]].map(|h| h.upload(&ctx, layout, dtype));
     let (q, k, v) = (q?, k?, v?);
+    // Quantized before the clock starts: the time is attention's.
+    let quantized = args
+        .kv_dtype
+        .as_ref()
+        .map(|_| QuantizedKv::quantize(&ctx, &k, &v))
+        .transpose()?;
     let started = std::time::Instant::now();
-    let result = sdpa(&ctx, &q, &k, &v, &options)?;
+    let (result, kernel_name) = if let Some(kv) = &quantized {
+        let name = if reads_codes(&ctx, dtype, &shape, &options)? {
+            "decode/lanes on int8 K and V".to_string()
+        } else {
+            format!("{} on int8 K and V, dequantized", kernel.name())
+        };
+        (sdpa_quantized(&ctx, &q, kv, &options)?, name)
+    } else {
+        (sdpa(&ctx, &q, &k, &v, &options)?, kernel.name())
+    };
     let out = result.out.to_f32_vec(&ctx)?;
     let elapsed = started.elapsed();
     check_finite_output(&out, inputs_finite)?;
@@ -423,7 +442,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
     });
     eprintln!(
         "run: {} {} on {}, {:.1} ms with the output read back{backward} (first calls: pipelines compiled)",
-        kernel.name(),
+        kernel_name,
         dtype.name(),
         ctx.adapter_info().name,
         elapsed.as_secs_f64() * 1e3
