@@ -505,3 +505,67 @@ fn run_computes_in_the_dtype_of_its_files_unless_told() {
         "mixed files run in f32"
     );
 }
+
+/// `run --kv-dtype int8`: K and V quantized on load, the output within what int8 can
+/// move it from the unquantized attention, the path named on stderr; `--grad` refused.
+#[test]
+fn run_quantizes_k_and_v_to_int8_when_asked() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let dir = scratch("run-int8");
+    let s = AttentionShape::new(1, 4, 2, 1, 40, 16, 16);
+    let seed = 5420;
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(4 * 16, -1.0, 1.0);
+    let k = rng.vec(2 * 40 * 16, -1.0, 1.0);
+    let v = rng.vec(2 * 40 * 16, -1.0, 1.0);
+    write_npy(&dir.join("q.npy"), &[1, 4, 1, 16], &q);
+    write_npy(&dir.join("k.npy"), &[1, 2, 40, 16], &k);
+    write_npy(&dir.join("v.npy"), &[1, 2, 40, 16], &v);
+    for kernel in ["decode", "fused"] {
+        let output = bin()
+            .current_dir(&dir)
+            .args(["run", "--q", "q.npy", "--k", "k.npy", "--v", "v.npy", "--out", "o.npy"])
+            .args(["--kv-dtype", "int8", "--kernel", kernel])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{kernel}: {stderr}");
+        assert!(stderr.contains("int8 K and V"), "{kernel}: {stderr}");
+        let want = attention(&q, &k, &v, &s, &AttentionOptions::default()).expect("reference");
+        // Each score moves by at most δ = scale · Σ|q| · (largest K scale / 2); each
+        // value by half the largest V scale (docs/design.md, "int8 KV cache").
+        let (_, k_scales) = wgpu_attention::reference::int8::quantize_rows(&k, 16);
+        let (_, v_scales) = wgpu_attention::reference::int8::quantize_rows(&v, 16);
+        let top = |x: &[f32]| x.iter().fold(0.0f64, |m, &s| m.max(f64::from(s)));
+        let q_sum = q
+            .chunks(16)
+            .map(|r| r.iter().map(|x| f64::from(x.abs())).sum::<f64>())
+            .fold(0.0, f64::max);
+        let delta = 0.25 * q_sum * top(&k_scales) / 2.0;
+        let bound = ((2.0 * delta).exp() - 1.0) * want.max_abs_value + top(&v_scales) / 2.0 + 1e-5;
+        let (_, out) = read_f32(&dir.join("o.npy"));
+        let err = wgpu_attention::check::ErrorStats::of(&out, &want.out);
+        assert!(err.passes(bound), "seed {seed} {kernel}: {err:?}, bound {bound:e}");
+    }
+    expect_bad_input(
+        &dir,
+        &[
+            "run",
+            "--q",
+            "q.npy",
+            "--k",
+            "k.npy",
+            "--v",
+            "v.npy",
+            "--out",
+            "o.npy",
+            "--kv-dtype",
+            "int8",
+            "--grad",
+            "q.npy",
+        ],
+        "cannot be used with",
+    );
+}

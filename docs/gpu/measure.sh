@@ -79,10 +79,11 @@ step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused 
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
     --precision medium --reps "$reps" --probe "$probe" --json "$out/fused-medium.json"
-# Decode in the adapter's design (lanes on GPUs), in the tiled one and fused, side by
-# side in one process against one copy probe (docs/design.md, "Decode").
-step decode "$bin" bench --decode "$decode" --dtype both --kernel decode+tiles --reps "$reps" \
-    --json "$out/decode.json"
+# Decode in the adapter's design (lanes on GPUs), in the tiled one, fused, and from an
+# int8 KV cache, side by side in one process against one copy probe (docs/design.md,
+# "Decode", "int8 KV cache").
+step decode "$bin" bench --decode "$decode" --dtype both --kernel decode+tiles --kv-dtype int8 \
+    --reps "$reps" --json "$out/decode.json"
 step window "$bin" bench --shape "${window[0]}" --causal --window "${window[1]}" \
     --kernel fused --dtype both --reps "$reps" --json "$out/window.json"
 step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps" --json "$out/mha.json"

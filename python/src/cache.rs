@@ -10,8 +10,101 @@ use crate::{value_error, OrPy};
 use pyo3::prelude::*;
 use std::sync::Arc;
 use wgpu_attention::{
-    AttentionOptions, Context, DType, KvCache, KvCacheConfig, Layout, PagedKvCache, PagedKvConfig, SequenceId, Tensor,
+    AttentionOptions, AttentionOutput, Context, DType, KvCache, KvCacheConfig, Layout, PagedKvCache, PagedKvConfig,
+    QuantizedKvCache, SequenceId, Tensor,
 };
+
+/// What a Python `KvCache` keeps: rows of its dtype, or int8 codes and row scales.
+enum Store {
+    Plain(KvCache),
+    Int8(QuantizedKvCache),
+}
+
+impl Store {
+    fn append_rows(
+        &mut self,
+        ctx: &Context,
+        k: &Tensor,
+        v: &Tensor,
+        counts: Option<&[u32]>,
+    ) -> wgpu_attention::Result<()> {
+        match (self, counts) {
+            (Store::Plain(c), None) => c.append(ctx, k, v),
+            (Store::Plain(c), Some(n)) => c.append_rows(ctx, k, v, n),
+            (Store::Int8(c), None) => c.append(ctx, k, v),
+            (Store::Int8(c), Some(n)) => c.append_rows(ctx, k, v, n),
+        }
+    }
+
+    fn attend_read(
+        &self,
+        ctx: &Context,
+        q: &Tensor,
+        options: &AttentionOptions,
+    ) -> wgpu_attention::Result<(AttentionOutput, Vec<f32>)> {
+        match self {
+            Store::Plain(c) => c.attend_read(ctx, q, options),
+            Store::Int8(c) => c.attend_read(ctx, q, options),
+        }
+    }
+
+    fn clear(&mut self, ctx: &Context) -> wgpu_attention::Result<()> {
+        match self {
+            Store::Plain(c) => c.clear(ctx),
+            Store::Int8(c) => c.clear(ctx),
+        }
+    }
+
+    fn lengths(&self) -> &[u32] {
+        match self {
+            Store::Plain(c) => c.lengths(),
+            Store::Int8(c) => c.lengths(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Store::Plain(c) => c.capacity(),
+            Store::Int8(c) => c.capacity(),
+        }
+    }
+
+    /// `[B, Hkv, capacity, D]`.
+    fn k_shape(&self) -> [usize; 4] {
+        match self {
+            Store::Plain(c) => c.keys().shape(),
+            Store::Int8(c) => c.quantized().k_shape(),
+        }
+    }
+
+    /// Keys and values as tensors of the cache's dtype: its own, or the int8 codes
+    /// dequantized.
+    fn keys_values(&self, ctx: &Context) -> wgpu_attention::Result<(Held<'_>, Held<'_>)> {
+        match self {
+            Store::Plain(c) => Ok((Held::Borrowed(c.keys()), Held::Borrowed(c.values()))),
+            Store::Int8(c) => {
+                let (k, v) = c.quantized().dequantize(ctx)?;
+                Ok((Held::Owned(k), Held::Owned(v)))
+            }
+        }
+    }
+}
+
+/// A cache's tensor, or one made from it.
+enum Held<'a> {
+    Borrowed(&'a Tensor),
+    Owned(Tensor),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        match self {
+            Held::Borrowed(t) => t,
+            Held::Owned(t) => t,
+        }
+    }
+}
 
 /// Reads a 4-D array of rows `(B, H, n, D)` (or `(B, n, H, D)` under a BSHD cache).
 fn rows<'py>(
@@ -107,26 +200,33 @@ fn finish<'py>(
 /// to grow (``wgpu_attention::KvCache``).
 ///
 /// ``KvCache(batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32",
-/// layout="bhsd", context=None)``. Rows are appended as ``(B, Hkv, n, D)`` arrays
+/// layout="bhsd", kv_dtype=None, context=None)``. Rows are appended as ``(B, Hkv, n, D)`` arrays
 /// (``(B, n, Hkv, D)`` with ``layout="bshd"``), converted to the cache's dtype (float32
 /// values beyond float16's range, ``|x| > 65504``, are refused with ``ValueError``);
 /// ``attend`` runs a query ``(B, Hq, Lq, D)`` against what each sequence holds, its
 /// positions aligned to the sequence's end (a causal mask is bottom-right), with
 /// split-K decode for few query rows. Calls from several threads take turns.
+///
+/// ``kv_dtype="int8"`` keeps keys and values as int8 with one scale per row
+/// (``wgpu_attention::QuantizedKvCache``): rows are quantized as they are appended,
+/// queries and outputs stay ``dtype``; head dims must be multiples of 4, and the cache
+/// cannot ``grow``. ``keys()``/``values()`` then return the dequantized values.
 #[pyclass(name = "KvCache", module = "wgpu_attention", frozen)]
 pub struct PyKvCache {
     ctx: Arc<Context>,
     /// One call at a time: appends and attends from two threads take turns.
-    cache: Exclusive<KvCache>,
+    cache: Exclusive<Store>,
     axes: Layout,
     dtype: DType,
     head_dim_v: usize,
+    int8: bool,
 }
 
 #[pymethods]
 impl PyKvCache {
     #[new]
-    #[pyo3(signature = (batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32", layout="bhsd", context=None))]
+    #[pyo3(signature = (batch, heads_kv, capacity, head_dim, head_dim_v=None, *, dtype="float32", layout="bhsd",
+        kv_dtype=None, context=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -137,8 +237,14 @@ impl PyKvCache {
         head_dim_v: Option<usize>,
         dtype: &str,
         layout: &str,
+        kv_dtype: Option<&str>,
         context: Option<Bound<'_, PyContext>>,
     ) -> PyResult<Self> {
+        let int8 = match kv_dtype {
+            None => false,
+            Some("int8") => true,
+            Some(other) => return Err(value_error("kv_dtype", format!("'{other}' is not None or 'int8'"))),
+        };
         let ctx = resolve(py, context.as_ref())?;
         let (dtype, axes) = (parse_dtype(dtype)?, parse_layout(layout)?);
         let head_dim_v = head_dim_v.unwrap_or(head_dim);
@@ -151,13 +257,18 @@ impl PyKvCache {
             layout: axes,
             dtype,
         };
-        let cache = KvCache::new(&ctx, config).py_err()?;
+        let cache = if int8 {
+            Store::Int8(QuantizedKvCache::new(&ctx, config).py_err()?)
+        } else {
+            Store::Plain(KvCache::new(&ctx, config).py_err()?)
+        };
         Ok(PyKvCache {
             ctx,
             cache: Exclusive::new(cache),
             axes,
             dtype,
             head_dim_v,
+            int8,
         })
     }
 
@@ -177,11 +288,7 @@ impl PyKvCache {
         let turn = self.cache.turn(py, "KvCache")?;
         let mut guard = turn.get();
         let (ctx, cache) = (&self.ctx, &mut *guard);
-        py.detach(|| match counts {
-            None => cache.append(ctx, &k, &v),
-            Some(c) => cache.append_rows(ctx, &k, &v, &c),
-        })
-        .py_err()
+        py.detach(|| cache.append_rows(ctx, &k, &v, counts.as_deref())).py_err()
     }
 
     /// Attention of ``query`` ``(B, Hq, Lq, D)`` (Hq a multiple of Hkv) against the rows
@@ -232,12 +339,19 @@ impl PyKvCache {
         })
     }
 
-    /// Reallocates to hold ``capacity`` rows per sequence, keeping every row held.
+    /// Reallocates to hold ``capacity`` rows per sequence, keeping every row held (not
+    /// for an int8 cache: ``ValueError``).
     fn grow(&self, py: Python<'_>, capacity: usize) -> PyResult<()> {
         let turn = self.cache.turn(py, "KvCache")?;
         let mut guard = turn.get();
-        let (ctx, cache) = (&self.ctx, &mut *guard);
-        py.detach(|| cache.grow(ctx, capacity)).py_err()
+        let ctx = &self.ctx;
+        match &mut *guard {
+            Store::Plain(cache) => py.detach(|| cache.grow(ctx, capacity)).py_err(),
+            Store::Int8(_) => Err(value_error(
+                "grow",
+                "an int8 KvCache does not grow: make a larger one and append the rows again",
+            )),
+        }
     }
 
     /// Forgets every row (the memory is kept).
@@ -266,26 +380,36 @@ impl PyKvCache {
         dtype_name(self.dtype)
     }
 
-    /// The keys held, ``(B, Hkv, capacity, D)`` in the cache's dtype (a copy).
+    /// ``"int8"`` for an int8 cache, else ``None``.
+    #[getter]
+    fn kv_dtype(&self) -> Option<&'static str> {
+        self.int8.then_some("int8")
+    }
+
+    /// The keys held, ``(B, Hkv, capacity, D)`` in the cache's dtype (a copy; an int8
+    /// cache's dequantized).
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let turn = self.cache.turn(py, "KvCache")?;
         let cache = turn.get();
-        read_back(py, &self.ctx, cache.keys(), self.axes)
+        let (k, _) = py.detach(|| cache.keys_values(&self.ctx)).py_err()?;
+        read_back(py, &self.ctx, &k, self.axes)
     }
 
-    /// The values held, ``(B, Hkv, capacity, Dv)`` (a copy).
+    /// The values held, ``(B, Hkv, capacity, Dv)`` (a copy, as ``keys``).
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let turn = self.cache.turn(py, "KvCache")?;
         let cache = turn.get();
-        read_back(py, &self.ctx, cache.values(), self.axes)
+        let (_, v) = py.detach(|| cache.keys_values(&self.ctx)).py_err()?;
+        read_back(py, &self.ctx, &v, self.axes)
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let turn = self.cache.turn(py, "KvCache")?;
         let cache = turn.get();
-        let [b, h, cap, d] = cache.keys().shape();
+        let int8 = if self.int8 { ", kv_dtype='int8'" } else { "" };
+        let [b, h, cap, d] = cache.k_shape();
         Ok(format!(
-            "KvCache(batch={b}, heads_kv={h}, capacity={cap}, head_dim={d}, head_dim_v={}, dtype={:?}, lengths={:?})",
+            "KvCache(batch={b}, heads_kv={h}, capacity={cap}, head_dim={d}, head_dim_v={}, dtype={:?}{int8}, lengths={:?})",
             self.head_dim_v,
             dtype_name(self.dtype),
             cache.lengths()

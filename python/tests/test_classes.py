@@ -38,6 +38,38 @@ def test_kv_cache_decode(ctx):
     assert "KvCache(" in repr(cache)
 
 
+def test_kv_cache_int8(ctx):
+    seed = 3020
+    b, hq, hkv, d, cap = 2, 4, 2, 32, 64
+    cache = wa.KvCache(b, hkv, cap, d, kv_dtype="int8")
+    assert cache.kv_dtype == "int8" and "int8" in repr(cache)
+    k, v = randn(seed, b, hkv, 40, d), randn(seed + 1, b, hkv, 40, d)
+    cache.append(k, v, counts=[40, 33])
+    # What the cache holds: each row quantized symmetrically to int8 with one scale.
+    top = np.abs(k).max(axis=-1, keepdims=True)
+    want_k = np.clip(np.round(k / top * 127), -127, 127) * (top / 127)
+    held_k = cache.keys()[:, :, :40]
+    assert_close(held_k[0], want_k[0], seed, "dequantized keys", atol=float(top.max()) / 127 * 1.01, rtol=0)
+    assert np.all(cache.keys()[1, :, 33:] == 0), "rows past a length stay zero"
+    q = randn(seed + 2, b, hq, 1, d)
+    for kernel in ["auto", "decode"]:
+        out = cache.attend(q, kernel=kernel)
+        for i, n in enumerate(cache.lengths):
+            kk, vv = cache.keys()[i:i + 1, :, :n], cache.values()[i:i + 1, :, :n]
+            ref = attention(q[i:i + 1], kk, vv)[0]
+            assert_close(out[i:i + 1], ref, seed, f"int8 cache {kernel} sequence {i}")
+            unquantized = attention(q[i:i + 1], k[i:i + 1, :, :n], v[i:i + 1, :, :n])[0]
+            assert_close(out[i:i + 1], unquantized, seed, f"int8 against unquantized {i}", atol=0.05, rtol=0)
+    with pytest.raises(ValueError, match="does not grow"):
+        cache.grow(128)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        wa.KvCache(1, 1, 8, 8, kv_dtype="int4")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        wa.KvCache(1, 1, 8, 6, kv_dtype="int8")
+    cache.clear()
+    assert cache.lengths == [0, 0] and np.all(cache.values() == 0)
+
+
 def test_kv_cache_f16_fed_f32(ctx):
     if not ctx.supports_f16:
         pytest.skip("no f16")
