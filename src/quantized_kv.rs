@@ -27,7 +27,7 @@ use bytemuck::{Pod, Zeroable};
 /// ```no_run
 /// # fn main() -> wgpu_attention::Result<()> {
 /// use wgpu_attention::{sdpa_quantized, AttentionOptions, Context, Layout, QuantizedKv, Tensor};
-/// let ctx = Context::new_blocking()?;
+/// let ctx = Context::new()?;
 /// let data: Vec<f32> = (0..2 * 4 * 1024 * 64).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
 /// let k = Tensor::from_f32(&ctx, [2, 4, 1024, 64], Layout::Bhsd, &data)?;
 /// let v = Tensor::from_f32(&ctx, [2, 4, 1024, 64], Layout::Bhsd, &data)?;
@@ -97,7 +97,7 @@ impl QuantizedKv {
     fn empty(ctx: &Context, k_shape: [usize; 4], dv: usize, layout: Layout, dtype: DType) -> Result<Self> {
         let [b, h, s, d] = k_shape;
         for (what, dim) in [("head dim of int8 K", d), ("head dim of int8 V", dv)] {
-            if dim % 4 != 0 {
+            if !dim.is_multiple_of(4) {
                 return Err(Error::unsupported(
                     what,
                     dim,
@@ -327,7 +327,7 @@ pub fn reads_codes(ctx: &Context, dtype: DType, shape: &AttentionShape, options:
     if attention::resolve_kernel(ctx, dtype, options, shape)? != ResolvedKernel::Decode {
         return Ok(false);
     }
-    let whole_words = shape.head_dim % 16 == 0 && shape.head_dim_v % 16 == 0;
+    let whole_words = shape.head_dim.is_multiple_of(16) && shape.head_dim_v.is_multiple_of(16);
     Ok(whole_words
         && decode::lanes_subgroup(ctx)
             .and_then(|sg| LanesVariant::for_problem(shape.head_dim, shape.head_dim_v, KvElements::Int8, sg))
