@@ -319,15 +319,10 @@ impl KvCache {
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
         let options = self.attend_options(options)?;
-        let rotated;
-        let q = match &self.rotary {
-            Some(rotary) => {
-                rotated = crate::rotary::encode_rotate_queries(ctx, encoder, q, &self.lengths, rotary)?;
-                &rotated
-            }
-            None => q,
-        };
-        encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, None, self.texels.as_ref(), &options)
+        let queries = (q, &self.lengths[..]);
+        crate::rotary::with_cache_queries(ctx, encoder, queries, self.rotary.as_ref(), |encoder, q| {
+            encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, None, self.texels.as_ref(), &options)
+        })
     }
 
     /// [`KvCache::attend`] with the output read back in the same submission (one

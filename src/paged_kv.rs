@@ -477,30 +477,17 @@ impl PagedKvCache {
             .map(|&id| self.len(id).map(|n| n as u32))
             .collect::<Result<_>>()?;
         let table = self.table(ids)?;
+        let options = AttentionOptions {
+            key_lengths: Some(lengths.clone()),
+            align_to_key_lengths: true,
+            ..options.clone()
+        };
         ctx.record_and_submit("submitting attention", |encoder| {
-            let rotated;
-            let q = match &self.rotary {
-                Some(rotary) => {
-                    rotated = crate::rotary::encode_rotate_queries(ctx, encoder, q, &lengths, rotary)?;
-                    &rotated
-                }
-                None => q,
-            };
-            let options = AttentionOptions {
-                key_lengths: Some(lengths.clone()),
-                align_to_key_lengths: true,
-                ..options.clone()
-            };
-            encode_sdpa_with_texels(
-                ctx,
-                encoder,
-                q,
-                &self.k,
-                &self.v,
-                Some(&table),
-                self.texels.as_ref(),
-                &options,
-            )
+            let queries = (q, &lengths[..]);
+            crate::rotary::with_cache_queries(ctx, encoder, queries, self.rotary.as_ref(), |encoder, q| {
+                let texels = self.texels.as_ref();
+                encode_sdpa_with_texels(ctx, encoder, q, &self.k, &self.v, Some(&table), texels, &options)
+            })
         })
     }
 

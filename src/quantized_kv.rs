@@ -191,6 +191,21 @@ impl QuantizedKv {
         })
     }
 
+    /// K (`keys`) or V alone as a tensor of [`QuantizedKv::dtype`].
+    pub fn dequantize_one(&self, ctx: &Context, keys: bool) -> Result<Tensor> {
+        self.check_context(ctx, "int8 K and V")?;
+        let (shape, codes, scales) = if keys {
+            (self.k_shape, &self.k_codes, &self.k_scales)
+        } else {
+            (self.v_shape(), &self.v_codes, &self.v_scales)
+        };
+        let out = Tensor::empty(ctx, shape, self.layout, self.dtype)?;
+        ctx.record_and_submit("submitting an int8 dequantization", |encoder| {
+            encode_dequantize_one(ctx, encoder, (codes, scales), &out)
+        })?;
+        Ok(out)
+    }
+
     /// [`QuantizedKv::dequantize`], recorded into the caller's encoder.
     pub fn encode_dequantize(&self, ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<(Tensor, Tensor)> {
         self.check_context(ctx, "int8 K and V")?;
@@ -522,15 +537,10 @@ impl QuantizedKvCache {
         options: &AttentionOptions,
     ) -> Result<AttentionOutput> {
         let options = attend_options(&self.lengths, options)?;
-        let rotated;
-        let q = match &self.rotary {
-            Some(rotary) => {
-                rotated = crate::rotary::encode_rotate_queries(ctx, encoder, q, &self.lengths, rotary)?;
-                &rotated
-            }
-            None => q,
-        };
-        encode_sdpa_quantized(ctx, encoder, q, &self.kv, &options)
+        let queries = (q, &self.lengths[..]);
+        crate::rotary::with_cache_queries(ctx, encoder, queries, self.rotary.as_ref(), |encoder, q| {
+            encode_sdpa_quantized(ctx, encoder, q, &self.kv, &options)
+        })
     }
 
     /// [`QuantizedKvCache::attend`] with the output read back in the same submission.

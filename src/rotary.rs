@@ -284,3 +284,21 @@ pub(crate) fn encode_rotate_queries(
         .collect();
     encode_apply_rotary(ctx, encoder, q, &positions, rotary)
 }
+
+/// Records `then` on `q`, or, with a cache's `rotary`, on `q` rotated first as
+/// [`encode_rotate_queries`] does (the attention step every KV cache shares).
+pub(crate) fn with_cache_queries<T>(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    (q, lengths): (&Tensor, &[u32]),
+    rotary: Option<&Rotary>,
+    then: impl FnOnce(&mut wgpu::CommandEncoder, &Tensor) -> Result<T>,
+) -> Result<T> {
+    match rotary {
+        Some(rotary) => {
+            let rotated = encode_rotate_queries(ctx, encoder, q, lengths, rotary)?;
+            then(encoder, &rotated)
+        }
+        None => then(encoder, q),
+    }
+}

@@ -77,15 +77,12 @@ impl Store {
         }
     }
 
-    /// Keys and values as tensors of the cache's dtype: its own, or the int8 codes
-    /// dequantized.
-    fn keys_values(&self, ctx: &Context) -> wgpu_attention::Result<(Held<'_>, Held<'_>)> {
+    /// The keys (`keys`) or the values as a tensor of the cache's dtype: its own, or
+    /// the int8 codes dequantized (only the one asked for).
+    fn held(&self, ctx: &Context, keys: bool) -> wgpu_attention::Result<Held<'_>> {
         match self {
-            Store::Plain(c) => Ok((Held::Borrowed(c.keys()), Held::Borrowed(c.values()))),
-            Store::Int8(c) => {
-                let (k, v) = c.quantized().dequantize(ctx)?;
-                Ok((Held::Owned(k), Held::Owned(v)))
-            }
+            Store::Plain(c) => Ok(Held::Borrowed(if keys { c.keys() } else { c.values() })),
+            Store::Int8(c) => c.quantized().dequantize_one(ctx, keys).map(Held::Owned),
         }
     }
 }
@@ -391,7 +388,7 @@ impl PyKvCache {
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let turn = self.cache.turn(py, "KvCache")?;
         let cache = turn.get();
-        let (k, _) = py.detach(|| cache.keys_values(&self.ctx)).py_err()?;
+        let k = py.detach(|| cache.held(&self.ctx, true)).py_err()?;
         read_back(py, &self.ctx, &k, self.axes)
     }
 
@@ -399,7 +396,7 @@ impl PyKvCache {
     fn values<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let turn = self.cache.turn(py, "KvCache")?;
         let cache = turn.get();
-        let (_, v) = py.detach(|| cache.keys_values(&self.ctx)).py_err()?;
+        let v = py.detach(|| cache.held(&self.ctx, false)).py_err()?;
         read_back(py, &self.ctx, &v, self.axes)
     }
 
