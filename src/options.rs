@@ -221,8 +221,8 @@ pub enum FusedTiling {
     /// query row per invocation. For GPUs with little workgroup memory.
     Shared,
     /// FlashAttention-2 blocks: Q, K/V and probability tiles in workgroup memory,
-    /// register micro-tiles of scores and outputs. The GPU default; needs 27 KiB of
-    /// workgroup memory.
+    /// register micro-tiles of scores and outputs. The pick of CPU adapters without
+    /// subgroups (llvmpipe GL); needs 32 KiB of workgroup memory.
     Blocked,
     /// For CPU adapters with subgroups of at least 8 lanes (lavapipe); needs
     /// `SUBGROUP`. Where K/V rows are whole 16-byte words, K and V are read as texel
@@ -233,6 +233,11 @@ pub enum FusedTiling {
     /// cooperative-matrix products accumulated in f32. Needs
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX`; f16 inputs, or f32 at [`Precision::Medium`].
     Coop,
+    /// Full-precision f32 on the register-blocked GEMM pattern: FlashAttention-2 blocks
+    /// of 64 rows and 64 keys, 4x4 score and 4x(D/16) output micro-tiles per invocation
+    /// from double-buffered slabs of Qᵀ, Kᵀ and V in 32 KiB of workgroup memory. For
+    /// GPUs without tensor cores (or f32 at [`Precision::Highest`]).
+    Micro,
 }
 
 /// How precisely f32 inputs are multiplied, as PyTorch's

@@ -436,7 +436,12 @@ fn subgroup_variants_fit_the_workgroup_memory_the_tiling_declares() {
 fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
     // The host picks a variant by BlockVariant::workgroup_bytes; it must be what the
     // WGSL declares, or a variant could exceed the adapter's limit.
-    use wgpu_attention::kernels::flash::{BLOCKED_VARIANTS, COOP_VARIANTS};
+    use wgpu_attention::kernels::flash::{BLOCKED_VARIANTS, COOP_VARIANTS, MICRO, MICRO_BYTES};
+    for variant in MICRO {
+        for kernel in [variant.kernel, variant.words] {
+            assert_eq!(declared_workgroup_bytes(&kernel), MICRO_BYTES, "{}", kernel.variant);
+        }
+    }
     for variant in BLOCKED_VARIANTS {
         let declared = declared_workgroup_bytes(&variant.kernel);
         assert_eq!(

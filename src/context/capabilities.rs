@@ -51,6 +51,10 @@ pub struct Capabilities {
     /// Tensor-core variants a tuning table measured fastest on this adapter, one per
     /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
     pub coop_tuned: Vec<crate::kernels::flash::CoopVariant>,
+    /// Lanes the micro-tile tiling reduces a row over with subgroup shuffles, where
+    /// pinned ([`crate::Context::use_micro_lanes`]; `tune` times each); else the most the
+    /// adapter's subgroups hold ([`crate::kernels::flash::micro_lanes`]).
+    pub micro_lanes: Option<u32>,
 }
 
 #[cfg(test)]
@@ -79,6 +83,7 @@ impl Capabilities {
             loop_cap: None,
             mesa_version,
             coop_tuned: Vec::new(),
+            micro_lanes: None,
         }
     }
 }
@@ -200,6 +205,7 @@ impl Capabilities {
             loop_cap: None,
             mesa_version: mesa_version(&info.driver_info),
             coop_tuned: Vec::new(),
+            micro_lanes: None,
         }
     }
 }

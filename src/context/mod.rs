@@ -228,6 +228,14 @@ impl Context {
         self.caps.coop_tuned = variants;
     }
 
+    /// Pins the lanes over which the micro-tile tiling reduces a row with subgroup
+    /// shuffles (1, 8 or 16; more than the adapter's subgroups hold falls back to the
+    /// most they do); `None` restores the default, the most they hold. For `tune`,
+    /// which times each.
+    pub fn use_micro_lanes(&mut self, lanes: Option<u32>) {
+        self.caps.micro_lanes = lanes;
+    }
+
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
     /// "Backward") to `bytes`: smaller bands of pairs and query rows, more of them (never
     /// below [`crate::backward::MIN_BAND_ROWS`] rows). For tests of the banding; the

@@ -133,6 +133,29 @@ pub fn blocked_iterations(s: &AttentionShape) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// `flash_micro.wgsl`, each loop counting one more trip for its exit check, worst
+/// case over its variants' lane counts (the partial loops run only with fewer than 16).
+/// Per tile of 64 keys: the S slabs (a Q/K load of 4 quads, each `qload4`'s or
+/// `load4`'s 4-trip loop, and 16 head-dim columns), the partial maxima, the V slabs (2
+/// quads' loads, VK keys). Around it: the first slab's load, the resumed and stored
+/// output quads (4-trip loops each), the partial sums. Tiles: one more than whole ones,
+/// as the loop starts at a multiple of 4, not of 64.
+pub fn micro_iterations(s: &AttentionShape) -> u64 {
+    let need = s.head_dim.max(s.head_dim_v) as u64;
+    let Some(dmax) = [64u64, 128, 256].into_iter().find(|&d| need <= d) else {
+        return u64::MAX;
+    };
+    let load_qk = 4 * 5;
+    let load_v = 2 * 5;
+    let (vk, partials) = (2048 / dmax, 16);
+    let slabs = (s.head_dim as u64).div_ceil(16);
+    let per_tile =
+        1 + (slabs * (1 + load_qk + 16 + 1) + 1) + partials + ((64 / vk) * (1 + load_v.max(load_qk) + vk + 1) + 1);
+    let tiles = (s.len_k as u64).div_ceil(64) + 1;
+    let quads = 4 * (dmax / 64) * 5;
+    1 + tiles * per_tile + load_qk + 2 * quads + partials
+}
+
 /// `flash_coop.wgsl` as it runs under llvmpipe's cap: only there, with its coop
 /// operations emulated (`kernels::coop_emulation`), so the model counts the
 /// emulation's loops too. The kernel that runs may be any variant of the class a

@@ -92,8 +92,9 @@ pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_c
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
 /// [`backward_texel::VARIANTS`]), the blocked backward's sizes
-/// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]) and the tensor-core
-/// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's).
+/// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]), the tensor-core
+/// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's), the decode
+/// lanes variants and the micro-tile variants ([`flash::MICRO`]).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
         .into_iter()
@@ -108,6 +109,7 @@ pub fn every_kernel() -> Vec<Kernel> {
         .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
         .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
         .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))
+        .chain(flash::MICRO.iter().flat_map(|v| [v.kernel, v.words]))
         .collect()
 }
 

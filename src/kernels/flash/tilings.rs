@@ -92,7 +92,7 @@ pub struct TilingSpec {
 }
 
 /// Every fused tiling, in the picker's order of preference.
-pub const FUSED_TILINGS: [TilingSpec; 5] = [
+pub const FUSED_TILINGS: [TilingSpec; 6] = [
     TilingSpec {
         tiling: FusedTiling::Coop,
         name: "coop",
@@ -158,6 +158,25 @@ pub const FUSED_TILINGS: [TilingSpec; 5] = [
             }
         },
         iterations: loop_budget::blocked_iterations,
+    },
+    TilingSpec {
+        tiling: FusedTiling::Micro,
+        name: "micro",
+        about: "full f32 on the register-blocked GEMM pattern: 64x64 FlashAttention-2 blocks, 4x4 score and 4x(D/16) output micro-tiles per invocation from double-buffered slabs of Q, K and V in 32 KiB (GPUs without tensor cores; not yet picked anywhere)",
+        // Picked nowhere until a GPU measures it against `shared` (docs/design.md,
+        // "The micro-tile tiling"): `tune` times it beside the others.
+        default_on: &[],
+        needs: Needs::WorkgroupBytes(MICRO_BYTES),
+        f16_products: false,
+        launch: |d, dv, caps| {
+            let v = micro_for(d, dv, micro_lanes(caps)).unwrap_or(MICRO[MICRO.len() - 1]);
+            Launch {
+                kernel: v.kernel,
+                rows: MICRO_ROWS,
+                constants: Vec::new(),
+            }
+        },
+        iterations: loop_budget::micro_iterations,
     },
     TilingSpec {
         tiling: FusedTiling::Registers,

@@ -368,10 +368,11 @@ pub const BLOCKED_VARIANTS: [BlockVariant; 7] = {
 /// smallest variant of each class.
 pub const BLOCKED_MIN_BYTES: u32 = 32_512;
 
-/// The twin of a blocked kernel that reads K and V as 16-byte words (`None` for any
-/// other kernel).
+/// The twin of a blocked or micro-tile kernel that reads K and V as 16-byte words
+/// (`None` for any other kernel).
 pub fn blocked_words(kernel: &Kernel) -> Option<Kernel> {
-    BLOCKED.iter().find(|v| v.variant.kernel == *kernel).map(|v| v.words)
+    let blocked = BLOCKED.iter().find(|v| v.variant.kernel == *kernel).map(|v| v.words);
+    blocked.or_else(|| MICRO.iter().find(|v| v.kernel == *kernel).map(|v| v.words))
 }
 
 /// The variant of `variants` for head dims `d`, `dv` on an adapter granting `bytes` of
@@ -389,4 +390,110 @@ pub fn variant_for(variants: &[BlockVariant], d: u32, dv: u32, bytes: u32) -> Op
 /// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes`.
 pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
     variant_for(&BLOCKED_VARIANTS, d, dv, bytes)
+}
+
+/// One variant of the f32 micro-tile tiling (`flash_micro.wgsl`): head dims up to
+/// `dmax` (64, 128 or 256) and `lanes`, the lanes over which a row's maximum and sum
+/// are reduced by subgroup shuffles (1: through workgroup memory only; 8 or 16: the
+/// adapter's subgroups hold at least that many). Each comes with a twin that reads K
+/// and V as 16-byte words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroVariant {
+    pub dmax: u32,
+    pub lanes: u32,
+    pub kernel: Kernel,
+    pub words: Kernel,
+}
+
+/// Workgroup memory every micro-tile variant declares: two 8 KiB halves of slabs and the
+/// 64 x 64 f32 probability tile (a test compares this with naga's layout).
+pub const MICRO_BYTES: u32 = 2 * 512 * 16 + 64 * 64 * 4;
+
+/// Query rows per workgroup of the micro-tile tiling.
+pub const MICRO_ROWS: u32 = 64;
+
+/// `flash_micro.wgsl`'s reductions of a row's maximum and sum over its owners' lanes:
+/// none (every partial through workgroup memory) ...
+const LANES_NONE: &str = "fn lanes_max(x: vec4<f32>) -> vec4<f32> { return x; }
+fn lanes_sum(x: vec4<f32>) -> vec4<f32> { return x; }
+";
+/// ... or subgroup shuffles over RL aligned lanes (8 or 16).
+const LANES_SHUFFLE: &str = "fn lanes_max(x: vec4<f32>) -> vec4<f32> {
+    var r = max(x, subgroupShuffleXor(x, 1u));
+    r = max(r, subgroupShuffleXor(r, 2u));
+    r = max(r, subgroupShuffleXor(r, 4u));
+    if RL > 8u {
+        r = max(r, subgroupShuffleXor(r, 8u));
+    }
+    return r;
+}
+fn lanes_sum(x: vec4<f32>) -> vec4<f32> {
+    var r = x + subgroupShuffleXor(x, 1u);
+    r += subgroupShuffleXor(r, 2u);
+    r += subgroupShuffleXor(r, 4u);
+    if RL > 8u {
+        r += subgroupShuffleXor(r, 8u);
+    }
+    return r;
+}
+";
+
+macro_rules! micro_variant {
+    ($dmax:literal, $rl:literal, $lanes:expr) => {{
+        const CONSTS: &str = concat!("const DMAX: u32 = ", $dmax, "u;\nconst RL: u32 = ", $rl, "u;\n");
+        const SOURCE: &str = include_str!("../../../shaders/flash_micro.wgsl");
+        MicroVariant {
+            dmax: $dmax,
+            lanes: $rl,
+            kernel: Kernel {
+                file: "flash_micro.wgsl",
+                source: SOURCE,
+                entry: "flash_micro",
+                slots: SLOTS,
+                preludes: &[COMMON, CONSTS, $lanes, KV_ELEMENTS],
+                variant: concat!("[", $dmax, " lanes ", $rl, "]"),
+            },
+            words: Kernel {
+                file: "flash_micro.wgsl",
+                source: SOURCE,
+                entry: "flash_micro",
+                slots: WORD_SLOTS,
+                preludes: &[COMMON, CONSTS, $lanes, KV_WORDS],
+                variant: concat!("[", $dmax, " lanes ", $rl, " words]"),
+            },
+        }
+    }};
+}
+
+/// Every micro-tile variant: head-dim classes 64, 128 and 256, each reducing over 1, 8
+/// or 16 lanes.
+pub const MICRO: [MicroVariant; 9] = [
+    micro_variant!(64, 1, LANES_NONE),
+    micro_variant!(64, 8, LANES_SHUFFLE),
+    micro_variant!(64, 16, LANES_SHUFFLE),
+    micro_variant!(128, 1, LANES_NONE),
+    micro_variant!(128, 8, LANES_SHUFFLE),
+    micro_variant!(128, 16, LANES_SHUFFLE),
+    micro_variant!(256, 1, LANES_NONE),
+    micro_variant!(256, 8, LANES_SHUFFLE),
+    micro_variant!(256, 16, LANES_SHUFFLE),
+];
+
+/// The lanes a micro-tile variant may reduce over on an adapter: the most of 16, 8 and
+/// 1 that its smallest subgroup holds (a pinned count where the adapter allows it:
+/// `Capabilities::micro_lanes`, set by `tune`).
+pub fn micro_lanes(caps: &Capabilities) -> u32 {
+    let most = match caps.subgroups {
+        Some((min, _)) if min >= 16 => 16,
+        Some((min, _)) if min >= 8 => 8,
+        _ => 1,
+    };
+    caps.micro_lanes.filter(|&l| l <= most).unwrap_or(most)
+}
+
+/// The micro-tile variant for head dims `d`, `dv` reducing over `lanes` (the smallest
+/// class that holds both; `None` past 256).
+pub fn micro_for(d: u32, dv: u32, lanes: u32) -> Option<MicroVariant> {
+    let need = d.max(dv);
+    MICRO.iter().copied().find(|v| need <= v.dmax && v.lanes == lanes)
 }
