@@ -53,6 +53,14 @@ fn tune_writes_a_table_that_later_contexts_follow() {
     let coop_rows: Vec<&serde_json::Value> = rows.iter().filter(|r| r["tiling"] == "coop").collect();
     assert_eq!(coop_rows.len(), 2, "{stdout}");
     assert!(rows.iter().all(|r| r["status"] == "ok"), "{stdout}");
+    // The micro-tile tiling at each lane count the adapter allows (the emulating adapter
+    // has subgroups of at least 8 lanes), each checked.
+    let micro: Vec<&str> = rows
+        .iter()
+        .filter(|r| r["tiling"] == "micro")
+        .filter_map(|r| r["variant"].as_str())
+        .collect();
+    assert!(micro.contains(&"lanes1") && micro.contains(&"lanes8"), "{stdout}");
     // The table names this adapter and the winner the JSON names.
     let written = TuneTable::parse("tune.tsv", &std::fs::read_to_string(&table).expect("table")).expect("parses");
     let winner = CoopVariant::parse(doc["winners"][0]["variant"].as_str().expect("a winner")).expect("a variant");

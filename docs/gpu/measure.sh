@@ -33,12 +33,14 @@ mkdir -p "$out"
 # The shapes the issues' targets name (B,Hq,Hkv,Lq,Lk,D), or small ones under SMOKE=1.
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
+    micro256=1,1,1,64,64,256
     mha=1,64,64,4 reps=2 probe=64
     # Two tensor-core variants: each emulated one is a compile of tens of seconds on lavapipe.
     tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --variants 64x16x16,64x32x32)
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
+    micro256=2,16,16,4096,4096,256
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
@@ -79,6 +81,10 @@ step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused 
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
     --precision medium --reps "$reps" --probe "$probe" --json "$out/fused-medium.json"
+# Full f32 on the micro-tile tiling (issue 53), pinned, at the shapes above and D 256;
+# tune's rows time it beside `shared` (the GPU's f32 pick) in one process.
+step fused-micro env WGPU_ATTENTION_TILING=micro "$bin" bench "${shape_args[@]}" --shape "$micro256" \
+    --causal --dtype f32 --kernel fused --reps "$reps" --probe "$probe" --json "$out/fused-micro.json"
 # Decode in the adapter's design (lanes on GPUs), in the tiled one, fused, and from an
 # int8 KV cache, side by side in one process against one copy probe (docs/design.md,
 # "Decode", "int8 KV cache").
@@ -120,7 +126,7 @@ fi
 
 # Row-by-row speedups over an earlier pass, for every bench file both passes wrote.
 if [ -n "${PREVIOUS:-}" ]; then
-    for name in fused fused-medium decode window backward backward-coop; do
+    for name in fused fused-medium fused-micro decode window backward backward-coop; do
         if [ -f "$PREVIOUS/$name.json" ] && [ -f "$out/$name.json" ]; then
             step "compare-$name" "$bin" bench --compare "$PREVIOUS/$name.json" "$out/$name.json"
         fi

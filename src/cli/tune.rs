@@ -1,5 +1,5 @@
-//! `tune`: every fused tiling the adapter can run, and every tensor-core variant that
-//! fits it, over a list of shapes: each checked against the CPU reference on a small
+//! `tune`: every fused tiling the adapter can run, every tensor-core variant that fits
+//! it and every lane count of the micro-tile tiling, over a list of shapes: each checked against the CPU reference on a small
 //! problem of the same head dims, then timed; a table, optional JSON, and the winning
 //! tensor-core variant per head-dim class written into a tuning table the library reads
 //! (`wgpu_attention::tune`).
@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use wgpu_attention::bench::{bench_inputs, gflops, time_gpu};
 use wgpu_attention::check::{run_case, CheckCase};
-use wgpu_attention::kernels::flash::{spec, CoopVariant, FUSED_TILINGS};
+use wgpu_attention::kernels::flash::{micro_lanes, spec, CoopVariant, FUSED_TILINGS};
 use wgpu_attention::report::adapter_json;
 use wgpu_attention::tune::{coop_candidates, read_table_text, TuneEntry, TuneTable};
 use wgpu_attention::{
@@ -53,12 +53,36 @@ pub struct TuneArgs {
     emulate_coop: bool,
 }
 
+/// What a candidate pins beyond its tiling: a tensor-core variant, or the lanes the
+/// micro-tile tiling reduces rows over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pin {
+    Coop(CoopVariant),
+    MicroLanes(u32),
+}
+
+impl Pin {
+    fn label(self) -> String {
+        match self {
+            Pin::Coop(v) => v.label(),
+            Pin::MicroLanes(lanes) => format!("lanes{lanes}"),
+        }
+    }
+
+    fn coop(self) -> Option<CoopVariant> {
+        match self {
+            Pin::Coop(v) => Some(v),
+            Pin::MicroLanes(_) => None,
+        }
+    }
+}
+
 /// One measured candidate.
 struct Row {
     shape: AttentionShape,
     dtype: DType,
     tiling: &'static str,
-    variant: Option<CoopVariant>,
+    variant: Option<Pin>,
     /// `ok`, or why not (a failed check, a refused limit).
     status: String,
     median_ms: Option<f64>,
@@ -72,7 +96,7 @@ impl Row {
                       self.shape.len_k, self.shape.head_dim, self.shape.head_dim_v],
             "dtype": self.dtype.name(),
             "tiling": self.tiling,
-            "variant": self.variant.map(|v| v.label()),
+            "variant": self.variant.map(Pin::label),
             "status": self.status,
             "median_ms": self.median_ms,
             "gflops": self.gflops,
@@ -170,23 +194,29 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     ))?;
     for &shape in &shapes {
         for &dtype in &dtypes {
-            let chosen = candidates(&ctx, &shape).into_iter().filter(|(_, v)| match (&only, v) {
-                (Some(only), Some(v)) => only.contains(v),
-                _ => true,
-            });
-            for (tiling, variant) in chosen {
-                if let Some(v) = variant {
-                    ctx.use_coop_variants(vec![v]);
+            let chosen =
+                candidates(&ctx, &shape)
+                    .into_iter()
+                    .filter(|(_, pin)| match (&only, pin.and_then(Pin::coop)) {
+                        (Some(only), Some(v)) => only.contains(&v),
+                        _ => true,
+                    });
+            for (tiling, pin) in chosen {
+                match pin {
+                    Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
+                    Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes)),
+                    None => {}
                 }
-                let row = measure(&ctx, shape, dtype, tiling, variant, args.reps);
+                let row = measure(&ctx, shape, dtype, tiling, pin, args.reps);
                 ctx.use_coop_variants(pinned.clone());
+                ctx.use_micro_lanes(None);
                 let row = row?;
                 write_stdout(format_args!(
                     "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
                     shape_label(&row.shape),
                     row.dtype.name(),
                     row.tiling,
-                    row.variant.map_or("-".into(), |v| v.label()),
+                    row.variant.map_or("-".into(), Pin::label),
                     row.median_ms.map_or("-".into(), |t| format!("{t:.3}")),
                     row.gflops.map_or("-".into(), |g| format!("{g:.1}")),
                     row.status
@@ -237,7 +267,7 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 "{} {} {}",
                 shape_label(&r.shape),
                 r.tiling,
-                r.variant.map_or(String::new(), |v| v.label())
+                r.variant.map_or(String::new(), Pin::label)
             )
         })
         .collect();
@@ -300,12 +330,24 @@ fn shape_label(s: &AttentionShape) -> String {
     )
 }
 
-/// The tilings the adapter runs for this problem, and for tensor cores every variant of
-/// the head-dim class that holds it.
-fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option<CoopVariant>)> {
+/// The tilings the adapter runs for this problem: for tensor cores every variant of the
+/// head-dim class that holds it, for the micro-tile tiling every lane count its
+/// subgroups allow.
+fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option<Pin>)> {
     let caps = ctx.capabilities();
     let mut out = Vec::new();
     for s in FUSED_TILINGS.iter().filter(|s| s.unmet("", caps).is_none()) {
+        if s.tiling == FusedTiling::Micro {
+            // The most lanes the adapter allows, ignoring a pin.
+            let most = micro_lanes(&wgpu_attention::Capabilities {
+                micro_lanes: None,
+                ..caps.clone()
+            });
+            for lanes in [1, 8, 16].into_iter().filter(|&l| l <= most) {
+                out.push((s.tiling, Some(Pin::MicroLanes(lanes))));
+            }
+            continue;
+        }
         if s.tiling != FusedTiling::Coop {
             out.push((s.tiling, None));
             continue;
@@ -316,7 +358,7 @@ fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option
         };
         let sg = caps.coop_subgroup_size().unwrap_or(32);
         for v in coop_candidates(class, sg, caps.max_workgroup_storage, caps.max_invocations) {
-            out.push((s.tiling, Some(v)));
+            out.push((s.tiling, Some(Pin::Coop(v))));
         }
     }
     out
@@ -344,7 +386,7 @@ fn measure(
     shape: AttentionShape,
     dtype: DType,
     tiling: FusedTiling,
-    variant: Option<CoopVariant>,
+    variant: Option<Pin>,
     reps: usize,
 ) -> Result<Row, CliError> {
     let name = spec(tiling).map_or("auto", |s| s.name);
@@ -412,32 +454,30 @@ fn measure(
 /// class's checked rows (f16 rows where there are any; variants wrong anywhere left
 /// out), and that mean.
 fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
-    let mut classes: Vec<u32> = rows.iter().filter_map(|r| r.variant.map(|v| v.dmax)).collect();
+    let coop = |r: &Row| r.variant.and_then(Pin::coop);
+    let mut classes: Vec<u32> = rows.iter().filter_map(|r| coop(r).map(|v| v.dmax)).collect();
     classes.sort_unstable();
     classes.dedup();
     let mut out = Vec::new();
     for class in classes {
         // A variant wrong on any shape is never a winner.
-        let wrong = |v: CoopVariant| {
-            rows.iter()
-                .any(|r| r.variant == Some(v) && r.status.starts_with("WRONG"))
-        };
+        let wrong = |v: CoopVariant| rows.iter().any(|r| coop(r) == Some(v) && r.status.starts_with("WRONG"));
         let of_class: Vec<&Row> = rows
             .iter()
-            .filter(|r| r.variant.is_some_and(|v| v.dmax == class && !wrong(v)) && r.status == "ok")
+            .filter(|r| coop(r).is_some_and(|v| v.dmax == class && !wrong(v)) && r.status == "ok")
             .collect();
         let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
             DType::F16
         } else {
             DType::F32
         };
-        let mut variants: Vec<CoopVariant> = of_class.iter().filter_map(|r| r.variant).collect();
+        let mut variants: Vec<CoopVariant> = of_class.iter().filter_map(|r| coop(r)).collect();
         variants.sort_unstable();
         variants.dedup();
         let score = |v: &CoopVariant| {
             let figures: Vec<f64> = of_class
                 .iter()
-                .filter(|r| r.variant == Some(*v) && r.dtype == dtype)
+                .filter(|r| coop(r) == Some(*v) && r.dtype == dtype)
                 .filter_map(|r| r.gflops)
                 .collect();
             figures.iter().sum::<f64>() / figures.len().max(1) as f64
