@@ -14,7 +14,10 @@ enable wgpu_cooperative_matrix;
 // (head dims up to it), BR (query rows per workgroup, one 16-row band per subgroup),
 // BC (keys per tile), SG (the adapter's fixed subgroup size, so that subgroup_id runs
 // 0 .. BR/16 - 1), and LPR / RPL, the lanes per band row and band rows per lane of the
-// softmax (SG/16 and 1 on 32-lane subgroups; 1 and 16/SG on narrower ones).
+// softmax (SG/16 and 1 on 32-lane subgroups; 1 and 16/SG on narrower ones). The
+// source goes through kernels::unroll: the Q fragments (`qf`) and output tiles (`o`)
+// are arrays indexed by loop counters, or (the `named` axis) one named value each,
+// their loops unrolled; the tuner times both.
 //
 // Per workgroup: BR query rows of one (batch, head). Subgroup g owns rows 16g .. 16g+15
 // (its band) and keeps, in registers, its Q band as DMAX/16 A fragments (loaded once)
@@ -64,6 +67,7 @@ const NSG: u32 = BR / 16u; // subgroups, one 16-row band each
 const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const KC: u32 = BC / 16u; // 16-key chunks of a tile
+const NG: u32 = (D16 + KC - 1u) / KC; // groups of KC output tiles that go through `ss` at once
 const LDQ: u32 = DMAX + 8u; // halves per staged Q, K or V row
 const V_AT: u32 = BC * LDQ; // where the V tile starts in `tiles`
 const LDS: u32 = BC + 4u; // floats per row of `ss`
@@ -149,18 +153,19 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
 }
 
 // O += P·V for a band: P from its rows of `ps`, V from the V tile, each P fragment
-// loaded once for all DMAX/16 output tiles.
-fn pv_step(o: ptr<function, array<coop_mat16x16<f32, C>, D16>>, band: u32) {
+// loaded once for all DMAX/16 output tiles. A macro, written out where it runs: the
+// output tiles may be named values, which no function can take as one argument.
+//@macro PV_STEP
     for (var kc = 0u; kc < KC; kc++) {
         let ia = band * LDP + kc * 16u;
         let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
-        for (var c = 0u; c < D16; c++) {
-            let ib = V_AT + kc * 16u * LDQ + c * 16u;
-            let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
-            (*o)[c] = coopMultiplyAdd(a, b, (*o)[c]);
-        }
+        //@each c < D16
+        let ib = V_AT + kc * 16u * LDQ + c * 16u;
+        let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
+        o@{c} = coopMultiplyAdd(a, b, o@{c});
+        //@end
     }
-}
+//@endmacro
 
 @compute @workgroup_size(NT, 1, 1)
 fn flash_coop(
@@ -200,11 +205,11 @@ fn flash_coop(
         atomicStore(&moved[0], 0u);
     }
     workgroupBarrier();
-    var qf: array<coop_mat16x16<f16, A>, D16>;
-    for (var dc = 0u; dc < D16; dc++) {
-        let ia = band * LDQ + dc * 16u;
-        qf[dc] = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
-    }
+    //@array qf D16 coop_mat16x16<f16, A>
+    //@each dc < D16
+    let ia = band * LDQ + dc * 16u;
+    qf@{dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    //@end
 
     // This lane's rows of the band: running maximum, sum and last rescale factor.
     var row_max: array<f32, RPL>;
@@ -219,12 +224,13 @@ fn flash_coop(
 
     // Output tiles: zeros, or the rows an earlier key range left (through the band's
     // rows of `ss`, BC columns at a time).
-    var o: array<coop_mat16x16<f32, C>, D16>;
-    for (var c = 0u; c < D16; c++) {
-        o[c] = coop_mat16x16<f32, C>();
-    }
+    //@array o D16 coop_mat16x16<f32, C>
+    //@each c < D16
+    o@{c} = coop_mat16x16<f32, C>();
+    //@end
     if p.key_begin != 0u {
-        for (var c0 = 0u; c0 < D16; c0 += KC) {
+        //@each g < NG
+            let c0 = g * KC;
             for (var rr = 0u; rr < RPL; rr++) {
                 let r = lane / LPR + rr * ROW_STEP;
                 let row = row0 + band + r;
@@ -242,15 +248,12 @@ fn flash_coop(
                 }
             }
             workgroupBarrier();
-            for (var u = 0u; u < KC; u++) {
-                if c0 + u >= D16 {
-                    break;
-                }
-                let is = band * LDS + u * 16u;
-                o[c0 + u] = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
-            }
+            //@each u < KC while g * KC + u < D16
+            let is = band * LDS + u * 16u;
+            o@{g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+            //@end
             workgroupBarrier();
-        }
+        //@end
     }
 
     // Uniform across the workgroup: from its first row's first key to the last key its
@@ -297,14 +300,14 @@ fn flash_coop(
 
         // P·V of the previous tile (P in `ps`, V in the V tile), then this tile's
         // scores, unscaled, to the band's rows of `ss`.
-        pv_step(&o, band);
+        //@expand PV_STEP
         for (var kc = 0u; kc < KC; kc++) {
             var s = coop_mat16x16<f32, C>();
-            for (var dc = 0u; dc < D16; dc++) {
-                let ib = kc * 16u * LDQ + dc * 16u;
-                let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
-                s = coopMultiplyAdd(qf[dc], b, s);
-            }
+            //@each dc < D16
+            let ib = kc * 16u * LDQ + dc * 16u;
+            let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
+            s = coopMultiplyAdd(qf@{dc}, b, s);
+            //@end
             let is = band * LDS + kc * 16u;
             coopStoreT(s, &ss[is], LDS);
         }
@@ -391,14 +394,11 @@ fn flash_coop(
             atomicStore(&moved[0], 0u);
         }
         if rescale {
-            for (var c0 = 0u; c0 < D16; c0 += KC) {
-                for (var u = 0u; u < KC; u++) {
-                    if c0 + u >= D16 {
-                        break;
-                    }
-                    let is = band * LDS + u * 16u;
-                    coopStoreT(o[c0 + u], &ss[is], LDS);
-                }
+            //@each g < NG
+                //@each u < KC while g * KC + u < D16
+                let is = band * LDS + u * 16u;
+                coopStoreT(o@{g * KC + u}, &ss[is], LDS);
+                //@end
                 workgroupBarrier();
                 for (var rr = 0u; rr < RPL; rr++) {
                     let at = (band + lane / LPR + rr * ROW_STEP) * LDS;
@@ -411,21 +411,18 @@ fn flash_coop(
                     }
                 }
                 workgroupBarrier();
-                for (var u = 0u; u < KC; u++) {
-                    if c0 + u >= D16 {
-                        break;
-                    }
-                    let is = band * LDS + u * 16u;
-                    o[c0 + u] = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
-                }
+                //@each u < KC while g * KC + u < D16
+                let is = band * LDS + u * 16u;
+                o@{g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+                //@end
                 // Which lanes load which elements is the driver's choice: the next
                 // round's stores must not overtake this round's loads.
                 workgroupBarrier();
-            }
+            //@end
         }
     }
     // The last tile's P·V.
-    pv_step(&o, band);
+    //@expand PV_STEP
 
     // Normalise and store through the band's `ss` rows; rows that saw no key get zeros
     // and lse = -inf. Every output tile goes through, also those past the value head
@@ -433,14 +430,12 @@ fn flash_coop(
     // `o` with values only known at run time, a suspect for this kernel's wrong results
     // on NVIDIA (docs/design.md, "Tensor cores"; tests/coop_patterns.wgsl's
     // accumulators_at_runtime_indices).
-    for (var c0 = 0u; c0 < D16; c0 += KC) {
-        for (var u = 0u; u < KC; u++) {
-            if c0 + u >= D16 {
-                break;
-            }
-            let is = band * LDS + u * 16u;
-            coopStoreT(o[c0 + u], &ss[is], LDS);
-        }
+    //@each g < NG
+        let c0 = g * KC;
+        //@each u < KC while g * KC + u < D16
+        let is = band * LDS + u * 16u;
+        coopStoreT(o@{g * KC + u}, &ss[is], LDS);
+        //@end
         workgroupBarrier();
         for (var rr = 0u; rr < RPL; rr++) {
             let r = lane / LPR + rr * ROW_STEP;
@@ -457,7 +452,7 @@ fn flash_coop(
             }
         }
         workgroupBarrier();
-    }
+    //@end
     if quad0 == 0u {
         for (var rr = 0u; rr < RPL; rr++) {
             let row = row0 + band + lane / LPR + rr * ROW_STEP;

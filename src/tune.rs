@@ -19,8 +19,9 @@
 //! coop      0x10de  NVIDIA H100 80GB HBM3    580.159.04  128x64x32
 //! ```
 //!
-//! Lines starting with `#` are comments; the variant is `DMAXxBRxBC`, its DMAX within
-//! the head-dim class it serves.
+//! Lines starting with `#` are comments; the variant is `DMAXxBRxBC` (with `n` after it
+//! for named fragments, [`CoopVariant::named`]), its DMAX within the head-dim class it
+//! serves.
 
 use crate::error::{Error, Result};
 use crate::kernels::flash::CoopVariant;
@@ -285,14 +286,16 @@ pub fn read_table_text(path: &std::path::Path) -> Result<Option<String>> {
 /// The variants `tune` tries for head dims up to `dmax` with subgroups of `sg` lanes
 /// on an adapter granting `bytes` of workgroup memory and `invocations` per workgroup:
 /// every query-row count of 1 to 4 bands and key tile of 16 to 64 that holds together
-/// and fits.
+/// and fits, with fragments as arrays and as named values.
 pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopVariant> {
     let mut out = Vec::new();
-    for br in [16, 32, 48, 64] {
-        for bc in [16, 32, 48, 64] {
-            let v = CoopVariant::new(dmax, br, bc);
-            if v.valid_for(sg) && v.workgroup_bytes() <= bytes && v.invocations(sg) <= invocations {
-                out.push(v);
+    for named in [false, true] {
+        for br in [16, 32, 48, 64] {
+            for bc in [16, 32, 48, 64] {
+                let v = CoopVariant::new(dmax, br, bc).with_named(named);
+                if v.valid_for(sg) && v.workgroup_bytes() <= bytes && v.invocations(sg) <= invocations {
+                    out.push(v);
+                }
             }
         }
     }
@@ -398,6 +401,9 @@ mod tests {
     fn candidates_hold_together_and_fit() {
         let all = coop_candidates(128, 32, 48 * 1024, 1024);
         assert!(all.contains(&CoopVariant::new(128, 64, 32)) && all.contains(&CoopVariant::new(128, 64, 48)));
+        // Every shape in both forms of its fragments.
+        let named = all.iter().filter(|v| v.named).count();
+        assert!(named > 0 && 2 * named == all.len(), "{all:?}");
         for v in &all {
             assert!(v.valid_for(32) && v.workgroup_bytes() <= 48 * 1024, "{v:?}");
         }

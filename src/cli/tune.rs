@@ -42,8 +42,9 @@ pub struct TuneArgs {
     /// user (WGPU_ATTENTION_TUNE_FILE, else ~/.config/wgpu-attention/tune.tsv).
     #[arg(long, value_name = "FILE|user")]
     table: Option<String>,
-    /// Only these tensor-core variants (comma-separated DMAXxBRxBC, e.g.
-    /// `128x64x32,128x64x48`), where they fit; default: every one that fits.
+    /// Only these tensor-core variants (comma-separated DMAXxBRxBC, `n` after it for
+    /// named fragments, e.g. `128x64x32,128x64x48n`), where they fit; default: every
+    /// one that fits, in both forms.
     #[arg(long, value_name = "LIST")]
     variants: Option<String>,
     /// Run the tensor-core variants with their cooperative-matrix operations emulated
@@ -147,8 +148,8 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 .map(|v| {
                     CoopVariant::parse_valid(v).ok_or_else(|| {
                         CliError::bad(format!(
-                            "--variants: '{v}' is not a DMAXxBRxBC variant (multiples of 16: DMAX up to 256, \
-                             BR up to 128 and at most 2 BC, BC up to 256)"
+                            "--variants: '{v}' is not a DMAXxBRxBC[n] variant (multiples of 16: DMAX up to 256, \
+                             BR up to 128 and at most 2 BC, BC up to 256; n: named fragments)"
                         ))
                     })
                 })

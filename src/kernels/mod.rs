@@ -28,6 +28,7 @@ pub mod pack_rows;
 pub mod params;
 pub(crate) mod qk_scores;
 pub(crate) mod softmax_rows;
+pub mod unroll;
 pub(crate) mod weights_v;
 
 use crate::context::{CompiledPipeline, Context, PipelineKey};
@@ -93,7 +94,7 @@ pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_c
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
 /// [`backward_texel::VARIANTS`]), the blocked backward's sizes
 /// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]), the tensor-core
-/// variants ([`flash::COOP_VARIANTS`]) for 32-lane subgroups (NVIDIA's), the decode
+/// variants ([`flash::COOP_VARIANTS`], arrayed and named) for 32-lane subgroups (NVIDIA's), the decode
 /// lanes variants and the micro-tile variants ([`flash::MICRO`]).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
@@ -106,7 +107,11 @@ pub fn every_kernel() -> Vec<Kernel> {
                 .chain(&backward_blocked::HALF_TILE_VARIANTS)
                 .flat_map(|v| [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)]),
         )
-        .chain(flash::COOP_VARIANTS.iter().map(|v| v.kernel(32)))
+        .chain(
+            flash::COOP_VARIANTS
+                .iter()
+                .flat_map(|v| [v.kernel(32), v.with_named(true).kernel(32)]),
+        )
         .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
         .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))
         .chain(flash::MICRO.iter().flat_map(|v| [v.kernel, v.words]))

@@ -1,7 +1,8 @@
 //! The tensor-core tiling's variants as data: a [`CoopVariant`] is three numbers
-//! (largest head dim, query rows and keys per tile), and its kernel is
-//! `flash_coop.wgsl` behind a one-line prelude generated from them and the adapter's
-//! subgroup size. The picker takes the first variant of a head-dim class that fits the
+//! (largest head dim, query rows and keys per tile) and a design axis (fragments as
+//! arrays or named values, [`crate::kernels::unroll`]), and its kernel is
+//! `flash_coop.wgsl` so generated, behind a one-line prelude of those numbers and the
+//! adapter's subgroup size. The picker takes the first variant of a head-dim class that fits the
 //! adapter's workgroup memory, unless a tuning table names another
 //! ([`crate::tune`]); tests and `tune` build any other variant the same way.
 
@@ -18,6 +19,9 @@ pub struct CoopVariant {
     pub br: u32,
     /// Keys per tile (a multiple of 16).
     pub bc: u32,
+    /// The Q fragments and output tiles as one named value each, the loops over them
+    /// unrolled by the generator; else arrays indexed by loop counters (label suffix `n`).
+    pub named: bool,
 }
 
 /// The picker's variants, by head-dim class; within a class the first that fits the
@@ -57,7 +61,17 @@ const SOURCE: &str = include_str!("../../../shaders/flash_coop.wgsl");
 
 impl CoopVariant {
     pub const fn new(dmax: u32, br: u32, bc: u32) -> Self {
-        CoopVariant { dmax, br, bc }
+        CoopVariant {
+            dmax,
+            br,
+            bc,
+            named: false,
+        }
+    }
+
+    /// The same variant with named fragments.
+    pub const fn with_named(self, named: bool) -> Self {
+        CoopVariant { named, ..self }
     }
 
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
@@ -91,25 +105,48 @@ impl CoopVariant {
             let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, COOP_STAGING, constants]));
             Kernel {
                 file: "flash_coop.wgsl",
-                source: SOURCE,
+                source: self.source(),
                 entry: "flash_coop",
                 slots: COOP_SLOTS,
                 preludes,
-                variant: leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc)),
+                variant: leak(format!("[{} sg{sg}]", self.label())),
             }
         })
     }
 
-    /// `[DMAXxBRxBC]`, as `tune` and the tuning table write it.
+    /// `flash_coop.wgsl` through the generator ([`crate::kernels::unroll`]), arrayed or
+    /// named (the source is the same for every subgroup size).
+    fn source(&self) -> &'static str {
+        let d16 = self.dmax / 16;
+        let kc = (self.bc / 16).max(1);
+        let consts = [("D16", d16), ("KC", kc), ("NG", d16.div_ceil(kc))];
+        // The file's directives are tested (tests of this module, shader_validation):
+        // an error here is a bug in the file, not in anything a user gave.
+        let source = super::super::unroll::expand(SOURCE, self.named, &consts)
+            .unwrap_or_else(|e| panic!("shaders/flash_coop.wgsl: {e}"));
+        leak(source)
+    }
+
+    /// `DMAXxBRxBC`, with `n` after it for named fragments, as `tune` and the tuning table
+    /// write it.
     pub fn label(&self) -> String {
-        format!("{}x{}x{}", self.dmax, self.br, self.bc)
+        let named = if self.named { "n" } else { "" };
+        format!("{}x{}x{}{named}", self.dmax, self.br, self.bc)
     }
 
     /// Parses [`CoopVariant::label`]'s form.
     pub fn parse(label: &str) -> Option<Self> {
-        let mut parts = label.trim().split('x').map(|n| n.parse::<u32>().ok());
+        let label = label.trim();
+        let (label, named) = match label.strip_suffix('n') {
+            Some(arrayed) => (arrayed, true),
+            None => (label, false),
+        };
+        let mut parts = label.split('x').map(|n| n.parse::<u32>().ok());
         let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
-        parts.next().is_none().then_some(CoopVariant::new(dmax, br, bc))
+        parts
+            .next()
+            .is_none()
+            .then_some(CoopVariant::new(dmax, br, bc).with_named(named))
     }
 
     /// Parses [`CoopVariant::label`]'s form, only for a variant whose WGSL holds

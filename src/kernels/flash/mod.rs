@@ -329,6 +329,8 @@ mod tests {
                 assert!(v.valid_for(sg), "{v:?} at {sg} lanes");
             }
             assert_eq!(CoopVariant::parse(&v.label()), Some(v));
+            let named = v.with_named(true);
+            assert_eq!(CoopVariant::parse(&named.label()), Some(named));
             let small = v.shrunk_to(32 * 1024).expect("an emulatable form");
             assert!(
                 small.workgroup_bytes() <= 32 * 1024 && small.bc == v.bc && small.valid_for(8),
@@ -343,6 +345,7 @@ mod tests {
         let a = COOP_VARIANTS[0].kernel(32);
         assert_eq!(a, COOP_VARIANTS[0].kernel(32));
         assert_ne!(a.variant, COOP_VARIANTS[0].kernel(8).variant);
+        assert_ne!(a.variant, COOP_VARIANTS[0].with_named(true).kernel(32).variant);
         assert!(a
             .preludes
             .concat()
@@ -352,5 +355,31 @@ mod tests {
             .preludes
             .concat()
             .contains("const LPR: u32 = 1u;\nconst RPL: u32 = 2u;"));
+    }
+
+    #[test]
+    fn named_coop_variants_name_every_fragment_and_unroll_every_loop_over_them() {
+        // 128x64x48: 8 Q fragments and 8 output tiles, which go through `ss` in groups of
+        // 3 (the last of 2).
+        let v = CoopVariant::new(128, 64, 48);
+        let arrayed = v.kernel(32).source;
+        let named = v.with_named(true).kernel(32).source;
+        assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, D16>;"));
+        assert!(arrayed.contains("o[g * KC + u]"));
+        for k in 0..8 {
+            assert!(named.contains(&format!("var qf_{k}: coop_mat16x16<f16, A>;")), "qf_{k}");
+            assert!(named.contains(&format!("var o_{k}: coop_mat16x16<f32, C>;")), "o_{k}");
+        }
+        assert!(!named.contains("qf_8") && !named.contains("o_8"));
+        assert!(!named.contains("qf[") && !named.contains("o[") && !named.contains("@{"));
+        assert!(!named.contains("//@") && !arrayed.contains("//@"));
+        // Every output tile is stored in the normalisation, each once.
+        for k in 0..8 {
+            assert_eq!(
+                named.matches(&format!("coopStoreT(o_{k},")).count(),
+                2,
+                "o_{k}: rescale and store"
+            );
+        }
     }
 }

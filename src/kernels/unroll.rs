@@ -1,0 +1,354 @@
+//! A small WGSL generator that writes a kernel's register arrays either as arrays
+//! indexed by loop counters ("arrayed") or as one named value per element, the loops
+//! that index them unrolled ("named"), from one source.
+//!
+//! A driver that does not unroll a loop keeps an array it indexes in local memory, and
+//! every access becomes a load or a store; named values leave it no choice
+//! (`matmul_coop.wgsl` and `flash_micro.wgsl` are written so by hand). Which runs
+//! faster is the GPU's to say, so the tensor-core attention kernel is built both ways
+//! and `tune` times both (docs/design.md, "Tensor cores").
+//!
+//! Directives, each alone on a line (leading spaces allowed):
+//! - `//@array NAME SIZE TYPE`: declares `var NAME: array<TYPE, SIZE>;`, or named,
+//!   `var NAME_0: TYPE;` .. `var NAME_{SIZE-1}: TYPE;`.
+//! - `//@each VAR < BOUND` .. `//@end` (nestable), optionally `//@each VAR < BOUND while
+//!   EXPR < LIMIT`: the lines between run for VAR = 0 .. BOUND - 1 while EXPR < LIMIT.
+//!   Arrayed, a `for` loop (the guard a `break`); named, one `{ .. }` block per value,
+//!   with VAR written as its value (`3u`).
+//! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts.
+//!
+//! In any line, `NAME@{EXPR}` (NAME declared by `//@array`) is element EXPR of the
+//! array: `NAME[EXPR]`, or named, `NAME_k` with k the value of EXPR, a sum of products
+//! of integers, the `//@each` variables around it and the constants the caller gives.
+//! BOUND and LIMIT are integers or such constants.
+
+use std::collections::HashMap;
+
+/// Expands the directives of `source`, the arrays named or arrayed; `consts` gives the
+/// values BOUND, LIMIT and EXPR may name (the generator's, e.g. `D16`). An error says
+/// which line broke which rule.
+pub fn expand(source: &str, named: bool, consts: &[(&str, u32)]) -> Result<String, String> {
+    let lines = with_macros(source)?;
+    let mut arrays = HashMap::new();
+    let mut out = String::with_capacity(source.len() * 2);
+    let mut env: Vec<(String, u32)> = consts.iter().map(|&(n, v)| (n.to_string(), v)).collect();
+    let mut at = 0;
+    emit(&lines, &mut at, named, &mut env, &mut arrays, &mut out, false)?;
+    if at != lines.len() {
+        return Err(format!("line {}: //@end without //@each", lines[at].0));
+    }
+    Ok(out)
+}
+
+/// The source's lines (numbered from 1) with macros defined and expanded.
+fn with_macros(source: &str) -> Result<Vec<(usize, String)>, String> {
+    let mut macros: HashMap<String, Vec<(usize, String)>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut defining: Option<(String, Vec<(usize, String)>)> = None;
+    for (i, line) in source.lines().enumerate() {
+        let n = i + 1;
+        let directive = line.trim_start();
+        if let Some(name) = directive.strip_prefix("//@macro ") {
+            if defining.is_some() {
+                return Err(format!("line {n}: //@macro inside //@macro"));
+            }
+            defining = Some((name.trim().to_string(), Vec::new()));
+        } else if directive.starts_with("//@endmacro") {
+            let (name, body) = defining
+                .take()
+                .ok_or(format!("line {n}: //@endmacro without //@macro"))?;
+            macros.insert(name, body);
+        } else if let Some(body) = defining.as_mut() {
+            body.1.push((n, line.to_string()));
+        } else if let Some(name) = directive.strip_prefix("//@expand ") {
+            let body = macros
+                .get(name.trim())
+                .ok_or(format!("line {n}: //@expand of an undefined macro '{}'", name.trim()))?;
+            out.extend(body.iter().cloned());
+        } else {
+            out.push((n, line.to_string()));
+        }
+    }
+    match defining {
+        Some((name, _)) => Err(format!("//@macro {name} has no //@endmacro")),
+        None => Ok(out),
+    }
+}
+
+/// Emits lines from `*at` to the end (or, `in_each`, to the `//@end` that closes the
+/// block, left at `*at`).
+fn emit(
+    lines: &[(usize, String)],
+    at: &mut usize,
+    named: bool,
+    env: &mut Vec<(String, u32)>,
+    arrays: &mut HashMap<String, u32>,
+    out: &mut String,
+    in_each: bool,
+) -> Result<(), String> {
+    while *at < lines.len() {
+        let (n, line) = &lines[*at];
+        let directive = line.trim_start();
+        let indent = &line[..line.len() - directive.len()];
+        if directive.starts_with("//@end") {
+            if in_each {
+                return Ok(());
+            }
+            return Err(format!("line {n}: //@end without //@each"));
+        }
+        *at += 1;
+        if let Some(rest) = directive.strip_prefix("//@array ") {
+            let mut parts = rest.trim().splitn(3, ' ');
+            let (Some(name), Some(size), Some(ty)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(format!("line {n}: expected //@array NAME SIZE TYPE"));
+            };
+            let value = evaluate(size, env).map_err(|e| format!("line {n}: {e}"))?;
+            arrays.insert(name.to_string(), value);
+            if named {
+                for k in 0..value {
+                    out.push_str(&format!("{indent}var {name}_{k}: {ty};\n"));
+                }
+            } else {
+                out.push_str(&format!("{indent}var {name}: array<{ty}, {size}>;\n"));
+            }
+        } else if let Some(rest) = directive.strip_prefix("//@each ") {
+            let each = Each::parse(rest).map_err(|e| format!("line {n}: {e}"))?;
+            let body_start = *at;
+            if named {
+                let bound = evaluate(&each.bound, env).map_err(|e| format!("line {n}: {e}"))?;
+                for value in 0..bound {
+                    env.push((each.var.clone(), value));
+                    let go_on = match &each.guard {
+                        None => true,
+                        Some((expr, limit)) => {
+                            evaluate(expr, env).map_err(|e| format!("line {n}: {e}"))?
+                                < evaluate(limit, env).map_err(|e| format!("line {n}: {e}"))?
+                        }
+                    };
+                    if go_on {
+                        out.push_str(&format!("{indent}{{\n"));
+                        *at = body_start;
+                        emit(lines, at, named, env, arrays, out, true)?;
+                        out.push_str(&format!("{indent}}}\n"));
+                    }
+                    env.pop();
+                    if !go_on {
+                        break;
+                    }
+                }
+                // The body once more, only to find its end when no copy was emitted.
+                *at = body_start;
+                let mut sink = String::new();
+                env.push((each.var.clone(), 0));
+                emit(lines, at, named, env, arrays, &mut sink, true)?;
+                env.pop();
+            } else {
+                let var = &each.var;
+                out.push_str(&format!(
+                    "{indent}for (var {var} = 0u; {var} < {}; {var}++) {{\n",
+                    each.bound
+                ));
+                if let Some((expr, limit)) = &each.guard {
+                    out.push_str(&format!(
+                        "{indent}    if !({expr} < {limit}) {{\n{indent}        break;\n{indent}    }}\n"
+                    ));
+                }
+                // Arrayed, the variable is the loop's own.
+                env.push((var.clone(), u32::MAX));
+                emit(lines, at, named, env, arrays, out, true)?;
+                env.pop();
+                out.push_str(&format!("{indent}}}\n"));
+            }
+            if *at >= lines.len() {
+                return Err(format!("line {n}: //@each without //@end"));
+            }
+            *at += 1; // the //@end
+        } else {
+            let line = substitute(line, named, env, arrays).map_err(|e| format!("line {n}: {e}"))?;
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    if in_each {
+        return Err("//@each without //@end".into());
+    }
+    Ok(())
+}
+
+struct Each {
+    var: String,
+    bound: String,
+    guard: Option<(String, String)>,
+}
+
+impl Each {
+    /// `VAR < BOUND [while EXPR < LIMIT]`.
+    fn parse(rest: &str) -> Result<Self, String> {
+        let (head, guard) = match rest.split_once(" while ") {
+            Some((head, guard)) => {
+                let (expr, limit) = guard
+                    .split_once('<')
+                    .ok_or("expected //@each VAR < BOUND while EXPR < LIMIT")?;
+                (head, Some((expr.trim().to_string(), limit.trim().to_string())))
+            }
+            None => (rest, None),
+        };
+        let (var, bound) = head.split_once('<').ok_or("expected //@each VAR < BOUND")?;
+        let var = var.trim();
+        if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("'{var}' is not a variable name"));
+        }
+        Ok(Each {
+            var: var.to_string(),
+            bound: bound.trim().to_string(),
+            guard,
+        })
+    }
+}
+
+/// One line with its array elements written out, and (named) the enclosing `//@each`
+/// variables replaced by their values.
+fn substitute(line: &str, named: bool, env: &[(String, u32)], arrays: &HashMap<String, u32>) -> Result<String, String> {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(open) = rest.find("@{") {
+        let close = rest[open..].find('}').ok_or("'@{' without '}'")? + open;
+        let before = &rest[..open];
+        let name_start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let name = &before[name_start..];
+        let size = *arrays.get(name).ok_or(format!("'{name}@{{..}}' names no //@array"))?;
+        let expr = &rest[open + 2..close];
+        out.push_str(&with_values(&before[..name_start], named, env));
+        if named {
+            let k = evaluate(expr, env)?;
+            if k >= size {
+                return Err(format!("{name}@{{{expr}}} is element {k} of {size}"));
+            }
+            out.push_str(&format!("{name}_{k}"));
+        } else {
+            out.push_str(&format!("{name}[{}]", with_values(expr, named, env)));
+        }
+        rest = &rest[close + 1..];
+    }
+    out.push_str(&with_values(rest, named, env));
+    Ok(out)
+}
+
+/// Named, every token that is an enclosing `//@each` variable becomes its value
+/// (`3u`); arrayed, the text as it is. Comments are left alone.
+fn with_values(text: &str, named: bool, env: &[(String, u32)]) -> String {
+    if !named {
+        return text.to_string();
+    }
+    let (code, comment) = match text.find("//") {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut token = String::new();
+    let flush = |token: &mut String, out: &mut String| {
+        // Only loop variables (pushed after the constants) are replaced; the last
+        // binding of a name wins.
+        match env.iter().rev().find(|(n, _)| n == token.as_str()) {
+            Some((_, v)) if *v != u32::MAX && !is_constant(env, token) => out.push_str(&format!("{v}u")),
+            _ => out.push_str(token),
+        }
+        token.clear();
+    };
+    for c in code.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            token.push(c);
+        } else {
+            flush(&mut token, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut token, &mut out);
+    out.push_str(comment);
+    out
+}
+
+/// Whether `name` is one of the caller's constants (upper case by convention: the
+/// WGSL declares them too, so they stay names).
+fn is_constant(env: &[(String, u32)], name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_uppercase()) && env.iter().any(|(n, _)| n == name)
+}
+
+/// The value of a sum of products of integers (a `u` suffix allowed) and names bound
+/// in `env`.
+fn evaluate(expr: &str, env: &[(String, u32)]) -> Result<u32, String> {
+    let mut sum = 0u32;
+    for term in expr.split('+') {
+        let mut product = 1u32;
+        for factor in term.split('*') {
+            let factor = factor.trim().trim_start_matches('(').trim_end_matches(')').trim();
+            let value = match factor.trim_end_matches('u').parse::<u32>() {
+                Ok(v) if factor.chars().next().is_some_and(|c| c.is_ascii_digit()) => v,
+                _ => match env.iter().rev().find(|(n, _)| n == factor) {
+                    Some((_, v)) if *v != u32::MAX => *v,
+                    _ => return Err(format!("cannot evaluate '{factor}' in '{expr}'")),
+                },
+            };
+            product = product.checked_mul(value).ok_or("overflow")?;
+        }
+        sum = sum.checked_add(product).ok_or("overflow")?;
+    }
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    const SOURCE: &str = "\
+//@macro ADD
+    //@each c < N
+        let ib = c * 16u;
+        acc@{c} = acc@{c} + x@{g * K + c}; // c stays in comments
+    //@end
+//@endmacro
+//@array acc N f32
+//@array x 6 f32
+//@each g < 2 while g * K < 3
+//@expand ADD
+//@end
+";
+
+    #[test]
+    fn named_and_arrayed_forms_of_one_source() {
+        let consts = [("N", 2), ("K", 2)];
+        let named = expand(SOURCE, true, &consts).expect("named");
+        assert!(named.contains("var acc_0: f32;\nvar acc_1: f32;\n"), "{named}");
+        assert!(named.contains("let ib = 1u * 16u;"), "{named}");
+        assert!(named.contains("acc_1 = acc_1 + x_3; // c stays in comments"), "{named}");
+        assert!(!named.contains("@{") && !named.contains("//@"), "{named}");
+        // g = 0 and 1 both pass the guard (0 < 3, 2 < 3): 2 x 2 copies.
+        assert_eq!(named.matches("acc_0 = acc_0").count(), 2, "{named}");
+        let arrayed = expand(SOURCE, false, &consts).expect("arrayed");
+        assert!(arrayed.contains("var acc: array<f32, N>;"), "{arrayed}");
+        assert!(arrayed.contains("for (var g = 0u; g < 2; g++) {"), "{arrayed}");
+        assert!(arrayed.contains("if !(g * K < 3) {"), "{arrayed}");
+        assert!(arrayed.contains("acc[c] = acc[c] + x[g * K + c];"), "{arrayed}");
+    }
+
+    #[test]
+    fn broken_directives_are_named_by_line() {
+        let consts = [("N", 2)];
+        for (source, says) in [
+            ("//@each c < N\nx;\n", "without //@end"),
+            ("x;\n//@end\n", "line 2"),
+            (
+                "//@array a N f32\n//@each c < 3\na@{c} = 1.0;\n//@end\n",
+                "element 2 of 2",
+            ),
+            ("b@{0} = 1.0;\n", "names no //@array"),
+            ("//@expand NOPE\n", "undefined macro"),
+            ("//@each c < M\n//@end\n", "cannot evaluate 'M'"),
+        ] {
+            let e = expand(source, true, &consts).expect_err(source);
+            assert!(e.contains(says), "{source:?}: {e}");
+        }
+    }
+}
