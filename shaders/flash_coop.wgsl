@@ -11,20 +11,23 @@ enable wgpu_cooperative_matrix;
 // (4,16,4096,128) f16 there, 2026-11-28.
 //
 // Generator parameters (a one-line prelude per variant, kernels::flash::coop): DMAX
-// (head dims up to it), BR (query rows per workgroup, one 16-row band per subgroup),
-// BC (keys per tile), SG (the adapter's fixed subgroup size, so that subgroup_id runs
-// 0 .. BR/16 - 1), and LPR / RPL, the lanes per band row and band rows per lane of the
-// softmax (SG/16 and 1 on 32-lane subgroups; 1 and 16/SG on narrower ones). The
-// source goes through kernels::unroll: the Q fragments (`qf`) and output tiles (`o`)
-// are arrays indexed by loop counters, or (the `named` axis) one named value each,
-// their loops unrolled; the tuner times both.
+// (head dims up to it), BR (query rows per workgroup), BANDS (16-row bands per
+// subgroup, 1 or 2), BC (keys per tile), SG (the adapter's fixed subgroup size, so that
+// subgroup_id runs 0 .. BR/(16 BANDS) - 1), and LPR / RPL, the lanes per row and rows
+// per lane of the softmax (SG/16 and BANDS on 32-lane subgroups; 1 and 16 BANDS/SG on
+// narrower ones). The source goes through kernels::unroll: the Q fragments (`qf`),
+// output tiles (`o`) and the per-band score and P fragments are arrays indexed by loop
+// counters, or (the `named` axis) one named value each, their loops unrolled; the
+// tuner times both, and both band counts.
 //
-// Per workgroup: BR query rows of one (batch, head). Subgroup g owns rows 16g .. 16g+15
-// (its band) and keeps, in registers, its Q band as DMAX/16 A fragments (loaded once)
-// and its output as DMAX/16 f32 accumulator tiles. The key loop is software-pipelined
+// Per workgroup: BR query rows of one (batch, head). Subgroup g owns BANDS bands of 16
+// rows from row 16 BANDS g and keeps, in registers, each band's Q as DMAX/16 A fragments
+// (loaded once) and its output as DMAX/16 f32 accumulator tiles. With two bands each
+// staged K and V fragment feeds two products (fragment loads per product halve; the
+// registers double). The key loop is software-pipelined
 // by half a tile; round t, over tile t of BC keys:
 //   A. O += P·V of tile t - 1 (P from the band's rows of `ps`, each P fragment loaded
-//      once for all DMAX/16 output tiles), then the band's 16 x BC scores S = Q·Kᵀ of
+//      once for all DMAX/16 output tiles), then each band's 16 x BC scores S = Q·Kᵀ of
 //      tile t (B = Kᵀ read column-major from the staged K rows) to its rows of `ss`;
 //   -- workgroup barrier --
 //   B. softmax by every lane of the subgroup: LPR lanes per row, each on BC/LPR of its
@@ -63,7 +66,7 @@ enable wgpu_cooperative_matrix;
 
 override WORDS: bool = false; // K/V rows are whole words at word offsets (host)
 
-const NSG: u32 = BR / 16u; // subgroups, one 16-row band each
+const NSG: u32 = BR / (16u * BANDS); // subgroups, BANDS 16-row bands each
 const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const KC: u32 = BC / 16u; // 16-key chunks of a tile
@@ -153,16 +156,21 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
 }
 
 // O += P·V for a band: P from its rows of `ps`, V from the V tile, each P fragment
-// loaded once for all DMAX/16 output tiles. A macro, written out where it runs: the
+// loaded once for all DMAX/16 output tiles, each V fragment once for all BANDS bands. A macro, written out where it runs: the
 // output tiles may be named values, which no function can take as one argument.
 //@macro PV_STEP
     for (var kc = 0u; kc < KC; kc++) {
-        let ia = band * LDP + kc * 16u;
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
+        //@array pf BANDS coop_mat16x16<f16, A>
+        //@each bb < BANDS
+        let ia = (band + 16u * bb) * LDP + kc * 16u;
+        pf@{bb} = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
+        //@end
         //@each c < D16
         let ib = V_AT + kc * 16u * LDQ + c * 16u;
         let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
-        o@{c} = coopMultiplyAdd(a, b, o@{c});
+        //@each bb < BANDS
+        o@{bb * D16 + c} = coopMultiplyAdd(pf@{bb}, b, o@{bb * D16 + c});
+        //@end
         //@end
     }
 //@endmacro
@@ -180,7 +188,7 @@ fn flash_coop(
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
     let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;
-    let band = sg * 16u; // first row of this subgroup's band, within the block
+    let band = sg * 16u * BANDS; // first row of this subgroup's bands, within the block
     let quad0 = lane % LPR; // this lane's first column quad in the softmax
     // Keys past the key length are never visible to any row: their V rows are staged
     // as zeros, so that 0 x (whatever the buffer holds there) cannot reach the output.
@@ -205,10 +213,12 @@ fn flash_coop(
         atomicStore(&moved[0], 0u);
     }
     workgroupBarrier();
-    //@array qf D16 coop_mat16x16<f16, A>
+    //@array qf D16*BANDS coop_mat16x16<f16, A>
+    //@each bb < BANDS
     //@each dc < D16
-    let ia = band * LDQ + dc * 16u;
-    qf@{dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    let ia = (band + 16u * bb) * LDQ + dc * 16u;
+    qf@{bb * D16 + dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    //@end
     //@end
 
     // This lane's rows of the band: running maximum, sum and last rescale factor.
@@ -224,8 +234,8 @@ fn flash_coop(
 
     // Output tiles: zeros, or the rows an earlier key range left (through the band's
     // rows of `ss`, BC columns at a time).
-    //@array o D16 coop_mat16x16<f32, C>
-    //@each c < D16
+    //@array o D16*BANDS coop_mat16x16<f32, C>
+    //@each c < D16 * BANDS
     o@{c} = coop_mat16x16<f32, C>();
     //@end
     if p.key_begin != 0u {
@@ -248,9 +258,11 @@ fn flash_coop(
                 }
             }
             workgroupBarrier();
+            //@each bb < BANDS
             //@each u < KC while g * KC + u < D16
-            let is = band * LDS + u * 16u;
-            o@{g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+            let is = (band + 16u * bb) * LDS + u * 16u;
+            o@{bb * D16 + g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+            //@end
             //@end
             workgroupBarrier();
         //@end
@@ -261,7 +273,7 @@ fn flash_coop(
     let block_begin = block_key_begin(hd.b, min(row0, last_q));
     let block_end = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
     let band_first = min(row0 + band, last_q);
-    let band_last = min(row0 + band + 15u, last_q);
+    let band_last = min(row0 + band + 16u * BANDS - 1u, last_q);
     let band_start = key_start(hd.b, band_last);
     let band_end = min(key_end(hd.b, band_first), p.key_stop);
     let plain = only_key_ranges();
@@ -272,7 +284,7 @@ fn flash_coop(
     for (var x = tid; x < BC * LDQ; x += NT) {
         tiles[V_AT + x] = f16(0.0);
     }
-    for (var x = lane; x < 16u * LDP; x += SG) {
+    for (var x = lane; x < 16u * BANDS * LDP; x += SG) {
         ps[band * LDP + x] = f16(0.0);
     }
     if WORDS {
@@ -302,14 +314,21 @@ fn flash_coop(
         // scores, unscaled, to the band's rows of `ss`.
         //@expand PV_STEP
         for (var kc = 0u; kc < KC; kc++) {
-            var s = coop_mat16x16<f32, C>();
+            //@array s BANDS coop_mat16x16<f32, C>
+            //@each bb < BANDS
+            s@{bb} = coop_mat16x16<f32, C>();
+            //@end
             //@each dc < D16
             let ib = kc * 16u * LDQ + dc * 16u;
             let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
-            s = coopMultiplyAdd(qf@{dc}, b, s);
+            //@each bb < BANDS
+            s@{bb} = coopMultiplyAdd(qf@{bb * D16 + dc}, b, s@{bb});
             //@end
-            let is = band * LDS + kc * 16u;
-            coopStoreT(s, &ss[is], LDS);
+            //@end
+            //@each bb < BANDS
+            let is = (band + 16u * bb) * LDS + kc * 16u;
+            coopStoreT(s@{bb}, &ss[is], LDS);
+            //@end
         }
         // The scores are in; every band is done with the K tile and the V tile.
         workgroupBarrier();
@@ -395,9 +414,11 @@ fn flash_coop(
         }
         if rescale {
             //@each g < NG
+                //@each bb < BANDS
                 //@each u < KC while g * KC + u < D16
-                let is = band * LDS + u * 16u;
-                coopStoreT(o@{g * KC + u}, &ss[is], LDS);
+                let is = (band + 16u * bb) * LDS + u * 16u;
+                coopStoreT(o@{bb * D16 + g * KC + u}, &ss[is], LDS);
+                //@end
                 //@end
                 workgroupBarrier();
                 for (var rr = 0u; rr < RPL; rr++) {
@@ -411,9 +432,11 @@ fn flash_coop(
                     }
                 }
                 workgroupBarrier();
+                //@each bb < BANDS
                 //@each u < KC while g * KC + u < D16
-                let is = band * LDS + u * 16u;
-                o@{g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+                let is = (band + 16u * bb) * LDS + u * 16u;
+                o@{bb * D16 + g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+                //@end
                 //@end
                 // Which lanes load which elements is the driver's choice: the next
                 // round's stores must not overtake this round's loads.
@@ -432,9 +455,11 @@ fn flash_coop(
     // accumulators_at_runtime_indices).
     //@each g < NG
         let c0 = g * KC;
+        //@each bb < BANDS
         //@each u < KC while g * KC + u < D16
-        let is = band * LDS + u * 16u;
-        coopStoreT(o@{g * KC + u}, &ss[is], LDS);
+        let is = (band + 16u * bb) * LDS + u * 16u;
+        coopStoreT(o@{bb * D16 + g * KC + u}, &ss[is], LDS);
+        //@end
         //@end
         workgroupBarrier();
         for (var rr = 0u; rr < RPL; rr++) {

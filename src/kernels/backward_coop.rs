@@ -115,7 +115,7 @@ impl CoopBackwardVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (preludes, variant) = *built.entry((*self, sg)).or_insert_with(|| {
-            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg);
+            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1);
             let preludes: &'static [&'static str] =
                 Box::leak(Box::new([COMMON, BACKWARD_COMMON, COOP_STAGING, constants]));
             let label = flash::leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc));

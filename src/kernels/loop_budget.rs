@@ -191,29 +191,40 @@ pub fn coop_variant_iterations(s: &AttentionShape, v: crate::kernels::flash::Coo
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
     let looped = |n: u64| n + 1;
     let slots = 256 / sg;
-    let rows = (16 / sg).max(1);
-    let nt = (br / 16 * sg).max(1);
+    let bands = u64::from(v.bands.max(1));
+    let rows = (16 / sg).max(1) * bands;
+    let nt = (br / (16 * bands) * sg).max(1);
     let (d16, kc) = (dmax / 16, bc / 16);
     let quads = bc / 4;
     let (load, store, mma) = (looped(slots), looped(slots), slots * 18 + 1);
     let npre = (bc * dmax / 4).div_ceil(nt);
     let stage_one = looped((bc * dmax).div_ceil(nt)).max(2 * looped(npre));
-    let pv = looped(kc) + kc * (load + looped(d16) + d16 * (load + mma));
-    let scores = looped(kc) + kc * (looped(d16) + d16 * (load + mma) + store);
+    let pv =
+        looped(kc) + kc * (looped(bands) + bands * load + looped(d16) + d16 * (load + looped(bands) + bands * mma));
+    let scores = looped(kc)
+        + kc * (2 * looped(bands) + bands * (store + slots) + looped(d16) + d16 * (load + looped(bands) + bands * mma));
     let softmax = looped(rows) + rows * (2 * looped(quads) + 2 + 4);
     let rounds = d16.div_ceil(kc.max(1));
-    let through_ss =
-        looped(rounds) + rounds * (2 * looped(kc) + kc * (load + store) + looped(rows) + rows * looped(quads));
+    let through_ss = looped(rounds)
+        + rounds
+            * (2 * looped(bands)
+                + bands * (2 * looped(kc) + kc * (load + store))
+                + looped(rows)
+                + rows * looped(quads));
     let per_tile = 1 + 2 * looped(2) + 2 * stage_one + pv + scores + softmax + through_ss;
-    let rows_out =
-        looped(rounds) + rounds * (looped(rows) + rows * (looped(quads) + quads * looped(4)) + looped(kc) + kc * load);
+    let rows_out = looped(rounds)
+        + rounds
+            * (looped(rows)
+                + rows * (looped(quads) + quads * looped(4))
+                + looped(bands)
+                + bands * (looped(kc) + kc * load));
     let around = looped((br * dmax).div_ceil(nt))
-        + looped(d16)
-        + d16 * load
+        + looped(bands)
+        + bands * (looped(d16) + d16 * load)
         + looped(rows)
-        + looped(d16)
+        + looped(d16 * bands)
         + looped((bc * (dmax + 8)).div_ceil(nt))
-        + looped((16 * (bc + 8)).div_ceil(sg))
+        + looped((16 * bands * (bc + 8)).div_ceil(sg))
         + stage_one
         + pv
         + 2 * rows_out

@@ -94,7 +94,8 @@ pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_c
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
 /// [`backward_texel::VARIANTS`]), the blocked backward's sizes
 /// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]), the tensor-core
-/// variants ([`flash::COOP_VARIANTS`], arrayed and named) for 32-lane subgroups (NVIDIA's), the decode
+/// variants ([`flash::COOP_VARIANTS`], arrayed and named, one band per subgroup and two)
+/// for 32-lane subgroups (NVIDIA's), the decode
 /// lanes variants and the micro-tile variants ([`flash::MICRO`]).
 pub fn every_kernel() -> Vec<Kernel> {
     ALL_KERNELS
@@ -110,7 +111,8 @@ pub fn every_kernel() -> Vec<Kernel> {
         .chain(
             flash::COOP_VARIANTS
                 .iter()
-                .flat_map(|v| [v.kernel(32), v.with_named(true).kernel(32)]),
+                .flat_map(|v| [(v, 1, false), (v, 1, true), (v, 2, false), (v, 2, true)])
+                .map(|(v, bands, named)| v.with_bands(bands).with_named(named).kernel(32)),
         )
         .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
         .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))

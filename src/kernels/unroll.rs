@@ -9,7 +9,7 @@
 //! and `tune` times both (docs/design.md, "Tensor cores").
 //!
 //! Directives, each alone on a line (leading spaces allowed):
-//! - `//@array NAME SIZE TYPE`: declares `var NAME: array<TYPE, SIZE>;`, or named,
+//! - `//@array NAME SIZE TYPE` (SIZE without spaces, e.g. `D16*BANDS`): declares `var NAME: array<TYPE, SIZE>;`, or named,
 //!   `var NAME_0: TYPE;` .. `var NAME_{SIZE-1}: TYPE;`.
 //! - `//@each VAR < BOUND` .. `//@end` (nestable), optionally `//@each VAR < BOUND while
 //!   EXPR < LIMIT`: the lines between run for VAR = 0 .. BOUND - 1 while EXPR < LIMIT.
@@ -102,6 +102,9 @@ fn emit(
             let (Some(name), Some(size), Some(ty)) = (parts.next(), parts.next(), parts.next()) else {
                 return Err(format!("line {n}: expected //@array NAME SIZE TYPE"));
             };
+            if ty.starts_with(['*', '+']) {
+                return Err(format!("line {n}: //@array SIZE must have no spaces"));
+            }
             let value = evaluate(size, env).map_err(|e| format!("line {n}: {e}"))?;
             arrays.insert(name.to_string(), value);
             if named {
@@ -346,6 +349,7 @@ mod tests {
             ("b@{0} = 1.0;\n", "names no //@array"),
             ("//@expand NOPE\n", "undefined macro"),
             ("//@each c < M\n//@end\n", "cannot evaluate 'M'"),
+            ("//@array a N * 2 f32\n", "no spaces"),
         ] {
             let e = expand(source, true, &consts).expect_err(source);
             assert!(e.contains(says), "{source:?}: {e}");

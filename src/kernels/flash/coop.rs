@@ -22,6 +22,9 @@ pub struct CoopVariant {
     /// The Q fragments and output tiles as one named value each, the loops over them
     /// unrolled by the generator; else arrays indexed by loop counters (label suffix `n`).
     pub named: bool,
+    /// 16-row bands per subgroup, 1 or 2: with 2, each staged K and V fragment feeds
+    /// two products (label `rROWS`, ROWS = 16 bands, before any `n`).
+    pub bands: u32,
 }
 
 /// The picker's variants, by head-dim class; within a class the first that fits the
@@ -66,7 +69,13 @@ impl CoopVariant {
             br,
             bc,
             named: false,
+            bands: 1,
         }
+    }
+
+    /// The same variant with `bands` 16-row bands per subgroup.
+    pub const fn with_bands(self, bands: u32) -> Self {
+        CoopVariant { bands, ..self }
     }
 
     /// The same variant with named fragments.
@@ -86,11 +95,13 @@ impl CoopVariant {
     /// (`band_layout_holds`).
     pub fn valid_for(&self, sg: u32) -> bool {
         band_layout_holds(self.dmax, self.br, self.bc, sg)
+            && matches!(self.bands, 1 | 2)
+            && self.br.is_multiple_of(16 * self.bands)
     }
 
     /// Invocations per workgroup with subgroups of `sg` lanes.
     pub fn invocations(&self, sg: u32) -> u32 {
-        self.br / 16 * sg
+        self.br / (16 * self.bands.max(1)) * sg
     }
 
     /// Its kernel for subgroups of `sg` lanes (built once per process and kept).
@@ -101,7 +112,7 @@ impl CoopVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *built.entry((*self, sg)).or_insert_with(|| {
-            let constants = generator_prelude(self.dmax, self.br, self.bc, sg);
+            let constants = generator_prelude(self.dmax, self.br, self.bc, sg, self.bands);
             let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, COOP_STAGING, constants]));
             Kernel {
                 file: "flash_coop.wgsl",
@@ -119,7 +130,12 @@ impl CoopVariant {
     fn source(&self) -> &'static str {
         let d16 = self.dmax / 16;
         let kc = (self.bc / 16).max(1);
-        let consts = [("D16", d16), ("KC", kc), ("NG", d16.div_ceil(kc))];
+        let consts = [
+            ("D16", d16),
+            ("KC", kc),
+            ("NG", d16.div_ceil(kc)),
+            ("BANDS", self.bands),
+        ];
         // The file's directives are tested (tests of this module, shader_validation):
         // an error here is a bug in the file, not in anything a user gave.
         let source = super::super::unroll::expand(SOURCE, self.named, &consts)
@@ -127,11 +143,16 @@ impl CoopVariant {
         leak(source)
     }
 
-    /// `DMAXxBRxBC`, with `n` after it for named fragments, as `tune` and the tuning table
-    /// write it.
+    /// `DMAXxBRxBC`, with `r32` after it for two bands per subgroup and `n` for named
+    /// fragments, as `tune` and the tuning table write it.
     pub fn label(&self) -> String {
         let named = if self.named { "n" } else { "" };
-        format!("{}x{}x{}{named}", self.dmax, self.br, self.bc)
+        let rows = if self.bands != 1 {
+            format!("r{}", 16 * self.bands)
+        } else {
+            String::new()
+        };
+        format!("{}x{}x{}{rows}{named}", self.dmax, self.br, self.bc)
     }
 
     /// Parses [`CoopVariant::label`]'s form.
@@ -141,12 +162,19 @@ impl CoopVariant {
             Some(arrayed) => (arrayed, true),
             None => (label, false),
         };
+        let (label, bands) = match label.split_once('r') {
+            Some((shape, rows)) => {
+                let rows = rows.parse::<u32>().ok()?;
+                (shape, (rows.is_multiple_of(16) && rows > 0).then_some(rows / 16)?)
+            }
+            None => (label, 1),
+        };
         let mut parts = label.split('x').map(|n| n.parse::<u32>().ok());
         let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
         parts
             .next()
             .is_none()
-            .then_some(CoopVariant::new(dmax, br, bc).with_named(named))
+            .then_some(CoopVariant::new(dmax, br, bc).with_named(named).with_bands(bands))
     }
 
     /// Parses [`CoopVariant::label`]'s form, only for a variant whose WGSL holds
@@ -163,7 +191,7 @@ impl CoopVariant {
         while v.workgroup_bytes() > bytes {
             if v.dmax > 16 {
                 v.dmax /= 2;
-            } else if v.br > 16 {
+            } else if v.br > 16 * v.bands {
                 v.br /= 2;
             } else {
                 return None;
@@ -214,14 +242,15 @@ pub(crate) fn band_layout_holds(dmax: u32, br: u32, bc: u32, sg: u32) -> bool {
 }
 
 /// The one-line generator prelude of a tensor-core kernel (kept for the life of the
-/// process): DMAX, BR, BC, the subgroup size SG, and LPR / RPL, the element-wise
-/// step's lanes per band row and band rows per lane.
-pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32) -> &'static str {
+/// process): DMAX, BR, BC, the subgroup size SG, LPR / RPL, the element-wise step's
+/// lanes per row and rows per lane, and BANDS, the 16-row bands per subgroup (the
+/// forward's axis; 1 for the backward).
+pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32) -> &'static str {
     let lpr = lanes_per_row(sg);
-    let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 };
+    let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 } * bands;
     leak(format!(
         "const DMAX: u32 = {dmax}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\nconst SG: u32 = {sg}u;\n\
-         const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\n"
+         const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\nconst BANDS: u32 = {bands}u;\n"
     ))
 }
 

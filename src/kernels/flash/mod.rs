@@ -364,8 +364,8 @@ mod tests {
         let v = CoopVariant::new(128, 64, 48);
         let arrayed = v.kernel(32).source;
         let named = v.with_named(true).kernel(32).source;
-        assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, D16>;"));
-        assert!(arrayed.contains("o[g * KC + u]"));
+        assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, D16*BANDS>;"));
+        assert!(arrayed.contains("o[bb * D16 + g * KC + u]"));
         for k in 0..8 {
             assert!(named.contains(&format!("var qf_{k}: coop_mat16x16<f16, A>;")), "qf_{k}");
             assert!(named.contains(&format!("var o_{k}: coop_mat16x16<f32, C>;")), "o_{k}");
@@ -381,5 +381,15 @@ mod tests {
                 "o_{k}: rescale and store"
             );
         }
+        // Two bands per subgroup: twice the fragments, each K fragment feeding both
+        // bands' score tiles.
+        let two = v.with_bands(2).with_named(true);
+        assert_eq!(two.label(), "128x64x48r32n");
+        assert_eq!(CoopVariant::parse("128x64x48r32n"), Some(two));
+        assert_eq!(CoopVariant::parse("128x64x48r20"), None);
+        let two = two.kernel(32).source;
+        assert!(two.contains("var qf_15:") && !two.contains("qf_16") && two.contains("var o_15:"));
+        assert!(two.contains("s_1 = coopMultiplyAdd(qf_15, b, s_1);"));
+        assert_eq!(v.with_bands(2).invocations(32), 64);
     }
 }
