@@ -9,6 +9,7 @@ use crate::kernels::mean_heads::encode_accumulate_heads;
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
 use crate::kernels::{decode, loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
+use crate::merge::{encode_merge_attentions, Merged};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
 use crate::paged_kv::PageTable;
 use crate::problem::AttentionShape;
@@ -280,6 +281,11 @@ pub(crate) struct Plan {
     decode_split: Option<decode::DecodeSplit>,
     /// The block table, when K and V are paged.
     pages: Option<PageTable>,
+    /// Disjoint key ranges the fused attention is split into, merged by log-sum-exp
+    /// (`Capabilities::key_splits`), and the keys of each but the last (whole 64-key
+    /// tiles).
+    key_splits: usize,
+    keys_per_split: usize,
 }
 
 impl Plan {
@@ -425,6 +431,15 @@ impl Plan {
                 max: max_groups as u64,
             });
         }
+        // Key splits (docs/design.md, "Key splits"): whole 64-key tiles each; never with
+        // weights, whose pass rewrites the lse the split outputs would need merged first.
+        let (key_splits, keys_per_split) = match kernel {
+            ResolvedKernel::Fused(_) if !needs_scores && caps.key_splits > 1 => {
+                let per = shape.len_k.div_ceil(caps.key_splits as usize).next_multiple_of(64);
+                (shape.len_k.div_ceil(per).max(1), per)
+            }
+            _ => (1, shape.len_k.max(1)),
+        };
         Ok(Plan {
             shape,
             dtype,
@@ -436,6 +451,8 @@ impl Plan {
             needs_scores,
             decode_split,
             pages: pages.cloned(),
+            key_splits,
+            keys_per_split,
         })
     }
 
@@ -476,13 +493,16 @@ impl Plan {
         if let Some(split) = self.decode_split {
             self.encode_decode(ctx, encoder, &buffers, base, split)?;
         }
+        let mut merged = None;
         if let ResolvedKernel::Fused(config) = self.kernel {
-            self.encode_fused(ctx, encoder, &buffers, base, config)?;
+            merged = self.encode_fused(ctx, encoder, &buffers, base, config)?;
         }
         if self.needs_scores {
             self.encode_score_chunks(ctx, encoder, &buffers, base, options)?;
         }
         let Outputs { out, lse, weights } = outputs;
+        // Key splits: the merge of the ranges' outputs is the output.
+        let (out, lse) = merged.map_or((out, lse), |m| (m.out, m.lse));
         Ok(AttentionOutput {
             out,
             weights,
@@ -556,7 +576,9 @@ impl Plan {
 
     /// The fused attention over every head, in as few dispatches as the grid allows,
     /// each walking the keys in ranges (one range unless a loop cap splits them), each
-    /// range resuming from the output and lse the previous one stored.
+    /// range resuming from the output and lse the previous one stored. With key splits,
+    /// each split's ranges write outputs of their own (the first split the plan's), and
+    /// the merge of them is returned.
     fn encode_fused(
         &self,
         ctx: &Context,
@@ -564,7 +586,7 @@ impl Plan {
         buffers: &Buffers,
         base: AttentionParams,
         config: FlashConfig,
-    ) -> Result<()> {
+    ) -> Result<Option<Merged>> {
         let s = &self.shape;
         // One texel mirror of K and V for every dispatch below, where the kernel reads
         // one and no KV cache lends its own.
@@ -580,31 +602,84 @@ impl Plan {
             )?,
         };
         let mirror = buffers.kv_texels.or(copies.as_ref());
+        // Key splits: the first writes the plan's outputs, each other one its own.
+        let extra = self.split_outputs(ctx)?;
+        let targets: Vec<(&Tensor, &Tensor)> = std::iter::once((&buffers.outputs.out, &buffers.outputs.lse))
+            .chain(extra.iter().map(|(out, lse)| (out, lse)))
+            .collect();
         for (bh_start, bh_count) in chunks(s.batch_heads(), self.attention_heads_per_chunk) {
             let params = chunk(base, bh_start, bh_count);
             let params_buffer = uniform(ctx, "attention params", &params)?;
-            let bindings = AttentionBindings {
-                kv_texels: mirror,
-                ..buffers.bind(&params_buffer, &buffers.shared.scores)
-            };
-            for key_begin in (0..s.len_k.max(1)).step_by(self.keys_per_dispatch) {
-                let range = AttentionParams {
-                    key_begin: key_begin as u32,
-                    key_stop: (key_begin + self.keys_per_dispatch).min(s.len_k) as u32,
-                    ..params
+            for (split, (out, lse)) in targets.iter().enumerate() {
+                let bindings = AttentionBindings {
+                    kv_texels: mirror,
+                    output: out.buffer(),
+                    lse: lse.buffer(),
+                    ..buffers.bind(&params_buffer, &buffers.shared.scores)
                 };
-                let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
-                let range_buffer = if whole {
-                    None
+                let first = split * self.keys_per_split;
+                let stop = if split + 1 == targets.len() {
+                    s.len_k
                 } else {
-                    Some(uniform(ctx, "attention params (key range)", &range)?)
+                    first + self.keys_per_split
                 };
-                let range_bindings = AttentionBindings {
-                    params: range_buffer.as_ref().unwrap_or(&params_buffer),
-                    ..bindings
-                };
-                flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
+                self.encode_key_ranges(ctx, encoder, config, bindings, params, first..stop)?;
             }
+        }
+        if targets.len() < 2 {
+            return Ok(None);
+        }
+        let outs: Vec<&Tensor> = targets.iter().map(|(out, _)| *out).collect();
+        let lses: Vec<&Tensor> = targets.iter().map(|(_, lse)| *lse).collect();
+        encode_merge_attentions(ctx, encoder, &outs, &lses).map(Some)
+    }
+
+    /// The output and lse of each key split past the first (none without splits), the
+    /// lse -inf, so that a split starting past key 0 starts as if nothing were seen
+    /// (attention_common.wgsl's resumed_max reads it; the output is then never read).
+    fn split_outputs(&self, ctx: &Context) -> Result<Vec<(Tensor, Tensor)>> {
+        let s = &self.shape;
+        let unseen = vec![f32::NEG_INFINITY.to_bits(); s.batch_heads() * s.len_q];
+        (1..self.key_splits)
+            .map(|_| {
+                let lse = upload_words(ctx, "lse of a key split", &unseen)?;
+                Ok((
+                    Tensor::empty(ctx, s.out_shape(), self.out_layout, self.dtype)?,
+                    Tensor::from_buffer(ctx, lse, [s.batch, s.heads_q, s.len_q, 1], Layout::Bhsd, DType::F32)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// One split's (or the whole attention's) key range `keys`, in dispatches of at
+    /// most `keys_per_dispatch` keys (one unless a loop cap splits them), each resuming
+    /// from the previous one's output and lse.
+    fn encode_key_ranges(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        config: FlashConfig,
+        bindings: AttentionBindings,
+        params: AttentionParams,
+        keys: std::ops::Range<usize>,
+    ) -> Result<()> {
+        for key_begin in (keys.start..keys.end.max(keys.start + 1)).step_by(self.keys_per_dispatch) {
+            let range = AttentionParams {
+                key_begin: key_begin as u32,
+                key_stop: (key_begin + self.keys_per_dispatch).min(keys.end) as u32,
+                ..params
+            };
+            let whole = range.key_begin == params.key_begin && range.key_stop == params.key_stop;
+            let range_buffer = if whole {
+                None
+            } else {
+                Some(uniform(ctx, "attention params (key range)", &range)?)
+            };
+            let range_bindings = AttentionBindings {
+                params: range_buffer.as_ref().unwrap_or(bindings.params),
+                ..bindings
+            };
+            flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
         }
         Ok(())
     }

@@ -52,6 +52,11 @@ pub struct TuneArgs {
     /// logic; the timings say nothing about tensor cores.
     #[arg(long)]
     emulate_coop: bool,
+    /// Time every candidate split into each of these numbers of key ranges, merged by
+    /// log-sum-exp (comma-separated, 1 to 16; e.g. `1,2,4` for a problem whose grid is
+    /// smaller than the GPU). Winners are taken from unsplit rows.
+    #[arg(long, value_name = "LIST", default_value = "1")]
+    key_splits: String,
 }
 
 /// What a candidate pins beyond its tiling: a tensor-core variant, or the lanes the
@@ -84,6 +89,8 @@ struct Row {
     dtype: DType,
     tiling: &'static str,
     variant: Option<Pin>,
+    /// Key ranges the attention was split into.
+    key_splits: u32,
     /// `ok`, or why not (a failed check, a refused limit).
     status: String,
     median_ms: Option<f64>,
@@ -98,6 +105,7 @@ impl Row {
             "dtype": self.dtype.name(),
             "tiling": self.tiling,
             "variant": self.variant.map(Pin::label),
+            "key_splits": self.key_splits,
             "status": self.status,
             "median_ms": self.median_ms,
             "gflops": self.gflops,
@@ -156,6 +164,17 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 .collect::<Result<_, _>>()?,
         ),
     };
+    let key_splits = args
+        .key_splits
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=wgpu_attention::MAX_KEY_SPLITS).contains(n))
+                .ok_or_else(|| CliError::bad(format!("--key-splits: '{n}' is not a count of 1 to 16")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let explicit_shapes = args
         .shape
         .iter()
@@ -202,22 +221,27 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                         (Some(only), Some(v)) => only.contains(&v),
                         _ => true,
                     });
-            for (tiling, pin) in chosen {
+            for ((tiling, pin), &splits) in chosen.flat_map(|c| key_splits.iter().map(move |s| (c, s))) {
                 match pin {
                     Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
                     Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes)),
                     None => {}
                 }
+                ctx.use_key_splits(splits)?;
                 let row = measure(&ctx, shape, dtype, tiling, pin, args.reps);
                 ctx.use_coop_variants(pinned.clone());
                 ctx.use_micro_lanes(None);
-                let row = row?;
+                ctx.use_key_splits(1)?;
+                let row = Row {
+                    key_splits: splits,
+                    ..row?
+                };
                 write_stdout(format_args!(
                     "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
                     shape_label(&row.shape),
                     row.dtype.name(),
                     row.tiling,
-                    row.variant.map_or("-".into(), Pin::label),
+                    variant_column(&row),
                     row.median_ms.map_or("-".into(), |t| format!("{t:.3}")),
                     row.gflops.map_or("-".into(), |g| format!("{g:.1}")),
                     row.status
@@ -365,6 +389,15 @@ fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option
     out
 }
 
+/// The table's variant column: the pin, and `/kN` for N key splits.
+fn variant_column(row: &Row) -> String {
+    let pin = row.variant.map_or("-".into(), Pin::label);
+    match row.key_splits {
+        1 => pin,
+        n => format!("{pin}/k{n}"),
+    }
+}
+
 /// Options for one candidate: f32 on tensor cores runs at precision medium.
 fn options(tiling: FusedTiling, dtype: DType) -> AttentionOptions {
     let f16_products = spec(tiling).is_some_and(|s| s.f16_products);
@@ -396,6 +429,7 @@ fn measure(
         dtype,
         tiling: name,
         variant,
+        key_splits: 1,
         status: String::new(),
         median_ms: None,
         gflops: None,
@@ -455,7 +489,8 @@ fn measure(
 /// class's checked rows (f16 rows where there are any; variants wrong anywhere left
 /// out), and that mean.
 fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
-    let coop = |r: &Row| r.variant.and_then(Pin::coop);
+    // Key splits are the context's, not the variant's: winners come from unsplit rows.
+    let coop = |r: &Row| r.variant.and_then(Pin::coop).filter(|_| r.key_splits == 1);
     let mut classes: Vec<u32> = rows.iter().filter_map(|r| coop(r).map(|v| v.dmax)).collect();
     classes.sort_unstable();
     classes.dedup();

@@ -55,6 +55,11 @@ pub struct Capabilities {
     /// pinned ([`crate::Context::use_micro_lanes`]; `tune` times each); else the most the
     /// adapter's subgroups hold ([`crate::kernels::flash::micro_lanes`]).
     pub micro_lanes: Option<u32>,
+    /// Disjoint key ranges a fused attention is split into, each in its own dispatches
+    /// with outputs of its own, merged by log-sum-exp ([`crate::merge`]): more
+    /// workgroups where B·H·(Lq/rows) leaves a GPU's cores idle (issue 52). 1 (no split)
+    /// unless pinned ([`crate::Context::use_key_splits`], `WGPU_ATTENTION_KEY_SPLITS`).
+    pub key_splits: u32,
 }
 
 #[cfg(test)]
@@ -84,6 +89,7 @@ impl Capabilities {
             mesa_version,
             coop_tuned: Vec::new(),
             micro_lanes: None,
+            key_splits: 1,
         }
     }
 }
@@ -206,6 +212,7 @@ impl Capabilities {
             mesa_version: mesa_version(&info.driver_info),
             coop_tuned: Vec::new(),
             micro_lanes: None,
+            key_splits: 1,
         }
     }
 }

@@ -61,6 +61,32 @@ static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// The environment variable that names the fused tiling when none is asked for.
 pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
 
+/// The environment variable that pins the key splits of fused attention
+/// ([`Context::use_key_splits`]).
+pub const KEY_SPLITS_VAR: &str = "WGPU_ATTENTION_KEY_SPLITS";
+
+/// Most key splits one attention takes.
+pub const MAX_KEY_SPLITS: u32 = 16;
+
+/// [`KEY_SPLITS_VAR`], parsed (1 where unset).
+fn key_splits_from_env() -> Result<u32> {
+    match std::env::var(KEY_SPLITS_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(1),
+        Err(e) => Err(Error::invalid(KEY_SPLITS_VAR, e.to_string())),
+        Ok(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_KEY_SPLITS).contains(n))
+            .ok_or_else(|| {
+                Error::invalid(
+                    KEY_SPLITS_VAR,
+                    format!("'{text}' is not a count of 1 to {MAX_KEY_SPLITS}"),
+                )
+            }),
+    }
+}
+
 /// [`TILING_VAR`], parsed: read once per context, so a typo is one clear error when
 /// the context is made rather than a surprise at some later call.
 fn tiling_from_env() -> std::result::Result<FusedTiling, String> {
@@ -215,6 +241,7 @@ impl Context {
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.env_tiling()?;
         ctx.decode_design()?;
+        ctx.caps.key_splits = key_splits_from_env()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -234,6 +261,23 @@ impl Context {
     /// which times each.
     pub fn use_micro_lanes(&mut self, lanes: Option<u32>) {
         self.caps.micro_lanes = lanes;
+    }
+
+    /// Pins the number of disjoint key ranges a fused attention is split into (1 to
+    /// [`MAX_KEY_SPLITS`]; what `WGPU_ATTENTION_KEY_SPLITS` does for contexts made by
+    /// [`Context::new`]). Each range runs in dispatches of its own, into outputs of its
+    /// own, and the ranges are merged by log-sum-exp: more workgroups for problems whose
+    /// B·H·(Lq/rows) leaves a GPU idle. Attention with weights is never split. For
+    /// `tune` and benchmarks, which time it (docs/design.md, "Key splits").
+    pub fn use_key_splits(&mut self, splits: u32) -> Result<()> {
+        if !(1..=MAX_KEY_SPLITS).contains(&splits) {
+            return Err(Error::invalid(
+                "key splits",
+                format!("{splits} is not a count of 1 to {MAX_KEY_SPLITS}"),
+            ));
+        }
+        self.caps.key_splits = splits;
+        Ok(())
     }
 
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
