@@ -948,13 +948,13 @@ fn key_range_per_dispatch(
                     len_k: walk.min(shape.len_k),
                     ..*shape
                 };
-                if loop_budget::fused_iterations(config, &walked) <= cap {
+                if loop_budget::fused_iterations(config, &walked, ctx.capabilities()) <= cap {
                     return Ok(all);
                 }
             }
-            let most = loop_budget::keys_per_dispatch(config, shape, cap).ok_or_else(|| {
+            let most = loop_budget::keys_per_dispatch(config, shape, cap, ctx.capabilities()).ok_or_else(|| {
                 let one_block = AttentionShape { len_k: 4, ..*shape };
-                refuse(loop_budget::fused_iterations(config, &one_block))
+                refuse(loop_budget::fused_iterations(config, &one_block, ctx.capabilities()))
             })?;
             // As few dispatches as the cap allows, with equal key ranges.
             let dispatches = shape.len_k.div_ceil(most).max(1);

@@ -11,8 +11,9 @@
 
 use super::flash::FlashConfig;
 use super::matmul::LinearTiling;
-use crate::context::Context;
+use crate::context::{Capabilities, Context};
 use crate::error::{Error, Result};
+use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
 
 /// Loop iterations Mesa 22's llvmpipe allows one invocation.
@@ -23,8 +24,20 @@ pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
 /// model in the registry. Loops with a constant trip count are counted too, since
 /// Mesa 22 keeps them as loops: measured, a subgroup model that counted its 4-trip
 /// masking loop as 4 rather than 5 (its exit check) let the driver cut the kernel short.
-pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape) -> u64 {
-    (config.spec().iterations)(s)
+///
+/// For the tensor-core tiling, also the variant that will run on this adapter (the
+/// picker's, or one a tuning table or `tune` pins): the registry's model counts the
+/// one-band forms only, since the two-band ones count twice the rows and would refuse
+/// the picker's variants at D 256 for no reason.
+pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape, caps: &Capabilities) -> u64 {
+    let model = (config.spec().iterations)(s);
+    match caps.coop_subgroup_size() {
+        Some(sg) if config.tiling == FusedTiling::Coop => {
+            let v = super::flash::coop_variant_for(s.head_dim as u32, s.head_dim_v as u32, caps);
+            model.max(coop_variant_iterations(s, v, sg))
+        }
+        _ => model,
+    }
 }
 
 /// `flash_subgroup.wgsl`, each loop counting one more trip for the check that ends
@@ -162,7 +175,8 @@ pub fn micro_iterations(s: &AttentionShape) -> u64 {
 /// tuning table or `Context::use_coop_variants` pins, on subgroups of 8 or 16 lanes
 /// (`Context::emulate_cooperative_matrix` refuses narrower ones under a cap, where a
 /// single tile could pass it), so this is the largest count over every such variant
-/// that fits 32 KiB ([`coop_variant_iterations`]).
+/// that fits 32 KiB with one band per subgroup ([`coop_variant_iterations`]; a pinned
+/// two-band form is counted by [`fused_iterations`]).
 pub fn coop_iterations(s: &AttentionShape) -> u64 {
     let need = s.head_dim.max(s.head_dim_v) as u32;
     let Some(class) = [64, 128, 256].into_iter().find(|&c| need <= c) else {
@@ -173,6 +187,7 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
         .flat_map(|sg| {
             crate::tune::coop_candidates(class, sg, 32 * 1024, u32::MAX)
                 .into_iter()
+                .filter(|v| v.bands == 1)
                 .map(move |v| coop_variant_iterations(s, v, sg))
         })
         .max()
@@ -302,10 +317,10 @@ pub fn backward_materialized_iterations(s: &AttentionShape) -> u64 {
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
-pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64) -> Option<usize> {
+pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64, caps: &Capabilities) -> Option<usize> {
     let fits = |keys: usize| {
         let part = AttentionShape { len_k: keys, ..*s };
-        fused_iterations(config, &part) <= cap
+        fused_iterations(config, &part, caps) <= cap
     };
     // Iterations grow with the keys: binary search for the last block count that fits.
     let (mut lo, mut hi) = (0usize, s.len_k.div_ceil(4));
