@@ -15,7 +15,8 @@
 # Usage (from the project root): docs/gpu/measure.sh [BINARY] [OUT_DIR]
 #   BINARY   the wgpu-attention binary (default: target/release/wgpu-attention)
 #   OUT_DIR  where the step logs and JSON go (default: $OUT, else gpu-measure)
-# Environment: STEP_SECONDS (default 150) bounds each step and TOTAL_SECONDS (default
+# Environment: STEP_SECONDS (default 150) bounds each step (TUNE_SECONDS, default 360,
+# the tensor-core tune) and TOTAL_SECONDS (default
 # 570, under a 10-minute call) the pass; STEPS (e.g. "info check") runs only the steps
 # named (default: all; see the names below), so a pass can be split across calls of a
 # tool that bounds each call; PREVIOUS (an earlier OUT_DIR) adds the comparisons; TORCH
@@ -27,6 +28,7 @@ set -u
 bin=${1:-target/release/wgpu-attention}
 out=${2:-${OUT:-gpu-measure}}
 step_seconds=${STEP_SECONDS:-150}
+tune_seconds=${TUNE_SECONDS:-360}
 total_seconds=${TOTAL_SECONDS:-570}
 mkdir -p "$out"
 
@@ -37,13 +39,20 @@ if [ "${SMOKE:-0}" = 1 ]; then
     mha=1,64,64,4 reps=2 probe=64
     # Two tensor-core variants: each emulated one is a compile of tens of seconds on lavapipe.
     tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --variants 64x16x16,64x32x32)
+    tune_f32=(--shape 1,2,1,20,40,16 --reps 1)
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     micro256=2,16,16,4096,4096,256 splits_shape=1,8,8,2048,2048,64
     splits_variants=64x64x32,64x64x32n,64x64x32r32,64x64x32r32n
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
-    mha=8,2048,1024,16 reps=10 probe=8192 tune=(--dtype both --reps 3)
+    mha=8,2048,1024,16 reps=10 probe=8192
+    # Every tensor-core form (44 per class) against `shared` in f16 at D 64 and 128; the
+    # f32 tilings (`micro` at each lane count, `shared`) apart: all of it in one step
+    # would outlast a 10-minute call.
+    tune=(--dtype f16 --reps 3 --shape 4,16,16,4096,4096,64 --shape 4,16,16,4096,4096,128 --tilings coop,shared)
+    tune_f32=(--dtype f32 --reps 3 --shape 4,16,16,4096,4096,128 --shape 1,8,8,2048,2048,64
+        --shape 2,16,16,4096,4096,256 --tilings micro,shared)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
 fi
 shape_args=()
@@ -77,11 +86,12 @@ step info "$bin" info
 step check "$bin" check --json "$out/check.json"
 # tune checks every tensor-core variant against the reference and times it; a table is
 # written only if every row is right.
-step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
+step_seconds=$tune_seconds step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
+step tune-f32 "$bin" tune "${tune_f32[@]}" --json "$out/tune-f32.json"
 # Key splits on the grid that leaves the GPU idle ((1,8,2048,64): 8 x 32 workgroups of
 # 64 rows for 132 SMs), every tiling, side by side in one process (issue 52).
 step splits "$bin" tune --shape "$splits_shape" --dtype both --reps 3 --key-splits 1,2,4 \
-    --variants "$splits_variants" --json "$out/splits.json"
+    --variants "$splits_variants" --tilings coop,micro,shared --json "$out/splits.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \

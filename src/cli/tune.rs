@@ -57,6 +57,10 @@ pub struct TuneArgs {
     /// smaller than the GPU). Winners are taken from unsplit rows.
     #[arg(long, value_name = "LIST", default_value = "1")]
     key_splits: String,
+    /// Only these fused tilings (comma-separated names `info` lists, e.g.
+    /// `micro,shared`); default: every one the adapter runs.
+    #[arg(long, value_name = "LIST")]
+    tilings: Option<String>,
 }
 
 /// What a candidate pins beyond its tiling: a tensor-core variant, or the lanes the
@@ -175,6 +179,19 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 .ok_or_else(|| CliError::bad(format!("--key-splits: '{n}' is not a count of 1 to 16")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let tilings: Option<Vec<FusedTiling>> = match &args.tilings {
+        None => None,
+        Some(list) => Some(
+            list.split(',')
+                .map(
+                    |name| match wgpu_attention::kernels::flash::parse_tiling("--tilings", name) {
+                        Ok(FusedTiling::Auto) => Err(CliError::bad("--tilings: name tilings; auto is none")),
+                        other => other.map_err(CliError::from),
+                    },
+                )
+                .collect::<Result<_, _>>()?,
+        ),
+    };
     let explicit_shapes = args
         .shape
         .iter()
@@ -214,13 +231,14 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     ))?;
     for &shape in &shapes {
         for &dtype in &dtypes {
-            let chosen =
-                candidates(&ctx, &shape)
-                    .into_iter()
-                    .filter(|(_, pin)| match (&only, pin.and_then(Pin::coop)) {
-                        (Some(only), Some(v)) => only.contains(&v),
-                        _ => true,
-                    });
+            let chosen = candidates(&ctx, &shape).into_iter().filter(|(tiling, pin)| {
+                let tiling_asked = tilings.as_ref().is_none_or(|t| t.contains(tiling));
+                let variant_asked = match (&only, pin.and_then(Pin::coop)) {
+                    (Some(only), Some(v)) => only.contains(&v),
+                    _ => true,
+                };
+                tiling_asked && variant_asked
+            });
             for ((tiling, pin), &splits) in chosen.flat_map(|c| key_splits.iter().map(move |s| (c, s))) {
                 match pin {
                     Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
