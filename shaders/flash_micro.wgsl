@@ -14,7 +14,9 @@
 // Every register is a named value, never an array indexed by a loop counter (a driver
 // that does not unroll such a loop keeps the array in local memory; matmul_blocked.wgsl).
 // A row's 16 owners (consecutive invocations) all keep its running maximum; each keeps
-// the share of its running sum over its own keys, summed at the end.
+// the share of its running sum over its own keys, summed at the end. The shuffles
+// assume that a subgroup is a run of consecutive invocation indices starting at a
+// multiple of its size, as on every driver this project has run on.
 //
 // Per key tile, a stream of slabs through two halves of `slabs` (8 KiB each), used in
 // turn: ceil(D / 16) slabs of Qᵀ and Kᵀ (16 head-dim columns of the 64 rows and 64 keys,
