@@ -433,8 +433,12 @@ impl Plan {
         }
         // Key splits (docs/design.md, "Key splits"): whole 64-key tiles each; never with
         // weights, whose pass rewrites the lse the split outputs would need merged first.
+        // The merge runs a workgroup per 64 rows along one axis and keeps an f32 state of
+        // every output element in one binding: where those do not fit, no split.
+        let rows = shape.batch_heads() * shape.len_q;
+        let merge_fits = rows.div_ceil(64) <= max_groups && (4 * rows * shape.head_dim_v) as u64 <= binding;
         let (key_splits, keys_per_split) = match kernel {
-            ResolvedKernel::Fused(_) if !needs_scores && caps.key_splits > 1 => {
+            ResolvedKernel::Fused(_) if !needs_scores && caps.key_splits > 1 && merge_fits => {
                 let per = shape.len_k.div_ceil(caps.key_splits as usize).next_multiple_of(64);
                 (shape.len_k.div_ceil(per).max(1), per)
             }
@@ -638,6 +642,9 @@ impl Plan {
     /// lse -inf, so that a split starting past key 0 starts as if nothing were seen
     /// (attention_common.wgsl's resumed_max reads it; the output is then never read).
     fn split_outputs(&self, ctx: &Context) -> Result<Vec<(Tensor, Tensor)>> {
+        if self.key_splits < 2 {
+            return Ok(Vec::new());
+        }
         let s = &self.shape;
         let unseen = vec![f32::NEG_INFINITY.to_bits(); s.batch_heads() * s.len_q];
         (1..self.key_splits)

@@ -34,6 +34,13 @@ fn micro_tiles_match_the_reference_at_every_lane_count() {
         return;
     }
     let most = micro_lanes(shared.capabilities());
+    // Only counts the kernel has a variant for are taken.
+    for bad in [0, 2, 4, 32] {
+        assert!(
+            Context::new().expect("a context").use_micro_lanes(Some(bad)).is_err(),
+            "{bad}"
+        );
+    }
     // A context of its own: the lane count is pinned on it.
     let mut ctx = Context::new().expect("a second context on the test adapter");
     let shapes = [
@@ -44,7 +51,7 @@ fn micro_tiles_match_the_reference_at_every_lane_count() {
         AttentionShape::new(2, 2, 2, 5, 70, 20, 36),
     ];
     for lanes in [1, 8, 16].into_iter().filter(|&l| l <= most) {
-        ctx.use_micro_lanes(Some(lanes));
+        ctx.use_micro_lanes(Some(lanes)).expect("a lane count the kernel has");
         for (i, shape) in shapes.iter().enumerate() {
             for causal in [None, Some(CausalAlignment::BottomRight), Some(CausalAlignment::TopLeft)] {
                 let dtype = if i == 3 && ctx.capabilities().f16 {

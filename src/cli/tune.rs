@@ -242,13 +242,13 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
             for ((tiling, pin), &splits) in chosen.flat_map(|c| key_splits.iter().map(move |s| (c, s))) {
                 match pin {
                     Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
-                    Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes)),
+                    Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes))?,
                     None => {}
                 }
                 ctx.use_key_splits(splits)?;
                 let row = measure(&ctx, shape, dtype, tiling, pin, args.reps);
                 ctx.use_coop_variants(pinned.clone());
-                ctx.use_micro_lanes(None);
+                ctx.use_micro_lanes(None)?;
                 ctx.use_key_splits(1)?;
                 let row = Row {
                     key_splits: splits,

@@ -258,9 +258,13 @@ impl Context {
     /// Pins the lanes over which the micro-tile tiling reduces a row with subgroup
     /// shuffles (1, 8 or 16; more than the adapter's subgroups hold falls back to the
     /// most they do); `None` restores the default, the most they hold. For `tune`,
-    /// which times each.
-    pub fn use_micro_lanes(&mut self, lanes: Option<u32>) {
+    /// which times each. Any other count is refused: the kernel has no variant for it.
+    pub fn use_micro_lanes(&mut self, lanes: Option<u32>) -> Result<()> {
+        if let Some(l) = lanes.filter(|l| !matches!(l, 1 | 8 | 16)) {
+            return Err(Error::invalid("micro lanes", format!("{l} is not 1, 8 or 16")));
+        }
         self.caps.micro_lanes = lanes;
+        Ok(())
     }
 
     /// Pins the number of disjoint key ranges a fused attention is split into (1 to

@@ -59,6 +59,9 @@ fn with_macros(source: &str) -> Result<Vec<(usize, String)>, String> {
                 .ok_or(format!("line {n}: //@endmacro without //@macro"))?;
             macros.insert(name, body);
         } else if let Some(body) = defining.as_mut() {
+            if directive.starts_with("//@expand") {
+                return Err(format!("line {n}: //@expand inside //@macro"));
+            }
             body.1.push((n, line.to_string()));
         } else if let Some(name) = directive.strip_prefix("//@expand ") {
             let body = macros
@@ -280,13 +283,16 @@ fn is_constant(env: &[(String, u32)], name: &str) -> bool {
 }
 
 /// The value of a sum of products of integers (a `u` suffix allowed) and names bound
-/// in `env`.
+/// in `env`; no parentheses (which this reading would get wrong).
 fn evaluate(expr: &str, env: &[(String, u32)]) -> Result<u32, String> {
+    if expr.contains(['(', ')']) {
+        return Err(format!("'{expr}': no parentheses in a generator expression"));
+    }
     let mut sum = 0u32;
     for term in expr.split('+') {
         let mut product = 1u32;
         for factor in term.split('*') {
-            let factor = factor.trim().trim_start_matches('(').trim_end_matches(')').trim();
+            let factor = factor.trim();
             let value = match factor.trim_end_matches('u').parse::<u32>() {
                 Ok(v) if factor.chars().next().is_some_and(|c| c.is_ascii_digit()) => v,
                 _ => match env.iter().rev().find(|(n, _)| n == factor) {
@@ -350,6 +356,8 @@ mod tests {
             ("//@expand NOPE\n", "undefined macro"),
             ("//@each c < M\n//@end\n", "cannot evaluate 'M'"),
             ("//@array a N * 2 f32\n", "no spaces"),
+            ("//@array a (N+1)*2 f32\n", "no parentheses"),
+            ("//@macro M\n//@expand M\n//@endmacro\n", "inside //@macro"),
         ] {
             let e = expand(source, true, &consts).expect_err(source);
             assert!(e.contains(says), "{source:?}: {e}");

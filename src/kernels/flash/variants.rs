@@ -488,7 +488,9 @@ pub fn micro_lanes(caps: &Capabilities) -> u32 {
         Some((min, _)) if min >= 8 => 8,
         _ => 1,
     };
-    caps.micro_lanes.filter(|&l| l <= most).unwrap_or(most)
+    caps.micro_lanes
+        .filter(|&l| l <= most && matches!(l, 1 | 8 | 16))
+        .unwrap_or(most)
 }
 
 /// The micro-tile variant for head dims `d`, `dv` reducing over `lanes` (the smallest
