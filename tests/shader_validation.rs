@@ -1016,8 +1016,8 @@ fn the_16_byte_rule_catches_what_breaks_it() {
     let stride = check(&[("const LDS: u32 = BC + 4u;", "const LDS: u32 = BC + 2u;")]);
     assert!(stride.iter().any(|b| b.contains("stride of 136 bytes")), "{stride:?}");
     let offset = check(&[(
-        "let is = (band + 16u * bb) * LDS + kc * 16u;",
-        "let is = (band + 16u * bb) * LDS + kc * 16u + 1u;",
+        "let is = (band + 16u * 0u) * LDS + kc * 16u;",
+        "let is = (band + 16u * 0u) * LDS + kc * 16u + 1u;",
     )]);
     assert!(
         offset.iter().any(|b| b.contains("offset of 4-byte alignment")),

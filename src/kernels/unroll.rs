@@ -14,7 +14,8 @@
 //! - `//@each VAR < BOUND` .. `//@end` (nestable), optionally `//@each VAR < BOUND while
 //!   EXPR < LIMIT`: the lines between run for VAR = 0 .. BOUND - 1 while EXPR < LIMIT.
 //!   Arrayed, a `for` loop (the guard a `break`); named, one `{ .. }` block per value,
-//!   with VAR written as its value (`3u`).
+//!   with VAR written as its value (`3u`). A loop of one trip, and an array of one, are
+//!   written out in both forms.
 //! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts.
 //!
 //! In any line, `NAME@{EXPR}` (NAME declared by `//@array`) is element EXPR of the
@@ -29,7 +30,8 @@ use std::collections::HashMap;
 /// which line broke which rule.
 pub fn expand(source: &str, named: bool, consts: &[(&str, u32)]) -> Result<String, String> {
     let lines = with_macros(source)?;
-    let mut arrays = HashMap::new();
+    // Each array's size and whether its elements are named values.
+    let mut arrays: HashMap<String, (u32, bool)> = HashMap::new();
     let mut out = String::with_capacity(source.len() * 2);
     let mut env: Vec<(String, u32)> = consts.iter().map(|&(n, v)| (n.to_string(), v)).collect();
     let mut at = 0;
@@ -85,7 +87,7 @@ fn emit(
     at: &mut usize,
     named: bool,
     env: &mut Vec<(String, u32)>,
-    arrays: &mut HashMap<String, u32>,
+    arrays: &mut HashMap<String, (u32, bool)>,
     out: &mut String,
     in_each: bool,
 ) -> Result<(), String> {
@@ -109,8 +111,11 @@ fn emit(
                 return Err(format!("line {n}: //@array SIZE must have no spaces"));
             }
             let value = evaluate(size, env).map_err(|e| format!("line {n}: {e}"))?;
-            arrays.insert(name.to_string(), value);
-            if named {
+            // An array of one is a named value in both forms: the arrayed form then keeps
+            // what a kernel without the axis had (one value, no index).
+            let as_names = named || value == 1;
+            arrays.insert(name.to_string(), (value, as_names));
+            if as_names {
                 for k in 0..value {
                     out.push_str(&format!("{indent}var {name}_{k}: {ty};\n"));
                 }
@@ -120,7 +125,9 @@ fn emit(
         } else if let Some(rest) = directive.strip_prefix("//@each ") {
             let each = Each::parse(rest).map_err(|e| format!("line {n}: {e}"))?;
             let body_start = *at;
-            if named {
+            // A loop of one trip is written out in both forms, as arrays of one are named.
+            let one_trip = each.guard.is_none() && evaluate(&each.bound, env).is_ok_and(|b| b == 1);
+            if named || one_trip {
                 let bound = evaluate(&each.bound, env).map_err(|e| format!("line {n}: {e}"))?;
                 for value in 0..bound {
                     env.push((each.var.clone(), value));
@@ -150,11 +157,13 @@ fn emit(
                 env.pop();
             } else {
                 let var = &each.var;
+                // Written-out variables around it are values here too.
                 out.push_str(&format!(
                     "{indent}for (var {var} = 0u; {var} < {}; {var}++) {{\n",
-                    each.bound
+                    with_values(&each.bound, env)
                 ));
                 if let Some((expr, limit)) = &each.guard {
+                    let (expr, limit) = (with_values(expr, env), with_values(limit, env));
                     out.push_str(&format!(
                         "{indent}    if !({expr} < {limit}) {{\n{indent}        break;\n{indent}    }}\n"
                     ));
@@ -170,7 +179,7 @@ fn emit(
             }
             *at += 1; // the //@end
         } else {
-            let line = substitute(line, named, env, arrays).map_err(|e| format!("line {n}: {e}"))?;
+            let line = substitute(line, env, arrays).map_err(|e| format!("line {n}: {e}"))?;
             out.push_str(&line);
             out.push('\n');
         }
@@ -212,9 +221,9 @@ impl Each {
     }
 }
 
-/// One line with its array elements written out, and (named) the enclosing `//@each`
-/// variables replaced by their values.
-fn substitute(line: &str, named: bool, env: &[(String, u32)], arrays: &HashMap<String, u32>) -> Result<String, String> {
+/// One line with its array elements written out, and the enclosing written-out
+/// `//@each` variables replaced by their values.
+fn substitute(line: &str, env: &[(String, u32)], arrays: &HashMap<String, (u32, bool)>) -> Result<String, String> {
     let mut out = String::with_capacity(line.len());
     let mut rest = line;
     while let Some(open) = rest.find("@{") {
@@ -224,30 +233,30 @@ fn substitute(line: &str, named: bool, env: &[(String, u32)], arrays: &HashMap<S
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .map_or(0, |i| i + 1);
         let name = &before[name_start..];
-        let size = *arrays.get(name).ok_or(format!("'{name}@{{..}}' names no //@array"))?;
+        let (size, as_names) = *arrays.get(name).ok_or(format!("'{name}@{{..}}' names no //@array"))?;
         let expr = &rest[open + 2..close];
-        out.push_str(&with_values(&before[..name_start], named, env));
-        if named {
-            let k = evaluate(expr, env)?;
+        out.push_str(&with_values(&before[..name_start], env));
+        if as_names {
+            // An array of one has one element: its index needs no value (a `for` loop's
+            // variable may stand in it, bounded by the loop's guard).
+            let k = if size == 1 { 0 } else { evaluate(expr, env)? };
             if k >= size {
                 return Err(format!("{name}@{{{expr}}} is element {k} of {size}"));
             }
             out.push_str(&format!("{name}_{k}"));
         } else {
-            out.push_str(&format!("{name}[{}]", with_values(expr, named, env)));
+            out.push_str(&format!("{name}[{}]", with_values(expr, env)));
         }
         rest = &rest[close + 1..];
     }
-    out.push_str(&with_values(rest, named, env));
+    out.push_str(&with_values(rest, env));
     Ok(out)
 }
 
-/// Named, every token that is an enclosing `//@each` variable becomes its value
-/// (`3u`); arrayed, the text as it is. Comments are left alone.
-fn with_values(text: &str, named: bool, env: &[(String, u32)]) -> String {
-    if !named {
-        return text.to_string();
-    }
+/// Every token that is an enclosing written-out `//@each` variable becomes its value
+/// (`3u`); a `for` loop's own variable (bound to `u32::MAX`) stays a name. Comments are
+/// left alone.
+fn with_values(text: &str, env: &[(String, u32)]) -> String {
     let (code, comment) = match text.find("//") {
         Some(i) => text.split_at(i),
         None => (text, ""),

@@ -365,7 +365,12 @@ mod tests {
         let arrayed = v.kernel(32).source;
         let named = v.with_named(true).kernel(32).source;
         assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, D16*BANDS>;"));
-        assert!(arrayed.contains("o[bb * D16 + g * KC + u]"));
+        // One band: its per-band fragments are single values, as before the band axis.
+        assert!(arrayed.contains("o[0u * D16 + g * KC + u]"));
+        assert!(arrayed.contains("var pf_0: coop_mat16x16<f16, A>;") && arrayed.contains("var s_0:"));
+        let two_arrayed = v.with_bands(2).kernel(32).source;
+        assert!(two_arrayed.contains("var pf: array<coop_mat16x16<f16, A>, BANDS>;"));
+        assert!(two_arrayed.contains("o[bb * D16 + g * KC + u]"));
         for k in 0..8 {
             assert!(named.contains(&format!("var qf_{k}: coop_mat16x16<f16, A>;")), "qf_{k}");
             assert!(named.contains(&format!("var o_{k}: coop_mat16x16<f32, C>;")), "o_{k}");
