@@ -60,6 +60,35 @@ fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
     }
 }
 
+#[test]
+fn every_tunable_coop_form_writes_spirv() {
+    // `tune` and a tuning table may pin any candidate, in every form (one or two bands,
+    // arrayed or named fragments), not only the picker's variants in every_kernel():
+    // each must get through naga's SPIR-V writer as NVIDIA's 32-lane subgroups compile it.
+    let mut forms = std::collections::BTreeSet::new();
+    for dmax in [64, 128, 256] {
+        for v in wgpu_attention::tune::coop_candidates(dmax, 32, 48 * 1024, 1024) {
+            forms.insert((v.bands, v.named));
+            let kernel = v.kernel(32);
+            let source = shader_source(&kernel, DType::F16);
+            let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", v.label()));
+            let info =
+                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                    .validate(&module)
+                    .unwrap_or_else(|e| panic!("{}: {e:?}", v.label()));
+            let (module, info) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, kernel.entry)),
+                &Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", v.label()));
+            write_spirv(&kernel, DType::F16, &module, &info);
+        }
+    }
+    assert_eq!(forms.len(), 4, "every form among the candidates: {forms:?}");
+}
+
 /// The override values a kernel is compiled with besides its defaults.
 fn override_sets(kernel: &wgpu_attention::kernels::Kernel, dtype: DType) -> Vec<naga::back::PipelineConstants> {
     use wgpu_attention::kernels::decode::{DecodeDesign, SUBGROUP_SPLIT_VARIANTS, SUBGROUP_TEXEL_SPLIT_VARIANTS};
