@@ -68,8 +68,9 @@ const NP: u32 = 16u / RL; // partials of a row's maximum and sum in workgroup me
 var<workgroup> slabs: array<vec4<f32>, 2u * HALF>;
 var<workgroup> pt: array<vec4<f32>, BC * 16u>;
 
-// What one invocation carries from storage to the other half of `slabs`: four rows of a
-// 4 x 4 block (Q or K), or two V quads (a, b).
+// Four vec4s: what one invocation carries from storage to the other half of `slabs` (four
+// rows of a 4 x 4 block of Q or K, or two V quads in a, b), or one row of its output
+// micro-tile (its OQ quads).
 struct Staged {
     a: vec4<f32>,
     b: vec4<f32>,
@@ -212,6 +213,36 @@ fn store_output_quad(o_head: u32, row: u32, c4: u32, o: vec4<f32>) {
     }
 }
 
+// This invocation's OQ output quads of `row` (vec4 columns tx + 16 q), for a resumed row;
+// zeros past OQ.
+fn output_row(o_head: u32, row: u32, tx: u32) -> Staged {
+    var r = Staged(output_quad(o_head, row, tx), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    if OQ > 1u {
+        r.b = output_quad(o_head, row, tx + 16u);
+    }
+    if OQ > 2u {
+        r.c = output_quad(o_head, row, tx + 32u);
+        r.d = output_quad(o_head, row, tx + 48u);
+    }
+    return r;
+}
+
+// Stores this invocation's OQ output quads of `row` times `inv`, unless the row is
+// past the end.
+fn store_output_row(o_head: u32, row: u32, tx: u32, o: Staged, inv: f32) {
+    if row >= p.len_q {
+        return;
+    }
+    store_output_quad(o_head, row, tx, o.a * inv);
+    if OQ > 1u {
+        store_output_quad(o_head, row, tx + 16u, o.b * inv);
+    }
+    if OQ > 2u {
+        store_output_quad(o_head, row, tx + 32u, o.c * inv);
+        store_output_quad(o_head, row, tx + 48u, o.d * inv);
+    }
+}
+
 @compute @workgroup_size(256, 1, 1)
 fn flash_micro(@builtin(local_invocation_index) f: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let hd = head_of(p.bh_start + wid.y);
@@ -264,44 +295,32 @@ fn flash_micro(@builtin(local_invocation_index) f: u32, @builtin(workgroup_id) w
     if p.key_begin != 0u {
         let seen = resumed != vec4<f32>(0.0);
         if seen.x {
-            o00 = output_quad(o_head, rows.x, tx);
-            if OQ > 1u {
-                o10 = output_quad(o_head, rows.x, tx + 16u);
-            }
-            if OQ > 2u {
-                o20 = output_quad(o_head, rows.x, tx + 32u);
-                o30 = output_quad(o_head, rows.x, tx + 48u);
-            }
+            let r = output_row(o_head, rows.x, tx);
+            o00 = r.a;
+            o10 = r.b;
+            o20 = r.c;
+            o30 = r.d;
         }
         if seen.y {
-            o01 = output_quad(o_head, rows.y, tx);
-            if OQ > 1u {
-                o11 = output_quad(o_head, rows.y, tx + 16u);
-            }
-            if OQ > 2u {
-                o21 = output_quad(o_head, rows.y, tx + 32u);
-                o31 = output_quad(o_head, rows.y, tx + 48u);
-            }
+            let r = output_row(o_head, rows.y, tx);
+            o01 = r.a;
+            o11 = r.b;
+            o21 = r.c;
+            o31 = r.d;
         }
         if seen.z {
-            o02 = output_quad(o_head, rows.z, tx);
-            if OQ > 1u {
-                o12 = output_quad(o_head, rows.z, tx + 16u);
-            }
-            if OQ > 2u {
-                o22 = output_quad(o_head, rows.z, tx + 32u);
-                o32 = output_quad(o_head, rows.z, tx + 48u);
-            }
+            let r = output_row(o_head, rows.z, tx);
+            o02 = r.a;
+            o12 = r.b;
+            o22 = r.c;
+            o32 = r.d;
         }
         if seen.w {
-            o03 = output_quad(o_head, rows.w, tx);
-            if OQ > 1u {
-                o13 = output_quad(o_head, rows.w, tx + 16u);
-            }
-            if OQ > 2u {
-                o23 = output_quad(o_head, rows.w, tx + 32u);
-                o33 = output_quad(o_head, rows.w, tx + 48u);
-            }
+            let r = output_row(o_head, rows.w, tx);
+            o03 = r.a;
+            o13 = r.b;
+            o23 = r.c;
+            o33 = r.d;
         }
     }
 
@@ -465,46 +484,10 @@ fn flash_micro(@builtin(local_invocation_index) f: u32, @builtin(workgroup_id) w
     // Normalise and store; rows that saw no key get zeros and lse = -inf.
     let inv = vec4<f32>(row_inv_sum(sum.x), row_inv_sum(sum.y), row_inv_sum(sum.z), row_inv_sum(sum.w));
     let row = blk.row0 + 4u * ty;
-    if row < p.len_q {
-        store_output_quad(o_head, row, tx, o00 * inv.x);
-        if OQ > 1u {
-            store_output_quad(o_head, row, tx + 16u, o10 * inv.x);
-        }
-        if OQ > 2u {
-            store_output_quad(o_head, row, tx + 32u, o20 * inv.x);
-            store_output_quad(o_head, row, tx + 48u, o30 * inv.x);
-        }
-    }
-    if row + 1u < p.len_q {
-        store_output_quad(o_head, row + 1u, tx, o01 * inv.y);
-        if OQ > 1u {
-            store_output_quad(o_head, row + 1u, tx + 16u, o11 * inv.y);
-        }
-        if OQ > 2u {
-            store_output_quad(o_head, row + 1u, tx + 32u, o21 * inv.y);
-            store_output_quad(o_head, row + 1u, tx + 48u, o31 * inv.y);
-        }
-    }
-    if row + 2u < p.len_q {
-        store_output_quad(o_head, row + 2u, tx, o02 * inv.z);
-        if OQ > 1u {
-            store_output_quad(o_head, row + 2u, tx + 16u, o12 * inv.z);
-        }
-        if OQ > 2u {
-            store_output_quad(o_head, row + 2u, tx + 32u, o22 * inv.z);
-            store_output_quad(o_head, row + 2u, tx + 48u, o32 * inv.z);
-        }
-    }
-    if row + 3u < p.len_q {
-        store_output_quad(o_head, row + 3u, tx, o03 * inv.w);
-        if OQ > 1u {
-            store_output_quad(o_head, row + 3u, tx + 16u, o13 * inv.w);
-        }
-        if OQ > 2u {
-            store_output_quad(o_head, row + 3u, tx + 32u, o23 * inv.w);
-            store_output_quad(o_head, row + 3u, tx + 48u, o33 * inv.w);
-        }
-    }
+    store_output_row(o_head, row, tx, Staged(o00, o10, o20, o30), inv.x);
+    store_output_row(o_head, row + 1u, tx, Staged(o01, o11, o21, o31), inv.y);
+    store_output_row(o_head, row + 2u, tx, Staged(o02, o12, o22, o32), inv.z);
+    store_output_row(o_head, row + 3u, tx, Staged(o03, o13, o23, o33), inv.w);
     if tx == 0u {
         let lse_row0 = (hd.b * p.heads_q + hd.h) * p.len_q + row;
         if row < p.len_q {
