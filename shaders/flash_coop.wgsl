@@ -12,7 +12,8 @@ enable wgpu_cooperative_matrix;
 //
 // Generator parameters (a one-line prelude per variant, kernels::flash::coop): DMAX
 // (head dims up to it), BR (query rows per workgroup), BANDS (16-row bands per
-// subgroup, 1 or 2), BC (keys per tile), SG (the adapter's fixed subgroup size, so that
+// subgroup, 1 or 2), BC (keys per tile), DIRECT (K and V fragments loaded straight
+// from storage, below), SG (the adapter's fixed subgroup size, so that
 // subgroup_id runs 0 .. BR/(16 BANDS) - 1), and LPR / RPL, the lanes per row and rows
 // per lane of the softmax (SG/16 and BANDS on 32-lane subgroups; 1 and 16 BANDS/SG on
 // narrower ones). The source goes through kernels::unroll: the Q fragments (`qf`),
@@ -53,6 +54,17 @@ enable wgpu_cooperative_matrix;
 // end are staged as zeros. Before the loop, `tiles` holds the first K tile and a zero V
 // tile, `ps` zeros: round 0's P·V adds nothing.
 //
+// DIRECT (the `direct` axis, generator-level since it changes declarations): no K or V
+// staging at all. Each K and V fragment is cooperatively loaded from the storage
+// buffer (f16 rows, a 16-byte-aligned stride), as the reference GEMM measured at 75-80
+// TFLOP/s loads both operands (L1 serves the four subgroups' re-reads): no staging
+// stores, no prefetch registers, and `tiles` shrinks to Q's staging. The host runs a
+// direct variant only where every fragment it loads lies inside real K and V rows
+// (kernels::flash::coop, `direct_serves`: f16 storage, head dims DMAX, whole-word
+// strides, no pages, key lengths or left window, key tiles that start at multiples of
+// BC in a key count that is one); elsewhere its staged twin runs. Round 0's P·V, whose
+// P is zero, reads the first tile's V (which round 1 multiplies anyway).
+//
 // The key loop ends at the last key the block's last row can see (causal, key lengths)
 // and starts at p.key_begin, resuming from an earlier dispatch's output rows and
 // log-sum-exps (attention_common.wgsl's resumed_max), as the other fused kernels.
@@ -60,11 +72,13 @@ enable wgpu_cooperative_matrix;
 // naga 30.0.1 trap: an index written inside coopLoad/coopStore's pointer argument makes
 // its SPIR-V writer panic; every such index is named with `let` first.
 
+//@if STAGED
 // K and V again, as 16-byte words (read only with WORDS).
 @group(0) @binding(9) var<storage, read> k4: array<vec4<u32>>;
 @group(0) @binding(10) var<storage, read> v4: array<vec4<u32>>;
 
 override WORDS: bool = false; // K/V rows are whole words at word offsets (host)
+//@end
 
 const NSG: u32 = BR / (16u * BANDS); // subgroups, BANDS 16-row bands each
 const NT: u32 = NSG * SG; // invocations
@@ -82,15 +96,21 @@ const WPR: u32 = DMAX / VE; // words per staged row
 const TILE_WORDS: u32 = BC * WPR; // words of one K (or V) tile
 const NPRE: u32 = (TILE_WORDS + NT - 1u) / NT; // of them per invocation
 
+//@if DIRECT
+var<workgroup> tiles: array<f16, BR * LDQ>; // Q's staging only
+//@else
 var<workgroup> tiles: array<f16, 2u * BC * LDQ>;
+//@end
 var<workgroup> ss: array<f32, BR * LDS>;
 var<workgroup> ps: array<f16, BR * LDP>;
-// Some row's reference maximum moved this tile (element 0). Four words, not one: every
+// Some row's reference maximum moved this tile (element 0); DIRECT: whether the key
+// loop ran (element 1, read once as a workgroup-uniform value). Four words, not one: every
 // workgroup variable of a coop kernel is a multiple of 16 bytes, because the driver
 // orders them as it likes and cooperative loads and stores need 16-byte-aligned
 // pointers (docs/design.md, "Tensor cores"; a lone atomic shifted every tile on an H200).
 var<workgroup> moved: array<atomic<u32>, 4>;
 
+//@if STAGED
 var<private> pre_k: array<vec4<u32>, NPRE>;
 var<private> pre_v: array<vec4<u32>, NPRE>;
 
@@ -154,9 +174,11 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
         tiles[region + j * LDQ + d] = value;
     }
 }
+//@end
 
 // O += P·V for a band: P from its rows of `ps`, V from the V tile, each P fragment
-// loaded once for all DMAX/16 output tiles, each V fragment once for all BANDS bands. A macro, written out where it runs: the
+// loaded once for all DMAX/16 output tiles, each V fragment once for all BANDS bands
+// (DIRECT: from the V rows of the tile at pv0). A macro, written out where it runs: the
 // output tiles may be named values, which no function can take as one argument.
 //@macro PV_STEP
     for (var kc = 0u; kc < KC; kc++) {
@@ -166,8 +188,13 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
         pf@{bb} = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
         //@end
         //@each c < D16
+        //@if DIRECT
+        let ib = v_at + (pv0 + kc * 16u) * v_rows + c * 16u;
+        let b = coopLoadT<coop_mat16x16<f16, B>>(&v[ib], v_rows);
+        //@else
         let ib = V_AT + kc * 16u * LDQ + c * 16u;
         let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
+        //@end
         //@each bb < BANDS
         o@{bb * D16 + c} = coopMultiplyAdd(pf@{bb}, b, o@{bb * D16 + c});
         //@end
@@ -188,6 +215,15 @@ fn flash_coop(
     let k_base = hd.b * p.k_stride_b + hd.hk * p.k_stride_h;
     let v_base = hd.b * p.v_stride_b + hd.hk * p.v_stride_h;
     let o_head = hd.b * p.o_stride_b + hd.h * p.o_stride_h;
+    //@if DIRECT
+    // Where K's and V's rows start and their strides, in 16-byte words of 8 halves:
+    // the values themselves (the host runs a direct variant only on whole-word strides),
+    // written so that every fragment's pointer is visibly 16-byte aligned.
+    let k_at = 8u * (k_base / 8u);
+    let v_at = 8u * (v_base / 8u);
+    let k_rows = 8u * (p.k_stride_s / 8u);
+    let v_rows = 8u * (p.v_stride_s / 8u);
+    //@end
     let band = sg * 16u * BANDS; // first row of this subgroup's bands, within the block
     let quad0 = lane % LPR; // this lane's first column quad in the softmax
     // Keys past the key length are never visible to any row: their V rows are staged
@@ -281,11 +317,18 @@ fn flash_coop(
     // Every band has its Q fragments: `tiles` takes the first K tile and a zero V tile,
     // `ps` zeros (the first round's P·V below adds nothing).
     workgroupBarrier();
-    for (var x = tid; x < BC * LDQ; x += NT) {
-        tiles[V_AT + x] = f16(0.0);
-    }
     for (var x = lane; x < 16u * BANDS * LDP; x += SG) {
         ps[band * LDP + x] = f16(0.0);
+    }
+    //@if DIRECT
+    if tid == 0u {
+        atomicStore(&moved[1], u32(block_begin < block_end));
+    }
+    // Whether the loop runs, as a value naga takes as uniform (the last P·V's condition).
+    let ran = workgroupUniformLoad(&moved[1]) != 0u;
+    //@else
+    for (var x = tid; x < BC * LDQ; x += NT) {
+        tiles[V_AT + x] = f16(0.0);
     }
     if WORDS {
         fetch_words(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
@@ -294,6 +337,7 @@ fn flash_coop(
         stage_elements(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
     }
     workgroupBarrier();
+    //@end
 
     // Software-pipelined by half a tile: round t computes the scores of tile t and
     // P·V of tile t - 1, so that every exchange between a band's lanes (scores to the
@@ -303,12 +347,17 @@ fn flash_coop(
     for (var tile0 = block_begin; tile0 < block_end; tile0 += BC) {
         let next = tile0 + BC;
         let has_next = next < block_end;
+        //@if DIRECT
+        // V of the previous tile (round 0: of this one, times a zero P).
+        let pv0 = select(tile0 - BC, tile0, tile0 == block_begin);
+        //@else
         if WORDS {
             if has_next {
                 fetch_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
             }
             fetch_words(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
         }
+        //@end
 
         // P·V of the previous tile (P in `ps`, V in the V tile), then this tile's
         // scores, unscaled, to the band's rows of `ss`.
@@ -319,8 +368,13 @@ fn flash_coop(
             s@{bb} = coop_mat16x16<f32, C>();
             //@end
             //@each dc < D16
+            //@if DIRECT
+            let ib = k_at + (tile0 + kc * 16u) * k_rows + dc * 16u;
+            let b = coopLoad<coop_mat16x16<f16, B>>(&k[ib], k_rows);
+            //@else
             let ib = kc * 16u * LDQ + dc * 16u;
             let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
+            //@end
             //@each bb < BANDS
             s@{bb} = coopMultiplyAdd(qf@{bb * D16 + dc}, b, s@{bb});
             //@end
@@ -391,6 +445,7 @@ fn flash_coop(
         }
 
         // The next K tile and this V tile go in.
+        //@if STAGED
         if WORDS {
             if has_next {
                 put_words(true, tid);
@@ -402,6 +457,7 @@ fn flash_coop(
             }
             stage_elements(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
         }
+        //@end
 
         // Rare: some row's reference maximum moved; every row's output tiles are
         // rescaled by its alpha (1 for the rows that did not move) before this tile's
@@ -445,7 +501,14 @@ fn flash_coop(
         }
     }
     // The last tile's P·V.
+    //@if DIRECT
+    if ran {
+        let pv0 = block_begin + (block_end - 1u - block_begin) / BC * BC;
+        //@expand PV_STEP
+    }
+    //@else
     //@expand PV_STEP
+    //@end
 
     // Normalise and store through the band's `ss` rows; rows that saw no key get zeros
     // and lse = -inf. Every output tile goes through, also those past the value head

@@ -468,6 +468,77 @@ fn every_fragment_form_computes_what_the_arrayed_kernel_computes_bit_for_bit() {
     assert_passes(&ctx, &coop_case(shape, causal, DType::F16, seed));
 }
 
+#[test]
+fn direct_fragments_compute_what_staged_ones_compute_bit_for_bit() {
+    // The `direct` axis loads each K and V fragment from its storage buffer instead of
+    // the staged tile: the same f16 values into the same products in the same order, so
+    // the same bits, in one band or two, arrayed or named. D = DMAX and Lk a multiple of
+    // BC, as kernels::flash::direct_serves wants; a key count it cannot serve runs the
+    // staged twin. Then key splits (whose second range starts at key 64, a multiple of
+    // BC), top-left causal so that the first block sees no key of that range (its key
+    // loop never runs: the last P·V is skipped).
+    use wgpu_attention::kernels::flash::CoopVariant;
+    let Some(mut ctx) = emulating() else { return };
+    let variant = CoopVariant::new(32, 32, 32);
+    let (d, seed) = (32, 5301);
+    let mut rng = Rng::new(seed);
+    let (b, h, lq) = (1, 2, variant.br as usize + 3);
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for lk in [3 * variant.bc as usize, 3 * variant.bc as usize + 5] {
+        let q = rng.vec(b * h * lq * d, -1.0, 1.0);
+        let k = rng.vec(b * h * lk * d, -1.0, 1.0);
+        let v = rng.vec(b * h * lk * d, -1.0, 1.0);
+        let upload = |x: &[f32], l: usize| Tensor::from_f32_as(&ctx, [b, h, l, d], Layout::Bhsd, DType::F16, x);
+        let (q, k, v) = (upload(&q, lq), upload(&k, lk), upload(&v, lk));
+        let (q, k, v) = (q.expect("q"), k.expect("k"), v.expect("v"));
+        let causal = AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            ..Default::default()
+        };
+        let options = AttentionOptions {
+            need_lse: true,
+            ..coop_case(
+                AttentionShape::new(1, 1, 1, 1, 1, 1, 1),
+                causal.clone(),
+                DType::F16,
+                seed,
+            )
+            .options
+        };
+        let mut staged = None;
+        for form in [
+            variant,
+            variant.with_direct(true),
+            variant.with_direct(true).with_bands(2).with_named(true),
+        ] {
+            ctx.use_coop_variants(vec![form]);
+            let out = sdpa(&ctx, &q, &k, &v, &options).expect("runs");
+            let lse = out.lse.expect("lse").to_f32_vec(&ctx).expect("lse");
+            let got = (bits(&out.out.to_f32_vec(&ctx).expect("out")), bits(&lse));
+            match &staged {
+                None => staged = Some(got),
+                Some(staged) => assert!(
+                    *staged == got,
+                    "{} differs from {} at Lk {lk} (seed {seed})",
+                    form.label(),
+                    variant.label()
+                ),
+            }
+        }
+        // And right, not only the same.
+        let shape = AttentionShape::new(1, 2, 1, lq, lk, d, d);
+        assert_passes(&ctx, &coop_case(shape, causal, DType::F16, seed));
+    }
+    ctx.use_coop_variants(vec![variant.with_direct(true)]);
+    ctx.use_key_splits(2).expect("two splits");
+    let top_left = AttentionOptions {
+        causal: Some(CausalAlignment::TopLeft),
+        ..Default::default()
+    };
+    let shape = AttentionShape::new(1, 2, 1, 3 * variant.br as usize, 3 * variant.bc as usize, d, d);
+    assert_passes(&ctx, &coop_case(shape, top_left, DType::F16, seed + 1));
+}
+
 /// A backward case on the tensor-core tiling (the forward's `coop` at precision medium,
 /// so f32 inputs take it too), checked against the f64 reference gradients with the
 /// bound of docs/design.md ("Backward"); the tiling is asserted, not assumed.

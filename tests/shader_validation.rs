@@ -68,7 +68,7 @@ fn every_tunable_coop_form_writes_spirv() {
     let mut forms = std::collections::BTreeSet::new();
     for dmax in [64, 128, 256] {
         for v in wgpu_attention::tune::coop_candidates(dmax, 32, 48 * 1024, 1024) {
-            forms.insert((v.bands, v.named));
+            forms.insert((v.bands, v.named, v.direct));
             let kernel = v.kernel(32);
             let source = shader_source(&kernel, DType::F16);
             let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", v.label()));
@@ -86,7 +86,7 @@ fn every_tunable_coop_form_writes_spirv() {
             write_spirv(&kernel, DType::F16, &module, &info);
         }
     }
-    assert_eq!(forms.len(), 4, "every form among the candidates: {forms:?}");
+    assert_eq!(forms.len(), 8, "every form among the candidates: {forms:?}");
 }
 
 /// The override values a kernel is compiled with besides its defaults.
@@ -479,11 +479,11 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
             variant.kernel.file, variant.kernel.variant
         );
     }
-    for variant in COOP_VARIANTS {
+    for variant in COOP_VARIANTS.iter().flat_map(|v| [*v, v.with_direct(true)]) {
         for sg in [8, 32] {
             let kernel = variant.kernel(sg);
             assert_eq!(
-                declared_workgroup_bytes(&kernel),
+                declared_workgroup_bytes_in(&kernel, DType::F16),
                 variant.workgroup_bytes(),
                 "{}",
                 kernel.variant
@@ -601,9 +601,12 @@ fn dispatchable() -> Vec<Dispatchable> {
     }
     // The tensor-core attention variants: as a GPU with 32-lane subgroups compiles them,
     // and, at the constants lavapipe's 32 KiB allows, as their emulation rewrites them
-    // for 4, 8 and 16 lanes (the same code: SG is a generator parameter).
-    for variant in wgpu_attention::kernels::flash::COOP_VARIANTS {
-        for dtype in [DType::F32, DType::F16] {
+    // for 4, 8 and 16 lanes (the same code: SG is a generator parameter). Their direct
+    // twins (K and V fragments loaded from storage) only ever run on f16 storage.
+    let picker = wgpu_attention::kernels::flash::COOP_VARIANTS;
+    let staged = picker.iter().flat_map(|v| [(*v, DType::F32), (*v, DType::F16)]);
+    for (variant, dtype) in staged.chain(picker.iter().map(|v| (v.with_direct(true), DType::F16))) {
+        {
             let kernel = variant.kernel(32);
             let name = format!("{}:{}{} ({dtype:?})", kernel.file, kernel.entry, kernel.variant);
             all.push(Dispatchable {

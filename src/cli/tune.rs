@@ -239,7 +239,14 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 };
                 tiling_asked && variant_asked
             });
-            for ((tiling, pin), &splits) in chosen.flat_map(|c| key_splits.iter().map(move |s| (c, s))) {
+            let served = |pin: Option<Pin>, splits: u32| match pin.and_then(Pin::coop) {
+                Some(v) if v.direct => direct_serves_plain(&v, &shape, dtype, splits),
+                _ => true,
+            };
+            for ((tiling, pin), &splits) in chosen
+                .flat_map(|c| key_splits.iter().map(move |s| (c, s)))
+                .filter(|&((_, pin), &splits)| served(pin, splits))
+            {
                 match pin {
                     Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
                     Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes))?,
@@ -407,6 +414,19 @@ fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option
     out
 }
 
+/// Whether a direct coop variant runs itself (not its staged twin) on tune's plain
+/// problems of `shape`: f16, head dims its DMAX, and key tiles at multiples of its BC,
+/// key splits included (which start at multiples of 64 keys; kernels::flash's
+/// `direct_serves` for the rule).
+fn direct_serves_plain(v: &CoopVariant, shape: &AttentionShape, dtype: DType, splits: u32) -> bool {
+    let bc = v.bc as usize;
+    dtype == DType::F16
+        && shape.head_dim == v.dmax as usize
+        && shape.head_dim_v == v.dmax as usize
+        && shape.len_k.is_multiple_of(bc)
+        && (splits <= 1 || 64 % bc == 0)
+}
+
 /// The table's variant column: the pin, and `/kN` for N key splits.
 fn variant_column(row: &Row) -> String {
     let pin = row.variant.map_or("-".into(), Pin::label);
@@ -453,12 +473,15 @@ fn measure(
         gflops: None,
     };
     let group = shape.heads_q / shape.heads_kv.max(1);
+    // A ragged key count where it can be; a direct coop variant needs whole key tiles
+    // (192 is a multiple of each BC) to run itself rather than its staged twin.
+    let direct = variant.and_then(Pin::coop).is_some_and(|v| v.direct);
     let small = AttentionShape::new(
         1,
         2 * group,
         2,
         shape.len_q.min(67),
-        shape.len_k.min(197),
+        shape.len_k.min(if direct { 192 } else { 197 }),
         shape.head_dim,
         shape.head_dim_v,
     );

@@ -16,6 +16,9 @@
 //!   Arrayed, a `for` loop (the guard a `break`); named, one `{ .. }` block per value,
 //!   with VAR written as its value (`3u`). A loop of one trip, and an array of one, are
 //!   written out in both forms.
+//! - `//@if EXPR` .. `//@end`, optionally with `//@else` between: the lines of the first
+//!   part where EXPR is not 0, else those of the second, in both forms (a variant's
+//!   design choice that changes declarations or types, which a WGSL `if` could not).
 //! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts.
 //!
 //! In any line, `NAME@{EXPR}` (NAME declared by `//@array`) is element EXPR of the
@@ -37,7 +40,7 @@ pub fn expand(source: &str, named: bool, consts: &[(&str, u32)]) -> Result<Strin
     let mut at = 0;
     emit(&lines, &mut at, named, &mut env, &mut arrays, &mut out, false)?;
     if at != lines.len() {
-        return Err(format!("line {}: //@end without //@each", lines[at].0));
+        return Err(format!("line {}: //@end without //@each or //@if", lines[at].0));
     }
     Ok(out)
 }
@@ -95,13 +98,47 @@ fn emit(
         let (n, line) = &lines[*at];
         let directive = line.trim_start();
         let indent = &line[..line.len() - directive.len()];
-        if directive.starts_with("//@end") {
+        if directive.starts_with("//@end") || directive.starts_with("//@else") {
             if in_each {
                 return Ok(());
             }
-            return Err(format!("line {n}: //@end without //@each"));
+            return Err(format!("line {n}: {} without //@each or //@if", directive.trim_end()));
         }
         *at += 1;
+        if let Some(expr) = directive.strip_prefix("//@if ") {
+            let chosen = evaluate(expr.trim(), env).map_err(|e| format!("line {n}: {e}"))? != 0;
+            // Both parts are read (for their errors and their end); one is kept.
+            let mut sink = String::new();
+            emit(
+                lines,
+                at,
+                named,
+                env,
+                arrays,
+                if chosen { &mut *out } else { &mut sink },
+                true,
+            )?;
+            if lines
+                .get(*at)
+                .is_some_and(|(_, l)| l.trim_start().starts_with("//@else"))
+            {
+                *at += 1;
+                emit(
+                    lines,
+                    at,
+                    named,
+                    env,
+                    arrays,
+                    if chosen { &mut sink } else { &mut *out },
+                    true,
+                )?;
+            }
+            match lines.get(*at) {
+                Some((_, l)) if l.trim_start().starts_with("//@end") => *at += 1,
+                _ => return Err(format!("line {n}: //@if without //@end")),
+            }
+            continue;
+        }
         if let Some(rest) = directive.strip_prefix("//@array ") {
             let mut parts = rest.trim().splitn(3, ' ');
             let (Some(name), Some(size), Some(ty)) = (parts.next(), parts.next(), parts.next()) else {
@@ -174,10 +211,11 @@ fn emit(
                 env.pop();
                 out.push_str(&format!("{indent}}}\n"));
             }
-            if *at >= lines.len() {
-                return Err(format!("line {n}: //@each without //@end"));
+            match lines.get(*at) {
+                Some((_, l)) if l.trim_start().starts_with("//@end") => *at += 1,
+                Some((m, _)) => return Err(format!("line {m}: //@else inside //@each without //@if")),
+                None => return Err(format!("line {n}: //@each without //@end")),
             }
-            *at += 1; // the //@end
         } else {
             let line = substitute(line, env, arrays).map_err(|e| format!("line {n}: {e}"))?;
             out.push_str(&line);
@@ -352,6 +390,25 @@ mod tests {
     }
 
     #[test]
+    fn conditions_keep_one_part_in_both_forms() {
+        let source =
+            "//@array a N f32\n//@if D\na@{1} = 1.0;\n//@else\nstaged;\n//@end\n//@if D * 0\nnever;\n//@end\nafter;\n";
+        for named in [false, true] {
+            let on = expand(source, named, &[("N", 2), ("D", 1)]).expect("expands");
+            assert!(on.contains(if named { "a_1 = 1.0;" } else { "a[1] = 1.0;" }), "{on}");
+            assert!(
+                !on.contains("staged") && !on.contains("never") && on.ends_with("after;\n"),
+                "{on}"
+            );
+            let off = expand(source, named, &[("N", 2), ("D", 0)]).expect("expands");
+            assert!(
+                off.contains("staged;") && !off.contains("1.0") && off.ends_with("after;\n"),
+                "{off}"
+            );
+        }
+    }
+
+    #[test]
     fn broken_directives_are_named_by_line() {
         let consts = [("N", 2)];
         for (source, says) in [
@@ -367,6 +424,9 @@ mod tests {
             ("//@array a N * 2 f32\n", "no spaces"),
             ("//@array a (N+1)*2 f32\n", "no parentheses"),
             ("//@macro M\n//@expand M\n//@endmacro\n", "inside //@macro"),
+            ("//@if N\nx;\n", "without //@end"),
+            ("//@each c < N\n//@else\n//@end\n", "//@else inside //@each"),
+            ("x;\n//@else\n", "line 2"),
         ] {
             let e = expand(source, true, &consts).expect_err(source);
             assert!(e.contains(says), "{source:?}: {e}");

@@ -4,7 +4,7 @@
 //! offsets). So in a coop kernel every workgroup variable is a whole number of 16-byte
 //! words, and every coop access's stride and offset is a whole number of them.
 //!
-//! Offsets are checked by a small alignment analysis over naga's IR: for each integer
+//! Offsets (and strides known only at run time) are checked by a small alignment analysis over naga's IR: for each integer
 //! expression, the largest power of two it is certainly a multiple of (literals and
 //! constants by value, sums by the smaller, products by the product, loop counters and
 //! `let`s through what is stored into them, function arguments through every call).
@@ -264,10 +264,16 @@ impl<'m> Analysis<'m> {
                             Expression::Constant(c) => global_value(self.module, self.module.constants[*c].init),
                             _ => None,
                         };
+                        // A stride known only at run time (rows of a storage buffer)
+                        // passes where the analysis proves it whole words.
+                        let known_words = self.align(key, data.stride).saturating_mul(width) % 16 == 0;
                         match stride {
                             Some(s) if (s * width) % 16 == 0 => {}
                             Some(s) => found.push(format!("{name}: {what} with a stride of {} bytes", s * width)),
-                            None => found.push(format!("{name}: {what} with a stride that is not a constant")),
+                            None if known_words => {}
+                            None => found.push(format!(
+                                "{name}: {what} with a stride not known to be a multiple of 16 bytes"
+                            )),
                         }
                     }
                 }

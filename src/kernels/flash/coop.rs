@@ -23,8 +23,12 @@ pub struct CoopVariant {
     /// unrolled by the generator; else arrays indexed by loop counters (label suffix `n`).
     pub named: bool,
     /// 16-row bands per subgroup, 1 or 2: with 2, each staged K and V fragment feeds
-    /// two products (label `rROWS`, ROWS = 16 bands, before any `n`).
+    /// two products (label `rROWS`, ROWS = 16 bands, before any `d` or `n`).
     pub bands: u32,
+    /// K and V fragments loaded straight from their storage buffers, nothing staged
+    /// (label suffix `d`, before any `n`). Runs only where [`direct_serves`] holds; its
+    /// staged twin (the same variant without it) runs elsewhere.
+    pub direct: bool,
 }
 
 /// The picker's variants, by head-dim class; within a class the first that fits the
@@ -60,6 +64,18 @@ pub const COOP_SLOTS: &[Slot] = &[
     Slot::V4,
 ];
 
+/// The bindings of a direct variant, which reads K and V only as f16 rows.
+pub const COOP_DIRECT_SLOTS: &[Slot] = &[
+    Slot::Params,
+    Slot::Q,
+    Slot::K,
+    Slot::V,
+    Slot::Output,
+    Slot::Mask,
+    Slot::SideWords,
+    Slot::Lse,
+];
+
 const SOURCE: &str = include_str!("../../../shaders/flash_coop.wgsl");
 
 impl CoopVariant {
@@ -70,7 +86,13 @@ impl CoopVariant {
             bc,
             named: false,
             bands: 1,
+            direct: false,
         }
+    }
+
+    /// The same variant with K and V fragments loaded from storage, or staged.
+    pub const fn with_direct(self, direct: bool) -> Self {
+        CoopVariant { direct, ..self }
     }
 
     /// The same variant with `bands` 16-row bands per subgroup.
@@ -84,11 +106,12 @@ impl CoopVariant {
     }
 
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
-    /// with naga's layout): the K and V tile (rows of DMAX + 8 halves), the f32 score
-    /// rows (BC + 4), the f16 probability rows (BC + 8) and the rescale flag (16 bytes, as
-    /// every workgroup variable of a coop kernel).
+    /// with naga's layout): the K and V tile (rows of DMAX + 8 halves; direct, Q's BR
+    /// rows only), the f32 score rows (BC + 4), the f16 probability rows (BC + 8) and
+    /// the rescale flag (16 bytes, as every workgroup variable of a coop kernel).
     pub const fn workgroup_bytes(&self) -> u32 {
-        2 * 2 * self.bc * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16
+        let staged_rows = if self.direct { self.br } else { 2 * self.bc };
+        2 * staged_rows * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16
     }
 
     /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
@@ -118,7 +141,7 @@ impl CoopVariant {
                 file: "flash_coop.wgsl",
                 source: self.source(),
                 entry: "flash_coop",
-                slots: COOP_SLOTS,
+                slots: if self.direct { COOP_DIRECT_SLOTS } else { COOP_SLOTS },
                 preludes,
                 variant: leak(format!("[{} sg{sg}]", self.label())),
             }
@@ -135,6 +158,8 @@ impl CoopVariant {
             ("KC", kc),
             ("NG", d16.div_ceil(kc)),
             ("BANDS", self.bands),
+            ("DIRECT", u32::from(self.direct)),
+            ("STAGED", u32::from(!self.direct)),
         ];
         // The file's directives are tested (tests of this module, shader_validation):
         // an error here is a bug in the file, not in anything a user gave.
@@ -143,16 +168,18 @@ impl CoopVariant {
         leak(source)
     }
 
-    /// `DMAXxBRxBC`, with `r32` after it for two bands per subgroup and `n` for named
-    /// fragments, as `tune` and the tuning table write it.
+    /// `DMAXxBRxBC`, with `r32` after it for two bands per subgroup, `d` for K and V
+    /// loaded from storage and `n` for named fragments, as `tune` and the tuning table
+    /// write it (`128x64x32r32dn`).
     pub fn label(&self) -> String {
         let named = if self.named { "n" } else { "" };
+        let direct = if self.direct { "d" } else { "" };
         let rows = if self.bands != 1 {
             format!("r{}", 16 * self.bands)
         } else {
             String::new()
         };
-        format!("{}x{}x{}{rows}{named}", self.dmax, self.br, self.bc)
+        format!("{}x{}x{}{rows}{direct}{named}", self.dmax, self.br, self.bc)
     }
 
     /// Parses [`CoopVariant::label`]'s form.
@@ -160,6 +187,10 @@ impl CoopVariant {
         let label = label.trim();
         let (label, named) = match label.strip_suffix('n') {
             Some(arrayed) => (arrayed, true),
+            None => (label, false),
+        };
+        let (label, direct) = match label.strip_suffix('d') {
+            Some(staged) => (staged, true),
             None => (label, false),
         };
         let (label, bands) = match label.split_once('r') {
@@ -171,10 +202,12 @@ impl CoopVariant {
         };
         let mut parts = label.split('x').map(|n| n.parse::<u32>().ok());
         let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
-        parts
-            .next()
-            .is_none()
-            .then_some(CoopVariant::new(dmax, br, bc).with_named(named).with_bands(bands))
+        parts.next().is_none().then_some(
+            CoopVariant::new(dmax, br, bc)
+                .with_named(named)
+                .with_bands(bands)
+                .with_direct(direct),
+        )
     }
 
     /// Parses [`CoopVariant::label`]'s form, only for a variant whose WGSL holds
@@ -264,6 +297,27 @@ pub fn coop_for(d: u32, dv: u32, bytes: u32) -> Option<CoopVariant> {
         .iter()
         .copied()
         .find(|v| v.dmax == class && v.workgroup_bytes() <= bytes)
+}
+
+/// Whether a direct variant (K and V fragments loaded from storage) serves a dispatch:
+/// every fragment it loads must lie inside real K and V rows and start 16-byte aligned
+/// (the kernel has no staged fallback, so that its registers carry no staging). That
+/// takes f16 storage, K and V strides of whole words (`words`, as the staged path
+/// reads them), head dims of exactly DMAX, contiguous rows, and key tiles that start at
+/// multiples of BC (no left window, a dispatch's first key one) in a key count that is
+/// a multiple of BC, with no key lengths (rows past them may hold anything, NaN too).
+pub fn direct_serves(v: &CoopVariant, f16_storage: bool, words: bool, params: &super::super::AttentionParams) -> bool {
+    v.direct
+        && f16_storage
+        && words
+        && params.head_dim == v.dmax
+        && params.head_dim_v == v.dmax
+        && params.page_size == 0
+        && params.has_key_lengths == 0
+        && params.has_left == 0
+        && params.len_k > 0
+        && params.len_k.is_multiple_of(v.bc)
+        && params.key_begin.is_multiple_of(v.bc)
 }
 
 /// Whether the 16-byte word path serves a problem: head dims and every K and V stride

@@ -3,7 +3,7 @@
 
 use super::super::flash_texel;
 use super::super::kv_texels::{KvTexels, TexelGrid};
-use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Slot};
+use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams};
 use super::variants::blocked_words;
 use super::FlashConfig;
 use crate::context::Context;
@@ -25,7 +25,7 @@ pub(crate) fn encode(
         }
     }
     let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
-    let kernel = match blocked_words(&launch.kernel) {
+    let mut kernel = match blocked_words(&launch.kernel) {
         Some(words) if kv_in_words(params, bindings) => words,
         _ => launch.kernel,
     };
@@ -35,14 +35,26 @@ pub(crate) fn encode(
     // stands in, and the kernel then reads K and V element by element.
     let placeholder;
     let mut bindings_here = AttentionBindings { ..*bindings };
-    if config.spec().tiling == FusedTiling::Coop && kernel.slots.contains(&Slot::K4) {
+    if config.spec().tiling == FusedTiling::Coop {
         let whole = |b: &wgpu::Buffer| b.size() >= 16;
         if !whole(bindings.k) || !whole(bindings.v) {
             placeholder = ctx.create_buffer("coop word placeholder", 16, crate::tensor::tensor_usage())?;
             bindings_here.words_stand_in = Some(&placeholder);
         }
         let words = bindings_here.words_stand_in.is_none() && coop_words(dtype, params);
-        constants.push(("WORDS", u32::from(words)));
+        let caps = ctx.capabilities();
+        let variant = super::coop_variant_for(params.head_dim, params.head_dim_v, caps);
+        if super::coop::direct_serves(&variant, dtype == DType::F16, words, params) {
+            // Nothing staged: the WORDS paths are not in its source.
+        } else {
+            if variant.direct {
+                // Its fragments would leave the rows: the staged twin runs.
+                kernel = variant
+                    .with_direct(false)
+                    .kernel(caps.coop_subgroup_size().unwrap_or(32));
+            }
+            constants.push(("WORDS", u32::from(words)));
+        }
     }
     let pipeline = pipeline(ctx, &kernel, dtype, &constants)?;
     let groups = [
