@@ -15,7 +15,11 @@ enable wgpu_cooperative_matrix;
 // (head dims up to it), BR (query rows or keys per workgroup, one 16-row band per
 // subgroup), BC (rows or keys per walked tile), SG (the adapter's fixed subgroup size),
 // LPR / RPL (lanes per band row and band rows per lane of the element-wise step: SG/16
-// and 1 on 32-lane subgroups, 1 and 16/SG on narrower ones).
+// and 1 on 32-lane subgroups, 1 and 16/SG on narrower ones). The source goes through
+// kernels::unroll, as the forward's: the owned rows' fragments (`qf`, `dof` or `kf`,
+// `vf`) and the gradient tiles (`acc`, or `acc_k`, `acc_v`) are arrays indexed by loop
+// counters, or (the `named` form) one named value each, every loop over them unrolled;
+// the band's products are macros for that reason.
 //
 // Per workgroup: BR query rows (dQ) or BR keys (dK/dV) of one (batch, head) or (batch,
 // kv head). Subgroup g owns rows 16g .. 16g+15 of them (its band) and keeps in
@@ -56,6 +60,7 @@ const NSG: u32 = BR / 16u; // subgroups, one 16-row band each
 const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const WC: u32 = BC / 16u; // 16-wide chunks of a walked tile
+const NG: u32 = (D16 + WC - 1u) / WC; // groups of WC gradient tiles that go out through `sx` at once
 const LDT: u32 = DMAX + 8u; // halves per staged row
 const B_AT: u32 = BC * LDT; // where the second walked operand starts in `tiles`
 const LDS: u32 = BC + 4u; // floats per row of `sx`
@@ -200,53 +205,54 @@ fn stage(ops: vec2<u32>, both: bool, hd: Head, first: u32, rows: u32, stop: u32,
 }
 
 // The band's 16 x BC products of its A fragments `own` with the walked operand staged
-// at `tiles[at ..]` (read column-major as B), to its rows of `sx` from `out`.
-fn band_products(own: ptr<function, array<coop_mat16x16<f16, A>, D16>>, at: u32, band: u32, out: u32) {
+// at `tiles[at ..]` (read column-major as B), to its rows of `sx` from `out`. Macros,
+// written out where they run: the fragments may be named values (the `named` form),
+// which no function can take as one argument.
+//@macro BAND_PRODUCTS(own, at, out)
     for (var wc = 0u; wc < WC; wc++) {
         var s = coop_mat16x16<f32, C>();
-        for (var dc = 0u; dc < D16; dc++) {
-            let ib = at + wc * 16u * LDT + dc * 16u;
-            let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDT);
-            s = coopMultiplyAdd((*own)[dc], b, s);
-        }
-        let is = out + band * LDS + wc * 16u;
+        //@each dc < D16
+        let ib = $at + wc * 16u * LDT + dc * 16u;
+        let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDT);
+        s = coopMultiplyAdd($own@{dc}, b, s);
+        //@end
+        let is = $out + band * LDS + wc * 16u;
         coopStoreT(s, &sx[is], LDS);
     }
-}
+//@endmacro
 
 // acc += X·W for the band: X its 16 x BC rows of `px` from `x_at`, W the walked
-// operand staged at `tiles[at ..]` (row-major).
-fn accumulate(acc: ptr<function, array<coop_mat16x16<f32, C>, D16>>, x_at: u32, at: u32, band: u32) {
+// operand staged at `tiles[at ..]` (row-major), each X fragment loaded once for all
+// DMAX/16 accumulator tiles.
+//@macro ACCUMULATE(acc, x_at, at)
     for (var wc = 0u; wc < WC; wc++) {
-        let ia = x_at + band * LDP + wc * 16u;
+        let ia = $x_at + band * LDP + wc * 16u;
         let a = coopLoadT<coop_mat16x16<f16, A>>(&px[ia], LDP);
-        for (var c = 0u; c < D16; c++) {
-            let ib = at + wc * 16u * LDT + c * 16u;
-            let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDT);
-            (*acc)[c] = coopMultiplyAdd(a, b, (*acc)[c]);
-        }
+        //@each c < D16
+        let ib = $at + wc * 16u * LDT + c * 16u;
+        let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDT);
+        $acc@{c} = coopMultiplyAdd(a, b, $acc@{c});
+        //@end
     }
-}
+//@endmacro
 
-// The band's A fragments of the rows staged at `tiles[at ..]`.
-fn band_fragments(own: ptr<function, array<coop_mat16x16<f16, A>, D16>>, at: u32, band: u32) {
-    for (var dc = 0u; dc < D16; dc++) {
-        let ia = at + band * LDT + dc * 16u;
-        (*own)[dc] = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDT);
-    }
-}
+// The band's A fragments `own` of the rows staged at the start of `tiles`.
+//@macro BAND_FRAGMENTS(own)
+    //@each dc < D16
+    let ia = band * LDT + dc * 16u;
+    $own@{dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDT);
+    //@end
+//@endmacro
 
-// Puts the band's gradient tiles c0 .. c0 + WC (of 16 columns each) in its rows of
-// `sx`, on the way out: a lane's elements are then at element_at's places.
-fn spill(acc: ptr<function, array<coop_mat16x16<f32, C>, D16>>, c0: u32, band: u32) {
-    for (var u = 0u; u < WC; u++) {
-        if c0 + u >= D16 {
-            break;
-        }
-        let is = band * LDS + u * 16u;
-        coopStoreT((*acc)[c0 + u], &sx[is], LDS);
-    }
-}
+// Puts the band's gradient tiles g WC .. g WC + WC - 1 (of 16 columns each) in its rows
+// of `sx`, on the way out: a lane's elements are then at element_at's places. Inside
+// `//@each g < NG`, so that no tile's index is known only at run time.
+//@macro SPILL(acc)
+    //@each u < WC while g * WC + u < D16
+    let is = band * LDS + u * 16u;
+    coopStoreT($acc@{g * WC + u}, &sx[is], LDS);
+    //@end
+//@endmacro
 
 // Element n (< RPL · QPL · 4) of a lane's share of its band's spilled tiles: (band row,
 // column from the chunk's first).
@@ -257,28 +263,32 @@ fn element_at(lane: u32, n: u32) -> vec2<u32> {
 }
 
 // Writes the band's dK (is_k) or dV tiles `acc` for keys key0 + band .. + 15 of the
-// (batch, kv head) pair of `owner`, BC columns at a time through its rows of `sx`.
-fn store_key_band(acc: ptr<function, array<coop_mat16x16<f32, C>, D16>>, is_k: bool, owner: Head, key0: u32, band: u32, lane: u32) {
-    let op = select(OP_V, OP_K, is_k);
-    for (var c0 = 0u; c0 < D16; c0 += WC) {
+// (batch, kv head) pair of `owner`, WC tiles (BC columns) at a time through its rows
+// of `sx`.
+//@macro STORE_KEY_BAND(acc, is_k)
+    //@each g < NG
         workgroupBarrier();
-        spill(acc, c0, band);
+        //@each u < WC while g * WC + u < D16
+        let is = band * LDS + u * 16u;
+        coopStoreT($acc@{g * WC + u}, &sx[is], LDS);
+        //@end
         workgroupBarrier();
+        let op = select(OP_V, OP_K, $is_k);
         for (var n = 0u; n < RPL * QPL * 4u; n++) {
             let at = element_at(lane, n);
             let j = key0 + band + at.x;
-            let col = c0 * 16u + at.y;
+            let col = g * WC * 16u + at.y;
             if j < p.len_k && col < operand_len(op) {
                 let value = sx[(band + at.x) * LDS + at.y];
-                if is_k {
+                if $is_k {
                     store_dk_element(operand_row(op, owner, j) + col, value);
                 } else {
                     store_dv_element(operand_row(op, owner, j) + col, value);
                 }
             }
         }
-    }
-}
+    //@end
+//@endmacro
 
 @compute @workgroup_size(NT, 1, 1)
 fn bwd_dq_coop(
@@ -295,15 +305,15 @@ fn bwd_dq_coop(
     let limit = key_limit(hd.b);
 
     // The owned rows' fragments: Q, then dO, through `tiles` (BR <= 2 BC rows).
-    var qf: array<coop_mat16x16<f16, A>, D16>;
-    var dof: array<coop_mat16x16<f16, A>, D16>;
+    //@array qf D16 coop_mat16x16<f16, A>
+    //@array dof D16 coop_mat16x16<f16, A>
     stage(vec2<u32>(OP_Q), false, hd, row0, BR, p.len_q, tid);
     workgroupBarrier();
-    band_fragments(&qf, 0u, band);
+    //@expand BAND_FRAGMENTS(qf)
     workgroupBarrier();
     stage(vec2<u32>(OP_DO), false, hd, row0, BR, p.len_q, tid);
     workgroupBarrier();
-    band_fragments(&dof, 0u, band);
+    //@expand BAND_FRAGMENTS(dof)
 
     // This lane's rows: their log-sum-exp and D.
     var row_lse: array<f32, RPL>;
@@ -313,10 +323,10 @@ fn bwd_dq_coop(
         row_lse[rr] = lse_at(hd, i);
         row_delta[rr] = delta_at(hd, i);
     }
-    var acc: array<coop_mat16x16<f32, C>, D16>;
-    for (var c = 0u; c < D16; c++) {
-        acc[c] = coop_mat16x16<f32, C>();
-    }
+    //@array acc D16 coop_mat16x16<f32, C>
+    //@each c < D16
+    acc@{c} = coop_mat16x16<f32, C>();
+    //@end
 
     let first = block_key_begin(hd.b, min(row0, last_q));
     let last = min(key_end(hd.b, min(row0 + BR - 1u, last_q)), p.key_stop);
@@ -326,8 +336,8 @@ fn bwd_dq_coop(
         stage(vec2<u32>(OP_K, OP_V), true, hd, j0, BC, limit, tid);
         workgroupBarrier();
         // 2. Scores and dP of the band.
-        band_products(&qf, 0u, band, 0u);
-        band_products(&dof, B_AT, band, SD_AT);
+        //@expand BAND_PRODUCTS(qf, 0u, 0u)
+        //@expand BAND_PRODUCTS(dof, B_AT, SD_AT)
         workgroupBarrier();
         // 3. dX of this lane's rows and column quads, as f16.
         for (var rr = 0u; rr < RPL; rr++) {
@@ -354,22 +364,22 @@ fn bwd_dq_coop(
         }
         workgroupBarrier();
         // 4. dQ += dX·K.
-        accumulate(&acc, 0u, 0u, band);
+        //@expand ACCUMULATE(acc, 0u, 0u)
     }
     // dQ of the owned rows, BC columns at a time through `sx`.
-    for (var c0 = 0u; c0 < D16; c0 += WC) {
+    //@each g < NG
         workgroupBarrier();
-        spill(&acc, c0, band);
+        //@expand SPILL(acc)
         workgroupBarrier();
         for (var n = 0u; n < RPL * QPL * 4u; n++) {
             let at = element_at(lane, n);
             let row = row0 + band + at.x;
-            let col = c0 * 16u + at.y;
+            let col = g * WC * 16u + at.y;
             if row < p.len_q && col < p.head_dim {
                 store_dq_element(q_base(hd, row) + col, sx[(band + at.x) * LDS + at.y]);
             }
         }
-    }
+    //@end
 }
 
 @compute @workgroup_size(NT, 1, 1)
@@ -391,23 +401,23 @@ fn bwd_dkdv_coop(
 
     // The owned keys' fragments: K, then V (zeros past the key length: their gradients
     // are 0, and their rows may hold anything).
-    var kf: array<coop_mat16x16<f16, A>, D16>;
-    var vf: array<coop_mat16x16<f16, A>, D16>;
+    //@array kf D16 coop_mat16x16<f16, A>
+    //@array vf D16 coop_mat16x16<f16, A>
     let owner = Head(b, hk * (p.heads_q / p.heads_kv), hk);
     stage(vec2<u32>(OP_K), false, owner, key0, BR, limit, tid);
     workgroupBarrier();
-    band_fragments(&kf, 0u, band);
+    //@expand BAND_FRAGMENTS(kf)
     workgroupBarrier();
     stage(vec2<u32>(OP_V), false, owner, key0, BR, limit, tid);
     workgroupBarrier();
-    band_fragments(&vf, 0u, band);
+    //@expand BAND_FRAGMENTS(vf)
 
-    var acc_k: array<coop_mat16x16<f32, C>, D16>;
-    var acc_v: array<coop_mat16x16<f32, C>, D16>;
-    for (var c = 0u; c < D16; c++) {
-        acc_k[c] = coop_mat16x16<f32, C>();
-        acc_v[c] = coop_mat16x16<f32, C>();
-    }
+    //@array acc_k D16 coop_mat16x16<f32, C>
+    //@array acc_v D16 coop_mat16x16<f32, C>
+    //@each c < D16
+    acc_k@{c} = coop_mat16x16<f32, C>();
+    acc_v@{c} = coop_mat16x16<f32, C>();
+    //@end
     let group = p.heads_q / p.heads_kv;
     let rows = rows_seeing(b, key0, min(key0 + BR, p.len_k) - 1u);
     let last_q = p.len_q - 1u;
@@ -419,8 +429,8 @@ fn bwd_dkdv_coop(
             stage(vec2<u32>(OP_Q, OP_DO), true, hd, i0, BC, p.len_q, tid);
             workgroupBarrier();
             // 2. Scores and dP of the band's keys (transposed: keys x rows).
-            band_products(&kf, 0u, band, 0u);
-            band_products(&vf, B_AT, band, SD_AT);
+            //@expand BAND_PRODUCTS(kf, 0u, 0u)
+            //@expand BAND_PRODUCTS(vf, B_AT, SD_AT)
             workgroupBarrier();
             // 3. P and dX of this lane's keys and row quads, as f16.
             for (var rr = 0u; rr < RPL; rr++) {
@@ -453,11 +463,11 @@ fn bwd_dkdv_coop(
             }
             workgroupBarrier();
             // 4. dV += Pᵀ·dO, dK += dXᵀ·Q.
-            accumulate(&acc_v, 0u, B_AT, band);
-            accumulate(&acc_k, PD_AT, 0u, band);
+            //@expand ACCUMULATE(acc_v, 0u, B_AT)
+            //@expand ACCUMULATE(acc_k, PD_AT, 0u)
         }
     }
     // dK and dV of the owned keys.
-    store_key_band(&acc_k, true, owner, key0, band, lane);
-    store_key_band(&acc_v, false, owner, key0, band, lane);
+    //@expand STORE_KEY_BAND(acc_k, true)
+    //@expand STORE_KEY_BAND(acc_v, false)
 }

@@ -232,7 +232,8 @@ impl BackwardTiling {
         if forward == FusedTiling::Coop && (dtype == DType::F16 || precision != Precision::Highest) {
             let coop = caps.coop_subgroup_size().and_then(|sg| {
                 let dims = u32::try_from(dims).ok()?;
-                backward_coop::variant_for(dims, sg, caps.max_workgroup_storage, caps.max_invocations).map(|v| (v, sg))
+                backward_coop::variant_for(dims, sg, caps.max_workgroup_storage, caps.max_invocations)
+                    .map(|v| (v.with_named(caps.coop_backward_named), sg))
             });
             // Its dK/dV pass binds 14 storage buffers (the others' 10, and 4 as words).
             let storage = ctx.device().limits().max_storage_buffers_per_shader_stage as usize;

@@ -713,3 +713,46 @@ fn coop_backward_repeats_bit_for_bit_and_keeps_nan_past_key_lengths_out() {
         }
     }
 }
+
+#[test]
+fn named_coop_backward_computes_what_the_arrayed_one_computes_bit_for_bit() {
+    // The backward's named form (kernels::unroll: the owned rows' fragments and the
+    // gradient tiles as named values, every loop over them unrolled) does the same
+    // products in the same order as the arrayed one: the same bits, and right. D 64 in
+    // tiles of 32 (its gradients go out in two groups), Dv 48 (the second group short).
+    let Some(mut ctx) = emulating() else { return };
+    let seed = 3981;
+    let shape = AttentionShape::new(1, 2, 1, 37, 45, 64, 48);
+    let mut rng = Rng::new(seed);
+    let [lq, lk] = [shape.len_q, shape.len_k];
+    let upload = |data: &[f32], s| Tensor::from_f32_as(&ctx, s, Layout::Bhsd, DType::F16, data).expect("upload");
+    let q = upload(&rng.vec(2 * lq * 64, -1.0, 1.0), [1, 2, lq, 64]);
+    let k = upload(&rng.vec(lk * 64, -1.0, 1.0), [1, 1, lk, 64]);
+    let v = upload(&rng.vec(lk * 48, -1.0, 1.0), [1, 1, lk, 48]);
+    let d_out = upload(&rng.vec(2 * lq * 48, -1.0, 1.0), [1, 2, lq, 48]);
+    let options = AttentionOptions {
+        causal: Some(CausalAlignment::BottomRight),
+        need_lse: true,
+        ..coop_case(shape, Default::default(), DType::F16, seed).options
+    };
+    let forward = sdpa(&ctx, &q, &k, &v, &options).expect("forward");
+    let lse = forward.lse.as_ref().expect("lse");
+    let mut grads = Vec::new();
+    for named in [false, true] {
+        ctx.use_named_coop_backward(named);
+        let tiling = backward_tiling(&ctx, DType::F16, &options, &shape);
+        assert!(
+            matches!(tiling, Ok(BackwardTiling::Coop(v, _)) if v.named == named),
+            "{tiling:?}"
+        );
+        let g = sdpa_backward(&ctx, &q, &k, &v, &forward.out, lse, &d_out, &options).expect("backward");
+        grads.push([&g.dq, &g.dk, &g.dv].map(|t| t.to_f32_vec(&ctx).expect("read")));
+    }
+    for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(grads[0].iter().zip(&grads[1])) {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: the named form differs (seed {seed})"
+        );
+    }
+    assert_backward_passes(&ctx, &coop_case(shape, options.clone(), DType::F16, seed));
+}

@@ -60,6 +60,11 @@ pub struct Capabilities {
     /// workgroups where B·H·(Lq/rows) leaves a GPU's cores idle (issue 52). 1 (no split)
     /// unless pinned ([`crate::Context::use_key_splits`], `WGPU_ATTENTION_KEY_SPLITS`).
     pub key_splits: u32,
+    /// The tensor-core backward's fragments and gradient tiles as named values, its
+    /// loops over them unrolled (the forward's `named` axis, issue 52), where pinned
+    /// ([`crate::Context::use_named_coop_backward`], `WGPU_ATTENTION_COOP_BACKWARD`);
+    /// arrays by default.
+    pub coop_backward_named: bool,
 }
 
 #[cfg(test)]
@@ -90,6 +95,7 @@ impl Capabilities {
             coop_tuned: Vec::new(),
             micro_lanes: None,
             key_splits: 1,
+            coop_backward_named: false,
         }
     }
 }
@@ -213,6 +219,7 @@ impl Capabilities {
             coop_tuned: Vec::new(),
             micro_lanes: None,
             key_splits: 1,
+            coop_backward_named: false,
         }
     }
 }

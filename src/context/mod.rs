@@ -65,6 +65,26 @@ pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
 /// ([`Context::use_key_splits`]).
 pub const KEY_SPLITS_VAR: &str = "WGPU_ATTENTION_KEY_SPLITS";
 
+/// The environment variable that picks the tensor-core backward's form, `arrayed`
+/// (the default) or `named` ([`Context::use_named_coop_backward`]).
+pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
+
+/// [`COOP_BACKWARD_VAR`], parsed (arrayed where unset).
+fn coop_backward_named_from_env() -> Result<bool> {
+    match std::env::var(COOP_BACKWARD_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Err(e) => Err(Error::invalid(COOP_BACKWARD_VAR, e.to_string())),
+        Ok(text) => match text.trim() {
+            "arrayed" => Ok(false),
+            "named" => Ok(true),
+            other => Err(Error::invalid(
+                COOP_BACKWARD_VAR,
+                format!("'{other}' is neither 'arrayed' nor 'named'"),
+            )),
+        },
+    }
+}
+
 /// Most key splits one attention takes.
 pub const MAX_KEY_SPLITS: u32 = 16;
 
@@ -242,6 +262,7 @@ impl Context {
         ctx.env_tiling()?;
         ctx.decode_design()?;
         ctx.caps.key_splits = key_splits_from_env()?;
+        ctx.caps.coop_backward_named = coop_backward_named_from_env()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -282,6 +303,15 @@ impl Context {
         }
         self.caps.key_splits = splits;
         Ok(())
+    }
+
+    /// Runs the tensor-core backward with its fragments and gradient tiles as named
+    /// values, every loop over them unrolled (`true`), or as arrays indexed by loop
+    /// counters (`false`, the default): the forward's `named` axis, which the GPU must
+    /// time (what `WGPU_ATTENTION_COOP_BACKWARD=named` does for contexts made by
+    /// [`Context::new`]; docs/design.md, "Tensor cores").
+    pub fn use_named_coop_backward(&mut self, named: bool) {
+        self.caps.coop_backward_named = named;
     }
 
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,

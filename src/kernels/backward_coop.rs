@@ -58,6 +58,10 @@ pub struct CoopBackwardVariant {
     pub br: u32,
     /// Keys (dQ) or query rows (dK/dV) per walked tile (a multiple of 16).
     pub bc: u32,
+    /// The owned rows' fragments and the gradient tiles as one named value each, the
+    /// loops over them unrolled by the generator ([`crate::kernels::unroll`]); else
+    /// arrays indexed by loop counters (label suffix `n`).
+    pub named: bool,
 }
 
 /// By head-dim class, the variant for NVIDIA's 48 KiB of workgroup memory, then one
@@ -75,7 +79,35 @@ pub const VARIANTS: [CoopBackwardVariant; 6] = [
 
 impl CoopBackwardVariant {
     pub const fn new(dmax: u32, br: u32, bc: u32) -> Self {
-        CoopBackwardVariant { dmax, br, bc }
+        CoopBackwardVariant {
+            dmax,
+            br,
+            bc,
+            named: false,
+        }
+    }
+
+    /// The same variant with named fragments and gradient tiles.
+    pub const fn with_named(self, named: bool) -> Self {
+        CoopBackwardVariant { named, ..self }
+    }
+
+    /// `DMAXxBRxBC`, with `n` after it for the named form.
+    pub fn label(&self) -> String {
+        let named = if self.named { "n" } else { "" };
+        format!("{}x{}x{}{named}", self.dmax, self.br, self.bc)
+    }
+
+    /// `flash_backward_coop.wgsl` through the generator, arrayed or named (the same
+    /// for every subgroup size).
+    fn source(&self) -> &'static str {
+        let (d16, wc) = (self.dmax / 16, (self.bc / 16).max(1));
+        let consts = [("D16", d16), ("WC", wc), ("NG", d16.div_ceil(wc))];
+        // The file's directives are tested (shader_validation, the backward tests): an
+        // error here is a bug in the file, not in anything a user gave.
+        let source = super::unroll::expand(SOURCE, self.named, &consts)
+            .unwrap_or_else(|e| panic!("shaders/flash_backward_coop.wgsl: {e}"));
+        flash::leak(source)
     }
 
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
@@ -108,22 +140,22 @@ impl CoopBackwardVariant {
 
     /// A pass's kernel (its prelude built once per process and kept).
     fn kernel(&self, entry: &'static str, sg: u32, slots: &'static [Slot]) -> Kernel {
-        type Built = HashMap<(CoopBackwardVariant, u32), (&'static [&'static str], &'static str)>;
+        type Built = HashMap<(CoopBackwardVariant, u32), (&'static [&'static str], &'static str, &'static str)>;
         static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
         let mut built = BUILT
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (preludes, variant) = *built.entry((*self, sg)).or_insert_with(|| {
+        let (preludes, variant, source) = *built.entry((*self, sg)).or_insert_with(|| {
             let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1);
             let preludes: &'static [&'static str] =
                 Box::leak(Box::new([COMMON, BACKWARD_COMMON, COOP_STAGING, constants]));
-            let label = flash::leak(format!("[{}x{}x{} sg{sg}]", self.dmax, self.br, self.bc));
-            (preludes, label)
+            let label = flash::leak(format!("[{} sg{sg}]", self.label()));
+            (preludes, label, self.source())
         });
         Kernel {
             file: "flash_backward_coop.wgsl",
-            source: SOURCE,
+            source,
             entry,
             slots,
             preludes,

@@ -114,7 +114,12 @@ pub fn every_kernel() -> Vec<Kernel> {
                 .flat_map(|v| [(v, 1, false), (v, 1, true), (v, 2, false), (v, 2, true)])
                 .map(|(v, bands, named)| v.with_bands(bands).with_named(named).kernel(32)),
         )
-        .chain(backward_coop::VARIANTS.iter().flat_map(|v| [v.dq(32), v.dkdv(32)]))
+        .chain(
+            backward_coop::VARIANTS
+                .iter()
+                .flat_map(|v| [v.with_named(false), v.with_named(true)])
+                .flat_map(|v| [v.dq(32), v.dkdv(32)]),
+        )
         .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))
         .chain(flash::MICRO.iter().flat_map(|v| [v.kernel, v.words]))
         .collect()

@@ -19,7 +19,10 @@
 //! - `//@if EXPR` .. `//@end`, optionally with `//@else` between: the lines of the first
 //!   part where EXPR is not 0, else those of the second, in both forms (a variant's
 //!   design choice that changes declarations or types, which a WGSL `if` could not).
-//! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts.
+//! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts;
+//!   `//@macro NAME(a, b)` takes arguments, `//@expand NAME(qf, 0u)`, written in the
+//!   body as `$a`, `$b` (an array's name too: `$a@{c}`). Arguments hold no commas or
+//!   parentheses.
 //!
 //! In any line, `NAME@{EXPR}` (NAME declared by `//@array`) is element EXPR of the
 //! array: `NAME[EXPR]`, or named, `NAME_k` with k the value of EXPR, a sum of products
@@ -45,34 +48,49 @@ pub fn expand(source: &str, named: bool, consts: &[(&str, u32)]) -> Result<Strin
     Ok(out)
 }
 
+/// A macro: its parameters and its lines.
+type Macro = (Vec<String>, Vec<(usize, String)>);
+
 /// The source's lines (numbered from 1) with macros defined and expanded.
 fn with_macros(source: &str) -> Result<Vec<(usize, String)>, String> {
-    let mut macros: HashMap<String, Vec<(usize, String)>> = HashMap::new();
+    let mut macros: HashMap<String, Macro> = HashMap::new();
     let mut out = Vec::new();
-    let mut defining: Option<(String, Vec<(usize, String)>)> = None;
+    let mut defining: Option<(String, Macro)> = None;
     for (i, line) in source.lines().enumerate() {
         let n = i + 1;
         let directive = line.trim_start();
-        if let Some(name) = directive.strip_prefix("//@macro ") {
+        if let Some(head) = directive.strip_prefix("//@macro ") {
             if defining.is_some() {
                 return Err(format!("line {n}: //@macro inside //@macro"));
             }
-            defining = Some((name.trim().to_string(), Vec::new()));
+            let (name, params) = call(head).map_err(|e| format!("line {n}: {e}"))?;
+            defining = Some((name, (params, Vec::new())));
         } else if directive.starts_with("//@endmacro") {
             let (name, body) = defining
                 .take()
                 .ok_or(format!("line {n}: //@endmacro without //@macro"))?;
             macros.insert(name, body);
-        } else if let Some(body) = defining.as_mut() {
+        } else if let Some((_, (_, body))) = defining.as_mut() {
             if directive.starts_with("//@expand") {
                 return Err(format!("line {n}: //@expand inside //@macro"));
             }
-            body.1.push((n, line.to_string()));
-        } else if let Some(name) = directive.strip_prefix("//@expand ") {
-            let body = macros
-                .get(name.trim())
-                .ok_or(format!("line {n}: //@expand of an undefined macro '{}'", name.trim()))?;
-            out.extend(body.iter().cloned());
+            body.push((n, line.to_string()));
+        } else if let Some(head) = directive.strip_prefix("//@expand ") {
+            let (name, args) = call(head).map_err(|e| format!("line {n}: {e}"))?;
+            let (params, body) = macros
+                .get(&name)
+                .ok_or(format!("line {n}: //@expand of an undefined macro '{name}'"))?;
+            if args.len() != params.len() {
+                return Err(format!(
+                    "line {n}: {name} takes {} arguments, given {}",
+                    params.len(),
+                    args.len()
+                ));
+            }
+            for (m, line) in body {
+                let line = with_arguments(line, params, &args).map_err(|e| format!("line {m}: {e}"))?;
+                out.push((*m, line));
+            }
         } else {
             out.push((n, line.to_string()));
         }
@@ -81,6 +99,41 @@ fn with_macros(source: &str) -> Result<Vec<(usize, String)>, String> {
         Some((name, _)) => Err(format!("//@macro {name} has no //@endmacro")),
         None => Ok(out),
     }
+}
+
+/// `NAME` or `NAME(a, b)`: the name and the arguments.
+fn call(head: &str) -> Result<(String, Vec<String>), String> {
+    let head = head.trim();
+    let Some((name, rest)) = head.split_once('(') else {
+        return Ok((head.to_string(), Vec::new()));
+    };
+    let inner = rest.strip_suffix(')').ok_or(format!("'{head}': expected NAME(a, b)"))?;
+    if inner.contains(['(', ')']) {
+        return Err(format!("'{head}': no parentheses in a macro argument"));
+    }
+    let args = inner.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty());
+    Ok((name.trim().to_string(), args.collect()))
+}
+
+/// A macro line with each `$param` replaced by its argument.
+fn with_arguments(line: &str, params: &[String], args: &[String]) -> Result<String, String> {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let name_len = rest[at + 1..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len() - at - 1);
+        let name = &rest[at + 1..at + 1 + name_len];
+        let k = params
+            .iter()
+            .position(|p| p == name)
+            .ok_or(format!("'${name}' is no parameter of the macro"))?;
+        out.push_str(&args[k]);
+        rest = &rest[at + 1 + name_len..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Emits lines from `*at` to the end (or, `in_each`, to the `//@end` that closes the
@@ -390,6 +443,20 @@ mod tests {
     }
 
     #[test]
+    fn macro_arguments_name_arrays_and_values() {
+        let source =
+            "//@macro ADD(to, from, at)\n//@each c < N\n$to@{c} = $to@{c} + $from@{c} * $at;\n//@end\n//@endmacro\n\
+            //@array a N f32\n//@array b N f32\n//@expand ADD(a, b, 2.0)\n//@expand ADD(b, a, x_at)\n";
+        let named = expand(source, true, &[("N", 2)]).expect("named");
+        assert!(
+            named.contains("a_1 = a_1 + b_1 * 2.0;") && named.contains("b_0 = b_0 + a_0 * x_at;"),
+            "{named}"
+        );
+        let arrayed = expand(source, false, &[("N", 2)]).expect("arrayed");
+        assert!(arrayed.contains("a[c] = a[c] + b[c] * 2.0;"), "{arrayed}");
+    }
+
+    #[test]
     fn conditions_keep_one_part_in_both_forms() {
         let source =
             "//@array a N f32\n//@if D\na@{1} = 1.0;\n//@else\nstaged;\n//@end\n//@if D * 0\nnever;\n//@end\nafter;\n";
@@ -425,6 +492,14 @@ mod tests {
             ("//@array a (N+1)*2 f32\n", "no parentheses"),
             ("//@macro M\n//@expand M\n//@endmacro\n", "inside //@macro"),
             ("//@if N\nx;\n", "without //@end"),
+            (
+                "//@macro M(a)\n$a;\n//@endmacro\n//@expand M(1, 2)\n",
+                "takes 1 arguments, given 2",
+            ),
+            (
+                "//@macro M(a)\n$b;\n//@endmacro\n//@expand M(1)\n",
+                "'$b' is no parameter",
+            ),
             ("//@each c < N\n//@else\n//@end\n", "//@else inside //@each"),
             ("x;\n//@else\n", "line 2"),
         ] {
