@@ -44,10 +44,11 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     micro256=2,16,16,4096,4096,256 splits_shape=1,8,8,2048,2048,64
-    splits_variants=64x64x32,64x64x32n,64x64x32r32,64x64x32r32n
+    splits_variants=64x64x32,64x64x32n,64x64x32r32,64x64x32r32n,64x64x32d,64x64x32dn,64x64x32r32dn
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192
-    # Every tensor-core form (44 per class) against `shared` in f16 at D 64 and 128; the
+    # Every tensor-core form (84 at D 64, 78 at D 128 on 48 KiB: one or two bands, arrayed
+    # or named, staged or direct) against `shared` in f16 at D 64 and 128; the
     # f32 tilings (`micro` at each lane count, `shared`) apart: all of it in one step
     # would outlast a 10-minute call.
     tune=(--dtype f16 --reps 3 --shape 4,16,16,4096,4096,64 --shape 4,16,16,4096,4096,128 --tilings coop,shared)
@@ -132,6 +133,11 @@ step backward-rows env WGPU_ATTENTION_TILING=registers "$bin" bench "${backward_
 step backward-coop env WGPU_ATTENTION_TILING=coop "$bin" bench \
     "${backward_args[@]}" --causal --dtype both --precision medium --kernel fused+backward \
     --reps 3 --probe "$probe" --json "$out/backward-coop.json"
+# The same with the backward's fragments and gradient tiles as named values (issue 52's
+# first axis, for the backward): f16 only, beside the arrayed rows above.
+step backward-coop-named env WGPU_ATTENTION_TILING=coop WGPU_ATTENTION_COOP_BACKWARD=named "$bin" bench \
+    "${backward_args[@]}" --causal --dtype f16 --kernel fused+backward \
+    --reps 3 --probe "$probe" --json "$out/backward-coop-named.json"
 torch_backward=$(dirname "$0")/torch_backward.py
 if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch-backward ${TORCH:-python3} "$torch_backward" "${backward[@]}"

@@ -42,9 +42,10 @@ pub struct TuneArgs {
     /// user (WGPU_ATTENTION_TUNE_FILE, else ~/.config/wgpu-attention/tune.tsv).
     #[arg(long, value_name = "FILE|user")]
     table: Option<String>,
-    /// Only these tensor-core variants (comma-separated DMAXxBRxBC, `n` after it for
-    /// named fragments, e.g. `128x64x32,128x64x48n`), where they fit; default: every
-    /// one that fits, in both forms.
+    /// Only these tensor-core variants (comma-separated DMAXxBRxBC, then `r32` for two
+    /// bands per subgroup, `d` for K and V loaded from storage, `n` for named fragments,
+    /// e.g. `128x64x32,128x64x48r32dn`), where they fit; default: every one that fits,
+    /// in every form.
     #[arg(long, value_name = "LIST")]
     variants: Option<String>,
     /// Run the tensor-core variants with their cooperative-matrix operations emulated
