@@ -339,6 +339,67 @@ fn coop_gemm_matches_a_reference_with_bias_and_split() {
 }
 
 #[test]
+fn direct_coop_gemm_matches_a_reference_at_clamped_edges() {
+    // The direct design loads every fragment from X's and W's rows; at the edges it
+    // clamps a fragment's first row (column) to M - 16 (N - 16) and stores only what
+    // the tile owns. M 40 and N 50 clamp both ways inside one 64 x 64 block (2 x 2 tiles
+    // a subgroup under the emulation); 16 x 16 is the least it serves; K 40 (not whole
+    // fragments) runs the staged kernel.
+    use wgpu_attention::kernels::matmul::direct_serves;
+    let Some(mut ctx) = emulating() else { return };
+    ctx.use_direct_coop_gemm(true);
+    let cases = [
+        GemmCase {
+            m: 40,
+            k: 48,
+            x_stride: 56,
+            widths: &[20, 30],
+            w_row0: 3,
+            bias: true,
+        },
+        GemmCase {
+            m: 16,
+            k: 32,
+            x_stride: 32,
+            widths: &[16],
+            w_row0: 0,
+            bias: false,
+        },
+        GemmCase {
+            m: 70,
+            k: 40,
+            x_stride: 40,
+            widths: &[37],
+            w_row0: 0,
+            bias: true,
+        },
+    ];
+    // direct_serves reads the shapes only.
+    let placeholder = ctx.device().create_buffer(&wgpu_attention::wgpu::BufferDescriptor {
+        label: None,
+        size: 16,
+        usage: wgpu_attention::wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    for (i, case) in cases.iter().enumerate() {
+        let outputs: Vec<_> = case.widths.iter().map(|&w| (&placeholder, w)).collect();
+        let linear = Linear {
+            x: &placeholder,
+            x_stride: case.x_stride,
+            w: &placeholder,
+            w_packed: None,
+            bias: None,
+            w_row0: case.w_row0,
+            outputs: &outputs,
+            m: case.m,
+            k: case.k,
+        };
+        assert_eq!(direct_serves(DType::F16, &linear), i < 2, "case {i}");
+        assert_coop_gemm(&ctx, case, DType::F16, 91 + i as u64);
+    }
+}
+
+#[test]
 fn the_emulated_kernel_splits_long_key_ranges_under_a_loop_cap() {
     // The D = 80 case above walks its 130 keys in two dispatches, the second resuming
     // from the first's output rows and log-sum-exps (the `key_begin > 0` path).

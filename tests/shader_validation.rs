@@ -599,6 +599,21 @@ fn dispatchable() -> Vec<Dispatchable> {
         let name = format!("{}:{} TILES 2 ({dtype:?})", two_tiles.file, two_tiles.entry);
         push_with_emulations(&mut all, name, source, two_tiles.entry);
     }
+    // The direct coop GEMM (f16 storage only): as tensor cores run it and at 2 x 2 tiles,
+    // emulated.
+    let direct = wgpu_attention::kernels::matmul::COOP_DIRECT;
+    let name = format!("{}:{} (F16)", direct.file, direct.entry);
+    push_with_emulations(&mut all, name.clone(), shader_source(&direct, DType::F16), direct.entry);
+    let two_tiles = wgpu_attention::kernels::Kernel {
+        source: Box::leak(wgpu_attention::kernels::matmul::coop_direct_source(2).into_boxed_str()),
+        ..direct
+    };
+    push_with_emulations(
+        &mut all,
+        format!("{name} TILES 2"),
+        shader_source(&two_tiles, DType::F16),
+        direct.entry,
+    );
     // The tensor-core attention variants: as a GPU with 32-lane subgroups compiles them,
     // and, at the constants lavapipe's 32 KiB allows, as their emulation rewrites them
     // for 4, 8 and 16 lanes (the same code: SG is a generator parameter). Their direct

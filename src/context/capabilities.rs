@@ -65,6 +65,11 @@ pub struct Capabilities {
     /// ([`crate::Context::use_named_coop_backward`], `WGPU_ATTENTION_COOP_BACKWARD`);
     /// arrays by default.
     pub coop_backward_named: bool,
+    /// The coop GEMM in its `direct` design (fragments loaded straight from X and W,
+    /// nothing staged) where it serves a layer, where pinned
+    /// ([`crate::Context::use_direct_coop_gemm`], `WGPU_ATTENTION_COOP_GEMM`); staged by
+    /// default.
+    pub coop_gemm_direct: bool,
 }
 
 #[cfg(test)]
@@ -96,6 +101,7 @@ impl Capabilities {
             micro_lanes: None,
             key_splits: 1,
             coop_backward_named: false,
+            coop_gemm_direct: false,
         }
     }
 }
@@ -220,6 +226,7 @@ impl Capabilities {
             micro_lanes: None,
             key_splits: 1,
             coop_backward_named: false,
+            coop_gemm_direct: false,
         }
     }
 }

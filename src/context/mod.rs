@@ -69,18 +69,20 @@ pub const KEY_SPLITS_VAR: &str = "WGPU_ATTENTION_KEY_SPLITS";
 /// (the default) or `named` ([`Context::use_named_coop_backward`]).
 pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
 
-/// [`COOP_BACKWARD_VAR`], parsed (arrayed where unset).
-fn coop_backward_named_from_env() -> Result<bool> {
-    match std::env::var(COOP_BACKWARD_VAR) {
+/// The environment variable that picks the tensor-core GEMM's design, `staged` (the
+/// default) or `direct` ([`Context::use_direct_coop_gemm`]).
+pub const COOP_GEMM_VAR: &str = "WGPU_ATTENTION_COOP_GEMM";
+
+/// An environment variable that picks one of two forms, parsed: `Ok(false)` where unset
+/// or `off`, `Ok(true)` for `on`.
+fn form_from_env(var: &str, off: &str, on: &str) -> Result<bool> {
+    match std::env::var(var) {
         Err(std::env::VarError::NotPresent) => Ok(false),
-        Err(e) => Err(Error::invalid(COOP_BACKWARD_VAR, e.to_string())),
+        Err(e) => Err(Error::invalid(var, e.to_string())),
         Ok(text) => match text.trim() {
-            "arrayed" => Ok(false),
-            "named" => Ok(true),
-            other => Err(Error::invalid(
-                COOP_BACKWARD_VAR,
-                format!("'{other}' is neither 'arrayed' nor 'named'"),
-            )),
+            t if t == off => Ok(false),
+            t if t == on => Ok(true),
+            other => Err(Error::invalid(var, format!("'{other}' is neither '{off}' nor '{on}'"))),
         },
     }
 }
@@ -262,7 +264,8 @@ impl Context {
         ctx.env_tiling()?;
         ctx.decode_design()?;
         ctx.caps.key_splits = key_splits_from_env()?;
-        ctx.caps.coop_backward_named = coop_backward_named_from_env()?;
+        ctx.caps.coop_backward_named = form_from_env(COOP_BACKWARD_VAR, "arrayed", "named")?;
+        ctx.caps.coop_gemm_direct = form_from_env(COOP_GEMM_VAR, "staged", "direct")?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -312,6 +315,16 @@ impl Context {
     /// [`Context::new`]; docs/design.md, "Tensor cores").
     pub fn use_named_coop_backward(&mut self, named: bool) {
         self.caps.coop_backward_named = named;
+    }
+
+    /// Runs the tensor-core GEMM (the linear layers and the benchmark's probe) in its
+    /// `direct` design, every fragment loaded straight from X's and W's rows, wherever
+    /// it serves a layer (`true`; f16, `kernels::matmul::direct_serves`), or staged
+    /// through workgroup memory (`false`, the default), which the GPU must time side by
+    /// side (what `WGPU_ATTENTION_COOP_GEMM=direct` does for contexts made by
+    /// [`Context::new`]; docs/design.md, "Tensor cores").
+    pub fn use_direct_coop_gemm(&mut self, direct: bool) {
+        self.caps.coop_gemm_direct = direct;
     }
 
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,

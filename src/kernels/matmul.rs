@@ -48,6 +48,20 @@ pub const COOP: Kernel = Kernel {
     variant: "",
 };
 
+/// Tensor cores with no operand staging: the coop GEMM's `direct` design (every
+/// fragment a cooperative load straight from X's and W's rows, the reference GEMM's
+/// 75-80 TFLOP/s design on an H100), same blocks and epilogue. f16 storage only, where
+/// [`direct_serves`]; pinned by [`Context::use_direct_coop_gemm`] until a GPU has timed
+/// it against [`COOP`].
+pub const COOP_DIRECT: Kernel = Kernel {
+    file: "matmul_coop_direct.wgsl",
+    source: include_str!("../../shaders/matmul_coop_direct.wgsl"),
+    entry: "linear_coop_direct",
+    slots: &[],
+    preludes: &[SOURCE],
+    variant: "",
+};
+
 /// CPU adapters with >= 8-lane subgroups: operands packed into textures (texel fetches
 /// are gathers there; storage loads go one lane at a time), X shared by broadcast.
 pub const TEXTURE: Kernel = Kernel {
@@ -155,12 +169,18 @@ pub fn coop_workgroup_bytes(tiles: u32) -> u32 {
 /// the file's own): `TILES` set, and every line dropped that names an accumulator
 /// (`accIJ`) or fragment (`aI`, `bJ`, their indices `iaI`, `ibJ`) past `tiles - 1`.
 pub fn coop_source(tiles: u32) -> String {
-    let source = COOP.source;
+    tiles_source(COOP.source, tiles)
+}
+
+/// The same for `matmul_coop_direct.wgsl`, written to the same rule.
+pub fn coop_direct_source(tiles: u32) -> String {
+    tiles_source(COOP_DIRECT.source, tiles)
+}
+
+/// A coop GEMM source at `tiles` tiles each way (see [`coop_source`]).
+fn tiles_source(source: &str, tiles: u32) -> String {
     let own = "const TILES: u32 = 4u;";
-    assert!(
-        source.contains(own) && (1..=4).contains(&tiles),
-        "matmul_coop.wgsl: TILES"
-    );
+    assert!(source.contains(own) && (1..=4).contains(&tiles), "coop GEMM: TILES");
     let beyond = |token: &str| -> bool {
         let digits = |d: &str| d.len() <= 2 && d.chars().all(|c| c.is_ascii_digit());
         let index = match token {
@@ -190,22 +210,41 @@ pub fn coop_source(tiles: u32) -> String {
         .collect()
 }
 
-/// The coop GEMM kernel for `tiles` (see [`coop_source`]); the file's own at 4.
-fn coop_kernel(tiles: u32) -> Kernel {
+/// The coop GEMM kernel (staged, or `direct`) for `tiles` (see [`coop_source`]); the
+/// file's own at 4.
+fn coop_kernel(direct: bool, tiles: u32) -> Kernel {
     use std::sync::OnceLock;
-    static SMALLER: [OnceLock<&'static str>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    type Smaller = [OnceLock<&'static str>; 3];
+    static STAGED: Smaller = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static DIRECT: Smaller = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     const NAMES: [&str; 3] = ["tiles1", "tiles2", "tiles3"];
+    let (full, smaller) = if direct {
+        (COOP_DIRECT, &DIRECT)
+    } else {
+        (COOP, &STAGED)
+    };
     match tiles {
         1..=3 => {
             let i = tiles as usize - 1;
             Kernel {
-                source: SMALLER[i].get_or_init(|| Box::leak(coop_source(tiles).into_boxed_str())),
+                source: smaller[i].get_or_init(|| Box::leak(tiles_source(full.source, tiles).into_boxed_str())),
                 variant: NAMES[i],
-                ..COOP
+                ..full
             }
         }
-        _ => COOP,
+        _ => full,
     }
+}
+
+/// Whether the coop GEMM's `direct` design serves a layer (its fragments, clamped at
+/// the edges, must lie inside X and W and start 16-byte aligned): f16 storage, M and N
+/// at least one 16 x 16 tile, K a multiple of 16, X's row stride a multiple of 8.
+pub fn direct_serves(dtype: DType, linear: &Linear) -> bool {
+    dtype == DType::F16
+        && linear.m >= 16
+        && linear.n() >= 16
+        && linear.k.is_multiple_of(16)
+        && linear.x_stride.is_multiple_of(8)
 }
 
 /// Mirror of WGSL `LinearParams`.
@@ -420,6 +459,7 @@ pub fn encode_linear(
             max: max.into(),
         });
     }
+    let direct = tiling == LinearTiling::Coop && ctx.capabilities().coop_gemm_direct && direct_serves(dtype, linear);
     let constants = match (tiling, coop_subgroup_size(ctx)) {
         (LinearTiling::Coop, Some(sg)) => vec![("SG", sg)],
         (LinearTiling::Texture, _) => vec![("ROW_GROUPS", texture_row_groups(m))],
@@ -427,7 +467,7 @@ pub fn encode_linear(
         _ => Vec::new(),
     };
     let kernel = match tiling {
-        LinearTiling::Coop => coop_kernel(coop_tiles(ctx)),
+        LinearTiling::Coop => coop_kernel(direct, coop_tiles(ctx)),
         other => other.kernel(),
     };
     let pipeline = pipeline(ctx, &kernel, dtype, &constants)?;
@@ -517,7 +557,7 @@ pub fn encode_linear(
         binding,
         resource: buffer.as_entire_binding(),
     }));
-    if matches!(tiling, LinearTiling::Coop | LinearTiling::Blocked) {
+    if matches!(tiling, LinearTiling::Coop | LinearTiling::Blocked) && !direct {
         // X and W again as 16-byte words. A buffer shorter than one word cannot be bound
         // so; the kernels read words only where K and X's row stride are multiples of a
         // word's elements (coop) or of 4 elements in buffers of whole words (blocked),
