@@ -109,6 +109,10 @@ step decode "$bin" bench --decode "$decode" --dtype both --kernel decode+tiles -
 step window "$bin" bench --shape "${window[0]}" --causal --window "${window[1]}" \
     --kernel fused --dtype both --reps "$reps" --json "$out/window.json"
 step mha "$bin" bench --mha "$mha" --dtype f16 --probe "$probe" --reps "$reps" --json "$out/mha.json"
+# The same with the coop GEMM's direct design (fragments from X's and W's rows, nothing
+# staged; issue 52's item 5): its probe row (`coop-direct`) and the layer beside `mha`'s.
+step mha-gemm-direct env WGPU_ATTENTION_COOP_GEMM=direct "$bin" bench --mha "$mha" --dtype f16 \
+    --probe "$probe" --reps "$reps" --json "$out/mha-gemm-direct.json"
 
 torch_script=$(dirname "$0")/torch_sdpa.py
 if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
