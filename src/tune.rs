@@ -288,7 +288,8 @@ pub fn read_table_text(path: &std::path::Path) -> Result<Option<String>> {
 /// every query-row count of 1 to 4 bands and key tile of 16 to 64 that holds together
 /// and fits, with one or two bands per subgroup, fragments as arrays and as named values,
 /// K and V staged or loaded from storage (direct: `tune` skips those for a problem
-/// they cannot serve, where their staged twins would run).
+/// they cannot serve, where their staged twins would run; so a direct candidate's twin
+/// must fit as well).
 pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopVariant> {
     let mut out = Vec::new();
     for direct in [false, true] {
@@ -299,7 +300,7 @@ pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<
                         .with_named(named)
                         .with_bands(bands)
                         .with_direct(direct);
-                    if v.valid_for(sg) && v.workgroup_bytes() <= bytes && v.invocations(sg) <= invocations {
+                    if v.valid_for(sg) && v.bytes_needed() <= bytes && v.invocations(sg) <= invocations {
                         out.push(v);
                     }
                 }
@@ -409,19 +410,20 @@ mod tests {
         let all = coop_candidates(128, 32, 48 * 1024, 1024);
         assert!(all.contains(&CoopVariant::new(128, 64, 32)) && all.contains(&CoopVariant::new(128, 64, 48)));
         // Every shape in both forms of its fragments, with one band per subgroup or two,
-        // staged or direct (whose smaller footprint fits more shapes).
+        // staged or direct (the twin a direct variant falls back to must fit too).
         let staged: Vec<_> = all.iter().filter(|v| !v.direct).collect();
         let named = staged.iter().filter(|v| v.named).count();
         assert!(named > 0 && 2 * named == staged.len(), "{all:?}");
         assert!(staged.iter().all(|v| all.contains(&v.with_direct(true))), "{all:?}");
         assert!(all.contains(&CoopVariant::new(128, 64, 32).with_bands(2).with_named(true)));
-        assert!(all.contains(&CoopVariant::new(128, 64, 64).with_direct(true).with_named(true)));
+        assert!(all.iter().all(|v| v.with_direct(false).workgroup_bytes() <= 48 * 1024));
+        assert!(!all.contains(&CoopVariant::new(128, 64, 64).with_direct(true)));
         assert!(all.iter().all(|v| v.br.is_multiple_of(16 * v.bands)));
         // lavapipe under emulation (32 KiB, 8 lanes): at least 30 candidates at D 64.
         assert!(coop_candidates(64, 8, 32 * 1024, 256).len() >= 30);
         for v in &all {
             assert!(v.valid_for(32) && v.workgroup_bytes() <= 48 * 1024, "{v:?}");
         }
-        assert!(coop_candidates(256, 32, 8 * 1024, 1024).is_empty());
+        assert!(coop_candidates(256, 32, 16 * 1024, 1024).is_empty());
     }
 }

@@ -47,7 +47,7 @@ else
     splits_variants=64x64x32,64x64x32n,64x64x32r32,64x64x32r32n,64x64x32d,64x64x32dn,64x64x32r32dn
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192
-    # Every tensor-core form (84 at D 64, 78 at D 128 on 48 KiB: one or two bands, arrayed
+    # Every tensor-core form (84 at D 64, 72 at D 128 on 48 KiB: one or two bands, arrayed
     # or named, staged or direct) against `shared` in f16 at D 64 and 128; the
     # f32 tilings (`micro` at each lane count, `shared`) apart: all of it in one step
     # would outlast a 10-minute call.

@@ -21,8 +21,10 @@
 //!   design choice that changes declarations or types, which a WGSL `if` could not).
 //! - `//@macro NAME` .. `//@endmacro` defines lines that `//@expand NAME` inserts;
 //!   `//@macro NAME(a, b)` takes arguments, `//@expand NAME(qf, 0u)`, written in the
-//!   body as `$a`, `$b` (an array's name too: `$a@{c}`). Arguments hold no commas or
-//!   parentheses.
+//!   body as `$a`, `$b` (an array's name too: `$a@{c}`). Each argument is one name
+//!   or number.
+//!
+//! Any other line starting `//@` is an error, as is an `//@else` outside an `//@if`.
 //!
 //! In any line, `NAME@{EXPR}` (NAME declared by `//@array`) is element EXPR of the
 //! array: `NAME[EXPR]`, or named, `NAME_k` with k the value of EXPR, a sum of products
@@ -108,11 +110,20 @@ fn call(head: &str) -> Result<(String, Vec<String>), String> {
         return Ok((head.to_string(), Vec::new()));
     };
     let inner = rest.strip_suffix(')').ok_or(format!("'{head}': expected NAME(a, b)"))?;
-    if inner.contains(['(', ')']) {
-        return Err(format!("'{head}': no parentheses in a macro argument"));
+    // One token each (a name or a number): pasted as text, anything longer could bind
+    // differently inside the body.
+    let args: Vec<String> = if inner.trim().is_empty() {
+        Vec::new()
+    } else {
+        inner.split(',').map(|a| a.trim().to_string()).collect()
+    };
+    if let Some(bad) = args
+        .iter()
+        .find(|a| a.is_empty() || !a.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+    {
+        return Err(format!("'{head}': macro argument '{bad}' is not one name or number"));
     }
-    let args = inner.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty());
-    Ok((name.trim().to_string(), args.collect()))
+    Ok((name.trim().to_string(), args))
 }
 
 /// A macro line with each `$param` replaced by its argument.
@@ -151,30 +162,40 @@ fn emit(
         let (n, line) = &lines[*at];
         let directive = line.trim_start();
         let indent = &line[..line.len() - directive.len()];
-        if directive.starts_with("//@end") || directive.starts_with("//@else") {
+        let exact = directive.trim_end();
+        if exact == "//@end" || exact == "//@else" {
             if in_each {
                 return Ok(());
             }
-            return Err(format!("line {n}: {} without //@each or //@if", directive.trim_end()));
+            return Err(format!("line {n}: {exact} without //@each or //@if"));
+        }
+        if directive.starts_with("//@")
+            && !["//@if ", "//@each ", "//@array "]
+                .iter()
+                .any(|d| directive.starts_with(d))
+        {
+            return Err(format!("line {n}: '{exact}' is no directive"));
         }
         *at += 1;
         if let Some(expr) = directive.strip_prefix("//@if ") {
             let chosen = evaluate(expr.trim(), env).map_err(|e| format!("line {n}: {e}"))? != 0;
-            // Both parts are read (for their errors and their end); one is kept.
-            let mut sink = String::new();
+            let is = |at: usize, d: &str| lines.get(at).is_some_and(|(_, l)| l.trim() == d);
+            // Both parts are read (for their errors and their end); one is kept, and the
+            // arrays the other declares are forgotten.
+            let mut kept = String::new();
+            let mut dropped = String::new();
+            let before = arrays.clone();
             emit(
                 lines,
                 at,
                 named,
                 env,
                 arrays,
-                if chosen { &mut *out } else { &mut sink },
+                if chosen { &mut kept } else { &mut dropped },
                 true,
             )?;
-            if lines
-                .get(*at)
-                .is_some_and(|(_, l)| l.trim_start().starts_with("//@else"))
-            {
+            let after_first = std::mem::replace(arrays, before);
+            if is(*at, "//@else") {
                 *at += 1;
                 emit(
                     lines,
@@ -182,14 +203,18 @@ fn emit(
                     named,
                     env,
                     arrays,
-                    if chosen { &mut sink } else { &mut *out },
+                    if chosen { &mut dropped } else { &mut kept },
                     true,
                 )?;
             }
-            match lines.get(*at) {
-                Some((_, l)) if l.trim_start().starts_with("//@end") => *at += 1,
-                _ => return Err(format!("line {n}: //@if without //@end")),
+            if chosen {
+                *arrays = after_first;
             }
+            if !is(*at, "//@end") {
+                return Err(format!("line {n}: //@if without //@end"));
+            }
+            *at += 1;
+            out.push_str(&kept);
             continue;
         }
         if let Some(rest) = directive.strip_prefix("//@array ") {
@@ -265,7 +290,7 @@ fn emit(
                 out.push_str(&format!("{indent}}}\n"));
             }
             match lines.get(*at) {
-                Some((_, l)) if l.trim_start().starts_with("//@end") => *at += 1,
+                Some((_, l)) if l.trim() == "//@end" => *at += 1,
                 Some((m, _)) => return Err(format!("line {m}: //@else inside //@each without //@if")),
                 None => return Err(format!("line {n}: //@each without //@end")),
             }
@@ -473,6 +498,10 @@ mod tests {
                 "{off}"
             );
         }
+        // An array declared in the part left out is none in what follows.
+        let dropped = "//@if 0\n//@array a 2 f32\n//@end\na@{0} = 1.0;\n";
+        let e = expand(dropped, true, &[]).expect_err("a names no array");
+        assert!(e.contains("names no //@array"), "{e}");
     }
 
     #[test]
@@ -502,6 +531,15 @@ mod tests {
             ),
             ("//@each c < N\n//@else\n//@end\n", "//@else inside //@each"),
             ("x;\n//@else\n", "line 2"),
+            (
+                "//@macro M(a)\n$a;\n//@endmacro\n//@expand M(x + 1u)\n",
+                "not one name or number",
+            ),
+            (
+                "//@macro M(a)\n$a;\n//@endmacro\n//@expand M(x,)\n",
+                "not one name or number",
+            ),
+            ("//@if N\n//@elseif 0\n//@end\n", "is no directive"),
         ] {
             let e = expand(source, true, &consts).expect_err(source);
             assert!(e.contains(says), "{source:?}: {e}");

@@ -114,6 +114,19 @@ impl CoopVariant {
         2 * staged_rows * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16
     }
 
+    /// Workgroup memory the adapter must grant for the variant to be usable: its own,
+    /// and for a direct variant also its staged twin's, which runs wherever the direct
+    /// one does not serve a problem ([`direct_serves`]).
+    pub const fn bytes_needed(&self) -> u32 {
+        let own = self.workgroup_bytes();
+        let twin = self.with_direct(false).workgroup_bytes();
+        if own > twin {
+            own
+        } else {
+            twin
+        }
+    }
+
     /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
     /// (`band_layout_holds`).
     pub fn valid_for(&self, sg: u32) -> bool {

@@ -211,7 +211,7 @@ pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities) -> CoopVariant {
     let fits = |v: &CoopVariant| {
         v.dmax >= d.max(dv)
             && v.valid_for(sg)
-            && v.workgroup_bytes() <= caps.max_workgroup_storage
+            && v.bytes_needed() <= caps.max_workgroup_storage
             && v.invocations(sg) <= caps.max_invocations
     };
     caps.tuned_coop(d.max(dv))
