@@ -232,8 +232,16 @@ impl BackwardTiling {
         if forward == FusedTiling::Coop && (dtype == DType::F16 || precision != Precision::Highest) {
             let coop = caps.coop_subgroup_size().and_then(|sg| {
                 let dims = u32::try_from(dims).ok()?;
-                backward_coop::variant_for(dims, sg, caps.max_workgroup_storage, caps.max_invocations)
-                    .map(|v| (v.with_named(caps.coop_backward_named), sg))
+                let (bytes, invocations) = (caps.max_workgroup_storage, caps.max_invocations);
+                let pinned = caps
+                    .coop_backward_pinned
+                    .filter(|v| v.fits(dims, sg, bytes, invocations));
+                pinned
+                    .or_else(|| {
+                        backward_coop::variant_for(dims, sg, bytes, invocations)
+                            .map(|v| v.with_named(caps.coop_backward_named))
+                    })
+                    .map(|v| (v, sg))
             });
             // Its dK/dV pass binds 14 storage buffers (the others' 10, and 4 as words).
             let storage = ctx.device().limits().max_storage_buffers_per_shader_stage as usize;

@@ -493,6 +493,43 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
 }
 
 #[test]
+fn every_tunable_coop_backward_variant_writes_spirv_and_declares_its_budget() {
+    // `tune --backward` may pin any candidate in either form, not only the picker's
+    // variants: each must get through naga's SPIR-V writer as NVIDIA's 32-lane subgroups
+    // compile it, and declare the workgroup memory `fits` budgets.
+    use wgpu_attention::kernels::backward_coop::candidates;
+    let mut count = 0;
+    for dmax in [32, 64, 128] {
+        for v in candidates(dmax, 32, 48 * 1024, 1024) {
+            for kernel in [v.dq(32), v.dkdv(32)] {
+                let source = shader_source(&kernel, DType::F16);
+                let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", v.label()));
+                let info =
+                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                        .validate(&module)
+                        .unwrap_or_else(|e| panic!("{}: {e:?}", v.label()));
+                let (module, info) = naga::back::pipeline_constants::process_overrides(
+                    &module,
+                    &info,
+                    Some((naga::ShaderStage::Compute, kernel.entry)),
+                    &Default::default(),
+                )
+                .unwrap_or_else(|e| panic!("{}: {e}", v.label()));
+                write_spirv(&kernel, DType::F16, &module, &info);
+            }
+            assert_eq!(
+                declared_workgroup_bytes_in(&v.dkdv(32), DType::F16),
+                v.workgroup_bytes(),
+                "{}",
+                v.label()
+            );
+            count += 1;
+        }
+    }
+    assert!(count >= 60, "{count} candidates");
+}
+
+#[test]
 fn coop_backward_variants_declare_the_workgroup_memory_the_host_budgets() {
     // kernels::backward_coop::variant_for picks by workgroup_bytes; the dK/dV entry
     // uses every array, the dQ entry no more.

@@ -88,6 +88,36 @@ fn tune_writes_a_table_that_later_contexts_follow() {
 }
 
 #[test]
+fn tune_backward_checks_and_times_the_backward_variants_it_is_given() {
+    // One named variant (each emulated pass is a slow compile): checked against the f64
+    // reference gradients, timed, and named the winner of its class.
+    let Some(probe) = common::emulating_ctx() else { return };
+    drop(probe);
+    let json = scratch("tune-backward").join("tune-backward.json");
+    let out = bin()
+        .env_remove(TUNE_FILE_VAR)
+        .args(["tune", "--backward", "--emulate-coop", "--shape", "1,2,1,20,40,16"])
+        .args(["--reps", "1", "--dtype", "f16", "--variants", "32x32x32n", "--json"])
+        .arg(&json)
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parses");
+    assert_eq!(doc["schema"], "wgpu-attention-tune-backward/1");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert_eq!(rows[0]["variant"], "32x32x32n", "{stdout}");
+    assert_eq!(rows[0]["status"], "ok", "{stdout}");
+    assert!(rows[0]["gflops"].as_f64().is_some_and(|g| g > 0.0), "{stdout}");
+    assert_eq!(doc["winners"][0]["variant"], "32x32x32n", "{stdout}");
+}
+
+#[test]
 fn tune_refuses_bad_arguments_before_measuring() {
     let Some(_) = common::ctx() else { return };
     let dir = scratch("tune-bad");
@@ -98,6 +128,7 @@ fn tune_refuses_bad_arguments_before_measuring() {
         (vec!["tune", "--reps", "0"], "--reps"),
         (vec!["tune", "--shape", "1,2,3"], "--shape"),
         (vec!["tune", "--variants", "64x16"], "--variants"),
+        (vec!["tune", "--backward", "--variants", "64x40x32"], "backward"),
         (vec!["tune", "--table", bad.to_str().expect("utf-8")], "bad.tsv"),
     ] {
         // (The other test sets the table variable in this process for a while.)

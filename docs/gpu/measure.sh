@@ -40,6 +40,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     # Two tensor-core variants: each emulated one is a compile of tens of seconds on lavapipe.
     tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --variants 64x16x16,64x32x32)
     tune_f32=(--shape 1,2,1,20,40,16 --reps 1)
+    tune_backward=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --dtype f16 --variants 32x32x32n)
     backward=(1,2,2,64,64,32)
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
@@ -55,6 +56,7 @@ else
     tune_f32=(--dtype f32 --reps 3 --shape 4,16,16,4096,4096,128 --shape 1,8,8,2048,2048,64
         --shape 2,16,16,4096,4096,256 --tilings micro,shared)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
+    tune_backward=(--dtype f16 --reps 3 --shape 4,16,16,4096,4096,128)
 fi
 shape_args=()
 for s in "${attn[@]}"; do shape_args+=(--shape "$s"); done
@@ -142,6 +144,10 @@ step backward-coop env WGPU_ATTENTION_TILING=coop "$bin" bench \
 step backward-coop-named env WGPU_ATTENTION_TILING=coop WGPU_ATTENTION_COOP_BACKWARD=named "$bin" bench \
     "${backward_args[@]}" --causal --dtype f16 --kernel fused+backward \
     --reps 3 --probe "$probe" --json "$out/backward-coop-named.json"
+# Every tensor-core backward variant, arrayed and named, checked and timed (issue 52);
+# its rows are in the log as they come, the JSON at the end.
+step_seconds=$tune_seconds step tune-backward "$bin" tune --backward "${tune_backward[@]}" \
+    --json "$out/tune-backward.json"
 torch_backward=$(dirname "$0")/torch_backward.py
 if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch-backward ${TORCH:-python3} "$torch_backward" "${backward[@]}"

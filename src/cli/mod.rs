@@ -29,6 +29,7 @@ mod npy;
 mod output;
 mod run;
 mod tune;
+mod tune_backward;
 mod viz;
 
 use clap::{Parser, Subcommand};

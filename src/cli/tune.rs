@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use wgpu_attention::bench::{bench_inputs, gflops, time_gpu};
 use wgpu_attention::check::{run_case, CheckCase};
+use wgpu_attention::kernels::backward_coop::CoopBackwardVariant;
 use wgpu_attention::kernels::flash::{micro_lanes, spec, CoopVariant, FUSED_TILINGS};
 use wgpu_attention::report::adapter_json;
 use wgpu_attention::tune::{coop_candidates, read_table_text, TuneEntry, TuneTable};
@@ -62,6 +63,11 @@ pub struct TuneArgs {
     /// `micro,shared`); default: every one the adapter runs.
     #[arg(long, value_name = "LIST")]
     tilings: Option<String>,
+    /// Time the tensor-core backward's variants instead (rows per workgroup, walked
+    /// tile, arrayed or named; `--variants` then names those, e.g. `128x64x32n`): each
+    /// checked against the f64 reference gradients, then timed; no tuning table.
+    #[arg(long, conflicts_with_all = ["table", "key_splits", "tilings"])]
+    backward: bool,
 }
 
 /// What a candidate pins beyond its tiling: a tensor-core variant, or the lanes the
@@ -154,15 +160,32 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         Some("both") => Some(vec![DType::F16, DType::F32]),
         Some(other) => return Err(CliError::bad(format!("--dtype '{other}': expected f16, f32 or both"))),
     };
+    let backward_only: Option<Vec<CoopBackwardVariant>> = match &args.variants {
+        Some(list) if args.backward => Some(
+            list.split(',')
+                .map(|v| {
+                    CoopBackwardVariant::parse_valid(v).ok_or_else(|| {
+                        CliError::bad(format!(
+                            "--variants: '{v}' is not a backward DMAXxBRxBC[n] variant (multiples of 16: DMAX \
+                             up to 128, BR up to 128 and at most 2 BC, BC up to 256; n: named)"
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => None,
+    };
     let only: Option<Vec<CoopVariant>> = match &args.variants {
         None => None,
+        Some(_) if args.backward => None,
         Some(list) => Some(
             list.split(',')
                 .map(|v| {
                     CoopVariant::parse_valid(v).ok_or_else(|| {
                         CliError::bad(format!(
-                            "--variants: '{v}' is not a DMAXxBRxBC[n] variant (multiples of 16: DMAX up to 256, \
-                             BR up to 128 and at most 2 BC, BC up to 256; n: named fragments)"
+                            "--variants: '{v}' is not a DMAXxBRxBC[r32][d][n] variant (multiples of 16: DMAX up \
+                             to 256, BR up to 128 and at most 2 BC, BC up to 256; r32: two bands per subgroup, \
+                             d: K and V from storage, n: named fragments)"
                         ))
                     })
                 })
@@ -224,6 +247,16 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     } else {
         explicit_shapes
     };
+    if args.backward {
+        let request = super::tune_backward::Request {
+            shapes: &shapes,
+            dtypes: &dtypes,
+            reps: args.reps,
+            only: backward_only,
+            json: args.json.clone(),
+        };
+        return super::tune_backward::run(&mut ctx, &request);
+    }
     let pinned = ctx.capabilities().coop_tuned.clone();
     let mut rows = Vec::new();
     write_stdout(format_args!(
@@ -374,7 +407,7 @@ fn merge_into_table(path: &Path, entries: &[TuneEntry]) -> Result<(), CliError> 
     // The lock is released when `lock` is dropped, after the rename.
 }
 
-fn shape_label(s: &AttentionShape) -> String {
+pub(super) fn shape_label(s: &AttentionShape) -> String {
     format!(
         "{},{},{},{},{},{},{}",
         s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim, s.head_dim_v

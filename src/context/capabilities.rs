@@ -65,6 +65,10 @@ pub struct Capabilities {
     /// ([`crate::Context::use_named_coop_backward`], `WGPU_ATTENTION_COOP_BACKWARD`);
     /// arrays by default.
     pub coop_backward_named: bool,
+    /// The tensor-core backward's variant, where pinned and it fits a problem
+    /// ([`crate::Context::use_coop_backward_variant`]; `tune --backward` times each);
+    /// else the picker's (`kernels::backward_coop::variant_for`).
+    pub coop_backward_pinned: Option<crate::kernels::backward_coop::CoopBackwardVariant>,
     /// The coop GEMM in its `direct` design (fragments loaded straight from X and W,
     /// nothing staged) where it serves a layer, where pinned
     /// ([`crate::Context::use_direct_coop_gemm`], `WGPU_ATTENTION_COOP_GEMM`); staged by
@@ -101,6 +105,7 @@ impl Capabilities {
             micro_lanes: None,
             key_splits: 1,
             coop_backward_named: false,
+            coop_backward_pinned: None,
             coop_gemm_direct: false,
         }
     }
@@ -226,6 +231,7 @@ impl Capabilities {
             micro_lanes: None,
             key_splits: 1,
             coop_backward_named: false,
+            coop_backward_pinned: None,
             coop_gemm_direct: false,
         }
     }

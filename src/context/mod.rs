@@ -317,6 +317,13 @@ impl Context {
         self.caps.coop_backward_named = named;
     }
 
+    /// Pins the tensor-core backward's variant (its own form, arrayed or named) for every
+    /// problem it fits; `None` restores the picker's. For `tune --backward`, which times
+    /// each.
+    pub fn use_coop_backward_variant(&mut self, variant: Option<crate::kernels::backward_coop::CoopBackwardVariant>) {
+        self.caps.coop_backward_pinned = variant;
+    }
+
     /// Runs the tensor-core GEMM (the linear layers and the benchmark's probe) in its
     /// `direct` design, every fragment loaded straight from X's and W's rows, wherever
     /// it serves a layer (`true`; f16, `kernels::matmul::direct_serves`), or staged

@@ -98,6 +98,30 @@ impl CoopBackwardVariant {
         format!("{}x{}x{}{named}", self.dmax, self.br, self.bc)
     }
 
+    /// Parses [`CoopBackwardVariant::label`]'s form, only for a variant whose WGSL holds
+    /// together on 8- or 32-lane subgroups.
+    pub fn parse_valid(label: &str) -> Option<Self> {
+        let label = label.trim();
+        let (shape, named) = match label.strip_suffix('n') {
+            Some(arrayed) => (arrayed, true),
+            None => (label, false),
+        };
+        let mut parts = shape.split('x').map(|n| n.parse::<u32>().ok());
+        let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
+        let v = CoopBackwardVariant::new(dmax, br, bc).with_named(named);
+        (parts.next().is_none() && (v.valid_for(32) || v.valid_for(8))).then_some(v)
+    }
+
+    /// Whether the variant runs a problem of head dims up to `dims` on an adapter with
+    /// subgroups of `sg` lanes, `bytes` of workgroup memory and `invocations` per
+    /// workgroup.
+    pub fn fits(&self, dims: u32, sg: u32, bytes: u32, invocations: u32) -> bool {
+        self.dmax >= dims
+            && self.valid_for(sg)
+            && self.workgroup_bytes() <= bytes
+            && self.invocations(sg) <= invocations
+    }
+
     /// `flash_backward_coop.wgsl` through the generator, arrayed or named (the same
     /// for every subgroup size).
     fn source(&self) -> &'static str {
@@ -174,6 +198,24 @@ pub fn variant_for(dims: u32, sg: u32, bytes: u32, max_invocations: u32) -> Opti
     })
 }
 
+/// Every variant `tune --backward` times for head-dim class `dmax` on such an adapter:
+/// rows (dQ) or keys (dK/dV) per workgroup of 1 to 4 bands, walked tiles of 16 to 64,
+/// each arrayed and named.
+pub fn candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopBackwardVariant> {
+    let mut out = Vec::new();
+    for named in [false, true] {
+        for br in [16, 32, 48, 64] {
+            for bc in [16, 32, 48, 64] {
+                let v = CoopBackwardVariant::new(dmax, br, bc).with_named(named);
+                if v.fits(dmax, sg, bytes, invocations) {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Loop trips of one invocation of a pass under the emulation of cooperative matrices
 /// (`kernels::coop_emulation`, the only place a loop cap meets these kernels), every
 /// loop counted with its exit check, on subgroups of `sg` lanes: a fragment load or
@@ -239,5 +281,18 @@ mod tests {
         assert_eq!(variant_for(40, 8, 32 * 1024, 1024).map(|v| v.dmax), Some(64));
         // 4 subgroups of 64 lanes pass a 128-invocation limit: the 2-band one is taken.
         assert_eq!(variant_for(64, 64, 48 * 1024, 128).map(|v| v.br), Some(32));
+    }
+
+    #[test]
+    fn candidates_come_in_both_forms_and_labels_round_trip() {
+        let all = candidates(128, 32, 48 * 1024, 1024);
+        assert!(all.contains(&VARIANTS[4]) && all.contains(&VARIANTS[4].with_named(true)));
+        assert_eq!(2 * all.iter().filter(|v| v.named).count(), all.len());
+        for v in &all {
+            assert!(v.workgroup_bytes() <= 48 * 1024 && v.valid_for(32), "{v:?}");
+            assert_eq!(CoopBackwardVariant::parse_valid(&v.label()), Some(*v));
+        }
+        assert!(candidates(256, 32, 48 * 1024, 1024).is_empty());
+        assert_eq!(CoopBackwardVariant::parse_valid("64x40x32"), None);
     }
 }
