@@ -69,24 +69,28 @@ fn every_tunable_coop_form_writes_spirv() {
     for dmax in [64, 128, 256] {
         for v in wgpu_attention::tune::coop_candidates(dmax, 32, 48 * 1024, 1024) {
             forms.insert((v.bands, v.named, v.direct));
-            let kernel = v.kernel(32);
-            let source = shader_source(&kernel, DType::F16);
-            let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", v.label()));
-            let info =
-                naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-                    .validate(&module)
-                    .unwrap_or_else(|e| panic!("{}: {e:?}", v.label()));
-            let (module, info) = naga::back::pipeline_constants::process_overrides(
-                &module,
-                &info,
-                Some((naga::ShaderStage::Compute, kernel.entry)),
-                &Default::default(),
-            )
-            .unwrap_or_else(|e| panic!("{}: {e}", v.label()));
-            write_spirv(&kernel, DType::F16, &module, &info);
+            write_f16_spirv(&v.kernel(32), &v.label());
         }
     }
     assert_eq!(forms.len(), 8, "every form among the candidates: {forms:?}");
+}
+
+/// Validates a kernel's f16 source with naga, its overrides at their defaults, and
+/// writes it as SPIR-V (`label` names it in a failure).
+fn write_f16_spirv(kernel: &wgpu_attention::kernels::Kernel, label: &str) {
+    let source = shader_source(kernel, DType::F16);
+    let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{label}: {e:?}"));
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, kernel.entry)),
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{label}: {e}"));
+    write_spirv(kernel, DType::F16, &module, &info);
 }
 
 /// The override values a kernel is compiled with besides its defaults.
@@ -502,20 +506,7 @@ fn every_tunable_coop_backward_variant_writes_spirv_and_declares_its_budget() {
     for dmax in [32, 64, 128] {
         for v in candidates(dmax, 32, 48 * 1024, 1024) {
             for kernel in [v.dq(32), v.dkdv(32)] {
-                let source = shader_source(&kernel, DType::F16);
-                let module = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {e}", v.label()));
-                let info =
-                    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-                        .validate(&module)
-                        .unwrap_or_else(|e| panic!("{}: {e:?}", v.label()));
-                let (module, info) = naga::back::pipeline_constants::process_overrides(
-                    &module,
-                    &info,
-                    Some((naga::ShaderStage::Compute, kernel.entry)),
-                    &Default::default(),
-                )
-                .unwrap_or_else(|e| panic!("{}: {e}", v.label()));
-                write_spirv(&kernel, DType::F16, &module, &info);
+                write_f16_spirv(&kernel, &v.label());
             }
             assert_eq!(
                 declared_workgroup_bytes_in(&v.dkdv(32), DType::F16),

@@ -64,17 +64,9 @@ pub const COOP_SLOTS: &[Slot] = &[
     Slot::V4,
 ];
 
-/// The bindings of a direct variant, which reads K and V only as f16 rows.
-pub const COOP_DIRECT_SLOTS: &[Slot] = &[
-    Slot::Params,
-    Slot::Q,
-    Slot::K,
-    Slot::V,
-    Slot::Output,
-    Slot::Mask,
-    Slot::SideWords,
-    Slot::Lse,
-];
+/// The bindings of a direct variant, which reads K and V only as f16 rows: all but
+/// the words.
+pub const COOP_DIRECT_SLOTS: &[Slot] = COOP_SLOTS.split_at(COOP_SLOTS.len() - 2).0;
 
 const SOURCE: &str = include_str!("../../../shaders/flash_coop.wgsl");
 
