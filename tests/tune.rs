@@ -118,6 +118,44 @@ fn tune_backward_checks_and_times_the_backward_variants_it_is_given() {
 }
 
 #[test]
+fn tune_past_its_deadline_reports_what_it_measured() {
+    // A deadline of 0 s: no candidate is started, and the (empty) report is still
+    // written, for the forward and the backward alike.
+    let Some(_) = common::emulating_ctx() else { return };
+    let dir = scratch("tune-deadline");
+    for backward in [false, true] {
+        let json = dir.join(format!("tune-{backward}.json"));
+        let mut cmd = bin();
+        cmd.env_remove(TUNE_FILE_VAR)
+            .args([
+                "tune",
+                "--emulate-coop",
+                "--shape",
+                "1,2,1,20,40,16",
+                "--reps",
+                "1",
+                "--deadline",
+                "0",
+            ])
+            .arg("--json")
+            .arg(&json);
+        if backward {
+            cmd.arg("--backward");
+        }
+        let out = cmd.output().expect("runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("deadline: 0 s passed"), "{stdout}");
+        let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parses");
+        assert_eq!(doc["rows"].as_array().map(Vec::len), Some(0), "{stdout}");
+    }
+}
+
+#[test]
 fn tune_refuses_bad_arguments_before_measuring() {
     let Some(_) = common::ctx() else { return };
     let dir = scratch("tune-bad");

@@ -89,7 +89,17 @@ step info "$bin" info
 step check "$bin" check --json "$out/check.json"
 # tune checks every tensor-core variant against the reference and times it; a table is
 # written only if every row is right.
-step_seconds=$tune_seconds step tune "$bin" tune "${tune[@]}" --table "$out/tune.tsv" --json "$out/tune.json"
+# tune's --deadline: 40 s before its step's limit (TUNE_SECONDS, or what TOTAL_SECONDS
+# leaves), it starts no more candidates and writes its table and JSON.
+tune_deadline() {
+    local limit=$((total_seconds - SECONDS))
+    [ "$tune_seconds" -lt "$limit" ] && limit=$tune_seconds
+    local d=$((limit - 40))
+    [ "$d" -lt 10 ] && d=10
+    echo "$d"
+}
+step_seconds=$tune_seconds step tune "$bin" tune "${tune[@]}" --deadline "$(tune_deadline)" \
+    --table "$out/tune.tsv" --json "$out/tune.json"
 step tune-f32 "$bin" tune "${tune_f32[@]}" --json "$out/tune-f32.json"
 # Key splits on the grid that leaves the GPU idle ((1,8,2048,64): 8 x 32 workgroups of
 # 64 rows for 132 SMs), every tiling, side by side in one process (issue 52).
@@ -144,10 +154,9 @@ step backward-coop env WGPU_ATTENTION_TILING=coop "$bin" bench \
 step backward-coop-named env WGPU_ATTENTION_TILING=coop WGPU_ATTENTION_COOP_BACKWARD=named "$bin" bench \
     "${backward_args[@]}" --causal --dtype f16 --kernel fused+backward \
     --reps 3 --probe "$probe" --json "$out/backward-coop-named.json"
-# Every tensor-core backward variant, arrayed and named, checked and timed (issue 52);
-# its rows are in the log as they come, the JSON at the end.
+# Every tensor-core backward variant, arrayed and named, checked and timed (issue 52).
 step_seconds=$tune_seconds step tune-backward "$bin" tune --backward "${tune_backward[@]}" \
-    --json "$out/tune-backward.json"
+    --deadline "$(tune_deadline)" --json "$out/tune-backward.json"
 torch_backward=$(dirname "$0")/torch_backward.py
 if ${TORCH:-python3} -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     step torch-backward ${TORCH:-python3} "$torch_backward" "${backward[@]}"

@@ -68,6 +68,11 @@ pub struct TuneArgs {
     /// checked against the f64 reference gradients, then timed; no tuning table.
     #[arg(long, conflicts_with_all = ["table", "key_splits", "tilings"])]
     backward: bool,
+    /// Start no candidate after this many seconds; report (table, JSON, winners) what
+    /// was measured by then. For a GPU lent for a short time, where a killed run would
+    /// leave no table.
+    #[arg(long, value_name = "SECONDS")]
+    deadline: Option<u64>,
 }
 
 /// What a candidate pins beyond its tiling: a tensor-core variant, or the lanes the
@@ -247,8 +252,10 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     } else {
         explicit_shapes
     };
+    let deadline = Deadline::new(args.deadline);
     if args.backward {
         let request = super::tune_backward::Request {
+            deadline: &deadline,
             shapes: &shapes,
             dtypes: &dtypes,
             reps: args.reps,
@@ -263,7 +270,7 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  check",
         "shape (B,Hq,Hkv,Lq,Lk,D,Dv)", "dtype", "tiling", "variant", "median ms", "GFLOP/s"
     ))?;
-    for &shape in &shapes {
+    'candidates: for &shape in &shapes {
         for &dtype in &dtypes {
             let chosen = candidates(&ctx, &shape).into_iter().filter(|(tiling, pin)| {
                 let tiling_asked = tilings.as_ref().is_none_or(|t| t.contains(tiling));
@@ -281,6 +288,9 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
                 .flat_map(|c| key_splits.iter().map(move |s| (c, s)))
                 .filter(|&((_, pin), &splits)| served(pin, splits))
             {
+                if deadline.passed(rows.len())? {
+                    break 'candidates;
+                }
                 match pin {
                     Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
                     Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes))?,
@@ -459,6 +469,33 @@ fn direct_serves_plain(v: &CoopVariant, shape: &AttentionShape, dtype: DType, sp
         && shape.head_dim_v == v.dmax as usize
         && shape.len_k.is_multiple_of(bc)
         && (splits <= 1 || 64 % bc == 0)
+}
+
+/// `--deadline`: when `tune` starts no more candidates.
+pub(super) struct Deadline {
+    start: std::time::Instant,
+    seconds: Option<u64>,
+}
+
+impl Deadline {
+    pub(super) fn new(seconds: Option<u64>) -> Self {
+        Deadline {
+            start: std::time::Instant::now(),
+            seconds,
+        }
+    }
+
+    /// Whether the deadline has passed (saying so, with the `rows` measured by then).
+    pub(super) fn passed(&self, rows: usize) -> Result<bool, CliError> {
+        let Some(seconds) = self.seconds else { return Ok(false) };
+        if self.start.elapsed().as_secs() < seconds {
+            return Ok(false);
+        }
+        write_stdout(format_args!(
+            "deadline: {seconds} s passed; no more candidates started ({rows} rows measured)"
+        ))?;
+        Ok(true)
+    }
 }
 
 /// The table's variant column: the pin, and `/kN` for N key splits.

@@ -36,6 +36,8 @@ struct Row {
 
 /// What `tune --backward` was asked for.
 pub struct Request<'a> {
+    /// When to start no more candidates (`--deadline`).
+    pub deadline: &'a super::tune::Deadline,
     pub shapes: &'a [AttentionShape],
     pub dtypes: &'a [DType],
     pub reps: usize,
@@ -56,7 +58,7 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
         "shape (B,Hq,Hkv,Lq,Lk,D,Dv)", "dtype", "tiling", "variant", "median ms", "GFLOP/s"
     ))?;
     let mut rows = Vec::new();
-    for &shape in request.shapes {
+    'candidates: for &shape in request.shapes {
         let dims = shape.head_dim.max(shape.head_dim_v) as u32;
         let Some(class) = [32, 64, 128].into_iter().find(|&c| dims <= c) else {
             write_stdout(format_args!(
@@ -85,6 +87,9 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
         };
         for &dtype in request.dtypes {
             for &variant in &variants {
+                if request.deadline.passed(rows.len())? {
+                    break 'candidates;
+                }
                 ctx.use_coop_backward_variant(Some(variant));
                 let row = measure(ctx, shape, dtype, variant, request.reps);
                 ctx.use_coop_backward_variant(None);
