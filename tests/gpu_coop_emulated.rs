@@ -471,22 +471,22 @@ fn every_variant_the_picker_can_choose_runs_at_constants_lavapipe_allows() {
     }
 }
 
-#[test]
-fn every_fragment_form_computes_what_the_arrayed_kernel_computes_bit_for_bit() {
-    // The generator's forms of one source (kernels::unroll): named fragments, and two
-    // bands per subgroup, do the same products in the same order for every row, so they
-    // give the same bits. 32x32x48 has 2 output tiles in a group of 3 (a short group).
-    // One small variant: each emulated compile takes tens of seconds (minutes on Mesa 25
-    // at D 64).
-    use wgpu_attention::kernels::flash::CoopVariant;
-    let Some(mut ctx) = emulating() else { return };
-    let mut rng = Rng::new(5201);
-    let (variant, d, seed) = (CoopVariant::new(32, 32, 48), 28, 5202);
-    let (b, h, lq, lk) = (1, 2, variant.br as usize + 3, 2 * variant.bc as usize + 7);
+/// Runs causal (bottom-right) f16 attention with its lse on seeded random inputs of
+/// `(B, H, Lq, Lk, D) = (1, 2, lq, lk, d)` once per coop form, each pinned and asserted
+/// to be the variant the picker takes, and asserts every form gives the first one's bits
+/// (output and lse); then that the result passes the reference.
+fn assert_forms_agree_bit_for_bit(
+    ctx: &mut Context,
+    forms: &[wgpu_attention::kernels::flash::CoopVariant],
+    (lq, lk, d): (usize, usize, usize),
+    seed: u64,
+) {
+    let (b, h) = (1, 2);
+    let mut rng = Rng::new(seed);
     let q = rng.vec(b * h * lq * d, -1.0, 1.0);
     let k = rng.vec(b * h * lk * d, -1.0, 1.0);
     let v = rng.vec(b * h * lk * d, -1.0, 1.0);
-    let upload = |x: &[f32], l: usize| Tensor::from_f32_as(&ctx, [b, h, l, d], Layout::Bhsd, DType::F16, x);
+    let upload = |x: &[f32], l: usize| Tensor::from_f32_as(ctx, [b, h, l, d], Layout::Bhsd, DType::F16, x);
     let (q, k, v) = (upload(&q, lq), upload(&k, lk), upload(&v, lk));
     let (q, k, v) = (q.expect("q"), k.expect("k"), v.expect("v"));
     let causal = AttentionOptions {
@@ -505,28 +505,45 @@ fn every_fragment_form_computes_what_the_arrayed_kernel_computes_bit_for_bit() {
     };
     let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let mut first = None;
-    for (bands, named) in [(1, false), (1, true), (2, false), (2, true)] {
-        let form = variant.with_bands(bands).with_named(named);
+    for &form in forms {
         ctx.use_coop_variants(vec![form]);
         // Pinned, not passed over for the rule (which would compare a kernel with itself).
         let runs = wgpu_attention::kernels::flash::coop_variant_for(d as u32, d as u32, ctx.capabilities());
         assert_eq!(runs, form);
-        let out = sdpa(&ctx, &q, &k, &v, &options).expect("runs");
-        let lse = out.lse.expect("lse").to_f32_vec(&ctx).expect("lse");
-        let got = (bits(&out.out.to_f32_vec(&ctx).expect("out")), bits(&lse));
+        let out = sdpa(ctx, &q, &k, &v, &options).expect("runs");
+        let lse = out.lse.expect("lse").to_f32_vec(ctx).expect("lse");
+        let got = (bits(&out.out.to_f32_vec(ctx).expect("out")), bits(&lse));
         match &first {
             None => first = Some(got),
-            Some(arrayed) => assert!(
-                *arrayed == got,
-                "{} differs from {} (seed {seed})",
+            Some(first) => assert!(
+                *first == got,
+                "{} differs from {} at Lk {lk} (seed {seed})",
                 form.label(),
-                variant.label()
+                forms[0].label()
             ),
         }
     }
     // And they are right, not only the same.
     let shape = AttentionShape::new(1, 2, 1, lq, lk, d, d);
-    assert_passes(&ctx, &coop_case(shape, causal, DType::F16, seed));
+    assert_passes(ctx, &coop_case(shape, causal, DType::F16, seed));
+}
+
+#[test]
+fn every_fragment_form_computes_what_the_arrayed_kernel_computes_bit_for_bit() {
+    // The generator's forms of one source (kernels::unroll): named fragments, and two
+    // bands per subgroup, do the same products in the same order for every row, so they
+    // give the same bits. 32x32x48 has 2 output tiles in a group of 3 (a short group).
+    // One small variant: each emulated compile takes tens of seconds (minutes on Mesa 25
+    // at D 64).
+    use wgpu_attention::kernels::flash::CoopVariant;
+    let Some(mut ctx) = emulating() else { return };
+    let variant = CoopVariant::new(32, 32, 48);
+    let forms: Vec<CoopVariant> = [(1, false), (1, true), (2, false), (2, true)]
+        .into_iter()
+        .map(|(bands, named)| variant.with_bands(bands).with_named(named))
+        .collect();
+    let (lq, lk) = (variant.br as usize + 3, 2 * variant.bc as usize + 7);
+    assert_forms_agree_bit_for_bit(&mut ctx, &forms, (lq, lk, 28), 5202);
 }
 
 #[test]
@@ -541,54 +558,14 @@ fn direct_fragments_compute_what_staged_ones_compute_bit_for_bit() {
     use wgpu_attention::kernels::flash::CoopVariant;
     let Some(mut ctx) = emulating() else { return };
     let variant = CoopVariant::new(32, 32, 32);
-    let (d, seed) = (32, 5301);
-    let mut rng = Rng::new(seed);
-    let (b, h, lq) = (1, 2, variant.br as usize + 3);
-    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let forms = [
+        variant,
+        variant.with_direct(true),
+        variant.with_direct(true).with_bands(2).with_named(true),
+    ];
+    let (lq, d, seed) = (variant.br as usize + 3, 32, 5301);
     for lk in [3 * variant.bc as usize, 3 * variant.bc as usize + 5] {
-        let q = rng.vec(b * h * lq * d, -1.0, 1.0);
-        let k = rng.vec(b * h * lk * d, -1.0, 1.0);
-        let v = rng.vec(b * h * lk * d, -1.0, 1.0);
-        let upload = |x: &[f32], l: usize| Tensor::from_f32_as(&ctx, [b, h, l, d], Layout::Bhsd, DType::F16, x);
-        let (q, k, v) = (upload(&q, lq), upload(&k, lk), upload(&v, lk));
-        let (q, k, v) = (q.expect("q"), k.expect("k"), v.expect("v"));
-        let causal = AttentionOptions {
-            causal: Some(CausalAlignment::BottomRight),
-            ..Default::default()
-        };
-        let options = AttentionOptions {
-            need_lse: true,
-            ..coop_case(
-                AttentionShape::new(1, 1, 1, 1, 1, 1, 1),
-                causal.clone(),
-                DType::F16,
-                seed,
-            )
-            .options
-        };
-        let mut staged = None;
-        for form in [
-            variant,
-            variant.with_direct(true),
-            variant.with_direct(true).with_bands(2).with_named(true),
-        ] {
-            ctx.use_coop_variants(vec![form]);
-            let out = sdpa(&ctx, &q, &k, &v, &options).expect("runs");
-            let lse = out.lse.expect("lse").to_f32_vec(&ctx).expect("lse");
-            let got = (bits(&out.out.to_f32_vec(&ctx).expect("out")), bits(&lse));
-            match &staged {
-                None => staged = Some(got),
-                Some(staged) => assert!(
-                    *staged == got,
-                    "{} differs from {} at Lk {lk} (seed {seed})",
-                    form.label(),
-                    variant.label()
-                ),
-            }
-        }
-        // And right, not only the same.
-        let shape = AttentionShape::new(1, 2, 1, lq, lk, d, d);
-        assert_passes(&ctx, &coop_case(shape, causal, DType::F16, seed));
+        assert_forms_agree_bit_for_bit(&mut ctx, &forms, (lq, lk, d), seed);
     }
     ctx.use_coop_variants(vec![variant.with_direct(true)]);
     ctx.use_key_splits(2).expect("two splits");

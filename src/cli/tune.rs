@@ -602,30 +602,58 @@ fn measure(
 /// out), and that mean.
 fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
     // Key splits are the context's, not the variant's: winners come from unsplit rows.
-    let coop = |r: &Row| r.variant.and_then(Pin::coop).filter(|_| r.key_splits == 1);
-    let mut classes: Vec<u32> = rows.iter().filter_map(|r| coop(r).map(|v| v.dmax)).collect();
+    let scored: Vec<Scored<CoopVariant>> = rows
+        .iter()
+        .filter(|r| r.key_splits == 1)
+        .filter_map(|r| {
+            r.variant.and_then(Pin::coop).map(|v| Scored {
+                variant: v,
+                class: v.dmax,
+                dtype: r.dtype,
+                status: &r.status,
+                gflops: r.gflops,
+            })
+        })
+        .collect();
+    winners(&scored)
+}
+
+/// One timed row as [`winners`] sees it.
+pub(super) struct Scored<'a, V> {
+    pub variant: V,
+    /// The head-dim class it competes in.
+    pub class: u32,
+    pub dtype: DType,
+    /// `ok`, `WRONG ..`, or why not.
+    pub status: &'a str,
+    pub gflops: Option<f64>,
+}
+
+/// Per class, the variant with the highest mean GFLOP/s over its `ok` rows (f16 rows
+/// where the class has any; a variant wrong anywhere left out), and that mean.
+pub(super) fn winners<V: Copy + Ord>(rows: &[Scored<V>]) -> Vec<(V, f64)> {
+    let mut classes: Vec<u32> = rows.iter().map(|r| r.class).collect();
     classes.sort_unstable();
     classes.dedup();
+    let wrong = |v: V| rows.iter().any(|r| r.variant == v && r.status.starts_with("WRONG"));
     let mut out = Vec::new();
     for class in classes {
-        // A variant wrong on any shape is never a winner.
-        let wrong = |v: CoopVariant| rows.iter().any(|r| coop(r) == Some(v) && r.status.starts_with("WRONG"));
-        let of_class: Vec<&Row> = rows
+        let of_class: Vec<&Scored<V>> = rows
             .iter()
-            .filter(|r| coop(r).is_some_and(|v| v.dmax == class && !wrong(v)) && r.status == "ok")
+            .filter(|r| r.class == class && r.status == "ok" && !wrong(r.variant))
             .collect();
         let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
             DType::F16
         } else {
             DType::F32
         };
-        let mut variants: Vec<CoopVariant> = of_class.iter().filter_map(|r| coop(r)).collect();
+        let mut variants: Vec<V> = of_class.iter().map(|r| r.variant).collect();
         variants.sort_unstable();
         variants.dedup();
-        let score = |v: &CoopVariant| {
+        let score = |v: &V| {
             let figures: Vec<f64> = of_class
                 .iter()
-                .filter(|r| coop(r) == Some(*v) && r.dtype == dtype)
+                .filter(|r| r.variant == *v && r.dtype == dtype)
                 .filter_map(|r| r.gflops)
                 .collect();
             figures.iter().sum::<f64>() / figures.len().max(1) as f64

@@ -8,6 +8,7 @@
 //! (docs/design.md, "Named backward").
 
 use super::output::write_all;
+use super::tune::Scored;
 use super::{write_stdout, CliError};
 use serde_json::json;
 use std::path::PathBuf;
@@ -267,38 +268,17 @@ fn checked_and_timed(
 }
 
 /// Per head-dim class, the variant with the highest mean GFLOP/s over its checked rows
-/// (f16 rows where there are any; variants wrong anywhere left out), and that mean.
+/// (tune's rule: f16 rows where there are any; variants wrong anywhere left out).
 fn winners(rows: &[Row]) -> Vec<(CoopBackwardVariant, f64)> {
-    let mut classes: Vec<u32> = rows.iter().map(|r| r.variant.dmax).collect();
-    classes.sort_unstable();
-    classes.dedup();
-    let wrong = |v: CoopBackwardVariant| rows.iter().any(|r| r.variant == v && r.status.starts_with("WRONG"));
-    let mut out = Vec::new();
-    for class in classes {
-        let of_class: Vec<&Row> = rows
-            .iter()
-            .filter(|r| r.variant.dmax == class && r.status == "ok" && !wrong(r.variant))
-            .collect();
-        let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
-            DType::F16
-        } else {
-            DType::F32
-        };
-        let score = |v: CoopBackwardVariant| {
-            let figures: Vec<f64> = of_class
-                .iter()
-                .filter(|r| r.variant == v && r.dtype == dtype)
-                .filter_map(|r| r.gflops)
-                .collect();
-            figures.iter().sum::<f64>() / figures.len().max(1) as f64
-        };
-        let best = of_class
-            .iter()
-            .map(|r| r.variant)
-            .max_by(|a, b| score(*a).total_cmp(&score(*b)));
-        if let Some(best) = best {
-            out.push((best, score(best)));
-        }
-    }
-    out
+    let scored: Vec<Scored<CoopBackwardVariant>> = rows
+        .iter()
+        .map(|r| Scored {
+            variant: r.variant,
+            class: r.variant.dmax,
+            dtype: r.dtype,
+            status: &r.status,
+            gflops: r.gflops,
+        })
+        .collect();
+    super::tune::winners(&scored)
 }

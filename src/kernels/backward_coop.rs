@@ -50,7 +50,7 @@ pub const DKDV_SLOTS: &[Slot] = &[
 ];
 
 /// One variant of `flash_backward_coop.wgsl`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CoopBackwardVariant {
     /// Head dims up to this (a multiple of 16).
     pub dmax: u32,
