@@ -79,6 +79,11 @@ mod context;
 mod error;
 #[cfg(feature = "viz")]
 pub mod heatmap;
+// What a GPU compiler makes of each kernel (`isa`): plain Vulkan and naga's SPIR-V
+// writer, native only.
+#[cfg(all(feature = "isa", not(target_arch = "wasm32")))]
+#[doc(hidden)]
+pub mod isa;
 #[doc(hidden)]
 pub mod kernels;
 mod kv_cache;
@@ -119,6 +124,7 @@ pub use context::{COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLI
 #[doc(hidden)]
 pub use error::checked_product;
 pub use error::{Error, Result};
+pub use kernels::runtime_checks::{RuntimeChecks, RUNTIME_CHECKS_VAR};
 pub use kv_cache::{KvCache, KvCacheConfig};
 pub use merge::{encode_merge_attentions, merge_attentions, merge_attentions_async, Merged};
 pub use mha::{

@@ -794,95 +794,6 @@ fn override_combinations(module: &naga::Module, pinned: &[(&str, f64)]) -> Vec<n
     sets
 }
 
-/// The naga SPIR-V options wgpu-hal 30 (`vulkan/adapter.rs`, `naga_options`) uses on a
-/// Vulkan 1.3 device with the features a shader needs, as `device.rs`'s
-/// `compile_stage` adjusts them for our pipelines (no zeroed workgroup memory; runtime
-/// checks on): SPIR-V 1.6, the capabilities Vulkan always has plus subgroups, f16 and
-/// cooperative matrices (with the Vulkan memory model) where the shader uses them,
-/// bounds checks by `Restrict` on indices and on buffers and image loads unless the
-/// device has robust access (`robust`), and the `DEBUG` flag with the source attached
-/// as a debug build or `InstanceFlags::DEBUG` gives. Every binding keeps its number, as
-/// in the pipeline layout's binding map that wgpu-hal passes.
-fn hal_options<'a>(module: &naga::Module, source: &'a str, robust: bool, debug: bool) -> naga::back::spv::Options<'a> {
-    use naga::back::spv::{
-        Capability, DebugInfo, Options, SourceLanguage, WriterFlags, ZeroInitializeWorkgroupMemoryMode,
-    };
-    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
-    let mut capabilities = vec![
-        Capability::Shader,
-        Capability::Matrix,
-        Capability::Sampled1D,
-        Capability::Image1D,
-        Capability::ImageQuery,
-        Capability::DerivativeControl,
-        Capability::StorageImageExtendedFormats,
-        Capability::SampledCubeArray,
-        Capability::SampleRateShading,
-    ];
-    if source.contains("subgroup") {
-        capabilities.extend([
-            Capability::GroupNonUniform,
-            Capability::GroupNonUniformVote,
-            Capability::GroupNonUniformArithmetic,
-            Capability::GroupNonUniformBallot,
-            Capability::GroupNonUniformShuffle,
-            Capability::GroupNonUniformShuffleRelative,
-            Capability::GroupNonUniformQuad,
-        ]);
-    }
-    if source.contains("enable f16;") {
-        capabilities.push(Capability::Float16);
-    }
-    if source.contains("enable wgpu_cooperative_matrix;") {
-        capabilities.extend([Capability::CooperativeMatrixKHR, Capability::VulkanMemoryModel]);
-    }
-    let checked = if robust {
-        BoundsCheckPolicy::Unchecked
-    } else {
-        BoundsCheckPolicy::Restrict
-    };
-    let mut flags = WriterFlags::LABEL_VARYINGS | WriterFlags::FORCE_POINT_SIZE;
-    flags.set(WriterFlags::DEBUG, debug);
-    Options {
-        lang_version: (1, 6),
-        flags,
-        capabilities: Some(capabilities.into_iter().collect()),
-        bounds_check_policies: BoundsCheckPolicies {
-            index: BoundsCheckPolicy::Restrict,
-            buffer: checked,
-            image_load: checked,
-            binding_array: BoundsCheckPolicy::Unchecked,
-        },
-        zero_initialize_workgroup_memory: ZeroInitializeWorkgroupMemoryMode::None,
-        force_loop_bounding: true,
-        ray_query_initialization_tracking: true,
-        use_storage_input_output_16: source.contains("enable f16;"),
-        fake_missing_bindings: false,
-        binding_map: module
-            .global_variables
-            .iter()
-            .filter_map(|(_, g)| g.binding)
-            .map(|b| {
-                let info = naga::back::spv::BindingInfo {
-                    descriptor_set: b.group,
-                    binding: b.binding,
-                    binding_array_size: None,
-                };
-                (b, info)
-            })
-            .collect(),
-        debug_info: debug.then_some(DebugInfo {
-            source_code: source,
-            file_name: "shader",
-            language: SourceLanguage::WGSL,
-        }),
-        task_dispatch_limits: None,
-        mesh_shader_primitive_indices_clamp: true,
-        trace_ray_argument_validation: true,
-        emit_int_div_checks: true,
-    }
-}
-
 #[test]
 fn every_variant_passes_spirv_val() {
     // The SPIR-V a Vulkan 1.3 driver gets: for every shader the crate can dispatch, every
@@ -925,7 +836,13 @@ fn every_variant_passes_spirv_val() {
                 .into_iter()
                 .take(debug_too)
             {
-                let options = hal_options(&module, &shader.source, robust, debug);
+                let options = wgpu_attention::isa::spirv::hal_options(
+                    &module,
+                    &shader.source,
+                    wgpu_attention::isa::RuntimeChecks::WGPU_DEFAULT,
+                    robust,
+                    debug,
+                );
                 let entry = naga::back::spv::PipelineOptions {
                     shader_stage: naga::ShaderStage::Compute,
                     entry_point: shader.entry.into(),
@@ -1108,4 +1025,106 @@ fn the_16_byte_rule_catches_what_breaks_it() {
         builtin.iter().any(|b| b.contains("offset of 2-byte alignment")),
         "{builtin:?}"
     );
+}
+
+#[test]
+fn dropping_the_loop_bound_removes_every_loop_counter() {
+    // Context::use_runtime_checks / WGPU_ATTENTION_RUNTIME_CHECKS: without loop bounding,
+    // no kernel's SPIR-V carries wgpu-hal's counter (naga names it `loop_bound` in debug
+    // names); with wgpu's default every kernel with a loop does, so the probe can fail.
+    use wgpu_attention::isa::spirv::{has_loop_bound, write};
+    use wgpu_attention::RuntimeChecks;
+    let off = RuntimeChecks {
+        loop_bounding: false,
+        bounds_checks: true,
+    };
+    let mut counted = 0;
+    for kernel in every_kernel() {
+        let source = shader_source(&kernel, DType::F32);
+        let name = format!("{}:{}{}", kernel.file, kernel.entry, kernel.variant);
+        let without = write(&source, kernel.entry, &[], off, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            !has_loop_bound(&without.words),
+            "{name}: a loop counter with loop bounding off"
+        );
+        let with = write(&source, kernel.entry, &[], RuntimeChecks::WGPU_DEFAULT, true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        counted += usize::from(has_loop_bound(&with.words));
+    }
+    assert!(
+        counted > every_kernel().len() / 2,
+        "only {counted} kernels carry the counter by default"
+    );
+}
+
+#[test]
+fn the_isa_budget_gate_fails_on_an_array_kept_in_scratch() {
+    // `isa --budget` (CI's register gate) on RADV's null hardware: a kernel whose private
+    // array is indexed by a run-time value lands in scratch and fails a budget that
+    // allows none; the same kernel indexed by constants passes it. Needs Mesa 25's RADV
+    // (.ci/mesa-backports.sh); CI sets WGPU_ATTENTION_REQUIRE_RADV=1 where it unpacked it.
+    if wgpu_attention::isa::radv::find_driver().is_err() {
+        let reason = "no Mesa 25 RADV under target/ci/mesa25 or $WGPU_ATTENTION_MESA25";
+        assert!(
+            std::env::var("WGPU_ATTENTION_REQUIRE_RADV").as_deref() != Ok("1"),
+            "{reason}"
+        );
+        eprintln!("SKIPPING the isa gate test: {reason}");
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("isa-gate");
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let kernel = |index: &str| {
+        format!(
+            "@group(0) @binding(0) var<storage, read_write> data: array<vec4<f32>>;\n\
+             @compute @workgroup_size(64)\n\
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {{\n\
+                 var row: array<vec4<f32>, 32>;\n\
+                 for (var t = 0u; t < 32u; t++) {{ row[t] = data[id.x * 32u + t]; }}\n\
+                 data[id.x] = row[{index}];\n\
+             }}\n"
+        )
+    };
+    let gate = |name: &str, source: String| {
+        let wgsl = dir.join(format!("{name}.wgsl"));
+        std::fs::write(&wgsl, source).expect("writes the kernel");
+        let budget = dir.join(format!("{name}.tsv"));
+        std::fs::write(
+            &budget,
+            format!(
+                "kernel\tVGPRs\tSpilled VGPRs\tSpilled SGPRs\tScratch size\n{}\t256\t0\t0\t0\n",
+                wgsl.display()
+            ),
+        )
+        .expect("writes the budget");
+        std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+            .args(["isa", "--radv-null", "navi31", "--entry", "main", "--wgsl"])
+            .arg(&wgsl)
+            .arg("--budget")
+            .arg(&budget)
+            .output()
+            .expect("isa runs")
+    };
+    // (32 vec4: a loop of 64 with wgpu's counter is not unrolled, so even constant
+    // indices would land in scratch there; docs/isa.md.)
+    let dynamic = gate("dynamic", kernel("id.x % 32u"));
+    let stdout = String::from_utf8_lossy(&dynamic.stdout);
+    assert_eq!(
+        dynamic.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&dynamic.stderr)
+    );
+    assert!(
+        stdout.contains("over budget") && stdout.contains("Scratch size"),
+        "{stdout}"
+    );
+    let constant = gate("constant", kernel("7u"));
+    let stdout = String::from_utf8_lossy(&constant.stdout);
+    assert!(
+        constant.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&constant.stderr)
+    );
+    assert!(stdout.contains("within its row"), "{stdout}");
 }

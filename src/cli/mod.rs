@@ -24,6 +24,7 @@ mod check_report;
 mod demo;
 mod info;
 mod input;
+mod isa;
 mod mha;
 mod npy;
 mod output;
@@ -134,6 +135,9 @@ enum Command {
     /// Time every fused tiling and tensor-core variant the adapter runs (each checked
     /// against the CPU reference) and keep the fastest variants in a tuning table.
     Tune(tune::TuneArgs),
+    /// What a GPU compiler makes of each kernel (registers, spills, scratch, occupancy),
+    /// on a Vulkan adapter or on RADV's null hardware with no GPU; a budget gate for CI.
+    Isa(isa::IsaArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -156,6 +160,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&cli.adapter, &args),
         Command::Viz(args) => viz::run(&cli.adapter, &args),
         Command::Tune(args) => tune::run(&cli.adapter, &args),
+        Command::Isa(args) => isa::run(&cli.adapter, &args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

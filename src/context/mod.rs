@@ -54,6 +54,8 @@ pub struct Context {
     decode_design: std::result::Result<Option<crate::kernels::decode::DecodeDesign>, String>,
     /// Bytes the texel backward's dX scratch may take (`crate::backward`).
     backward_scratch_bytes: u64,
+    /// wgpu's runtime checks the kernels are compiled with.
+    runtime_checks: crate::kernels::runtime_checks::RuntimeChecks,
 }
 
 static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -266,6 +268,7 @@ impl Context {
         ctx.caps.key_splits = key_splits_from_env()?;
         ctx.caps.coop_backward_named = form_from_env(COOP_BACKWARD_VAR, "arrayed", "named")?;
         ctx.caps.coop_gemm_direct = form_from_env(COOP_GEMM_VAR, "staged", "direct")?;
+        ctx.runtime_checks = crate::kernels::runtime_checks::RuntimeChecks::from_env()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -332,6 +335,21 @@ impl Context {
     /// [`Context::new`]; docs/design.md, "Tensor cores").
     pub fn use_direct_coop_gemm(&mut self, direct: bool) {
         self.caps.coop_gemm_direct = direct;
+    }
+
+    /// Compiles kernels from now on with these of wgpu's runtime checks (what
+    /// `WGPU_ATTENTION_RUNTIME_CHECKS` does for contexts made by [`Context::new`]):
+    /// `WGPU_DEFAULT` keeps wgpu's loop counter and bounds checks; dropping them is safe
+    /// for this crate's own kernels (every loop is bounded by its problem's shape, every
+    /// index checked by the host's guards: docs/design.md, "Runtime checks") and is for
+    /// timing them side by side on a GPU, where the counters cost instructions.
+    pub fn use_runtime_checks(&mut self, checks: crate::kernels::runtime_checks::RuntimeChecks) {
+        self.runtime_checks = checks;
+    }
+
+    /// The runtime checks kernels are compiled with ([`Context::use_runtime_checks`]).
+    pub fn runtime_checks(&self) -> crate::kernels::runtime_checks::RuntimeChecks {
+        self.runtime_checks
     }
 
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
@@ -436,6 +454,7 @@ impl Context {
             env_tiling: tiling_from_env(),
             decode_design: crate::kernels::decode::DecodeDesign::from_env(),
             backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
+            runtime_checks: crate::kernels::runtime_checks::RuntimeChecks::WGPU_DEFAULT,
         }
     }
 

@@ -15,6 +15,7 @@ pub(crate) struct PipelineKey {
     pub shader: (&'static str, &'static str, &'static str),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
+    pub checks: crate::kernels::runtime_checks::RuntimeChecks,
 }
 
 /// A compiled pipeline and its (automatic) bind group layout, fetched once: every

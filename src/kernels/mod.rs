@@ -27,6 +27,7 @@ pub mod mean_heads;
 pub mod pack_rows;
 pub mod params;
 pub(crate) mod qk_scores;
+pub mod runtime_checks;
 pub(crate) mod softmax_rows;
 pub mod unroll;
 pub(crate) mod weights_v;
@@ -226,6 +227,7 @@ pub(crate) fn pipeline(
         shader: (kernel.file, kernel.entry, kernel.variant),
         dtype,
         constants: constants.to_vec(),
+        checks: ctx.runtime_checks(),
     };
     ctx.pipeline(key, |key| {
         let mut source = shader_source(kernel, dtype);
@@ -236,10 +238,7 @@ pub(crate) fn pipeline(
             source = coop_emulation::rewrite(&source, sg)?;
         }
         ctx.scoped(&format!("compiling {label}"), || {
-            let module = ctx.device().create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+            let module = shader_module(ctx.device(), &label, source, key.checks);
             let constants: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
             Ok(ctx.device().create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
@@ -255,6 +254,32 @@ pub(crate) fn pipeline(
             }))
         })
     })
+}
+
+/// A kernel's shader module, with wgpu's runtime checks or the ones `checks` keeps.
+fn shader_module(
+    device: &wgpu::Device,
+    label: &str,
+    source: String,
+    checks: runtime_checks::RuntimeChecks,
+) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    if checks == runtime_checks::RuntimeChecks::WGPU_DEFAULT {
+        return device.create_shader_module(desc);
+    }
+    // SAFETY (docs/design.md, "Runtime checks"): only this crate's kernels come here.
+    // Every loop in them runs to a bound made of the problem's shape and constants
+    // (the trip counts `loop_budget` models), so none is infinite without the counter;
+    // every index and access stays inside its array and binding by the host's guards
+    // (shapes, strides and bindings checked before any dispatch). Integer-division
+    // checks stay on.
+    #[allow(unsafe_code)]
+    unsafe {
+        device.create_shader_module_trusted(desc, checks.to_wgpu())
+    }
 }
 
 /// Records one dispatch with an auto-layout bind group made of `bindings`.

@@ -1,0 +1,215 @@
+//! The kernels `isa` compiles: what a GPU-class adapter can run (the pickers' choices
+//! and the tuners' candidates; CI's budget), or every variant the crate can dispatch.
+
+use crate::kernels::{self, backward_blocked, backward_coop, decode, flash, matmul, Kernel};
+use crate::tensor::DType;
+
+/// One pipeline to compile: a kernel, its element type and the override values its
+/// launch fixes, and the subgroup size it assumes (required of the driver).
+#[derive(Clone, Debug)]
+pub struct IsaKernel {
+    /// The name in `isa`'s table and the budget: `fused/shared f32`,
+    /// `fused/coop 64x64x32 f16`, `matmul_coop.wgsl:matmul_coop f16`, ...
+    pub label: String,
+    /// The full WGSL.
+    pub source: String,
+    pub entry: String,
+    pub constants: Vec<(&'static str, u32)>,
+    pub subgroup: Option<u32>,
+}
+
+impl IsaKernel {
+    fn new(label: String, kernel: Kernel, dtype: DType) -> Self {
+        IsaKernel {
+            label,
+            source: kernels::shader_source(&kernel, dtype),
+            entry: kernel.entry.to_string(),
+            constants: Vec::new(),
+            subgroup: None,
+        }
+    }
+
+    /// A WGSL source of the user's (`isa --wgsl`), with override defaults.
+    pub fn from_source(label: String, source: String, entry: String) -> Self {
+        IsaKernel {
+            label,
+            source,
+            entry,
+            constants: Vec::new(),
+            subgroup: None,
+        }
+    }
+
+    /// A kernel under its file and entry name.
+    fn plain(kernel: Kernel, dtype: DType) -> Self {
+        Self::new(
+            format!("{}:{}{} {}", kernel.file, kernel.entry, kernel.variant, dtype.name()),
+            kernel,
+            dtype,
+        )
+    }
+
+    fn with_subgroup(mut self, sg: u32) -> Self {
+        self.subgroup = Some(sg);
+        self
+    }
+
+    fn with_constants(mut self, constants: &[(&'static str, u32)]) -> Self {
+        self.constants = constants.to_vec();
+        self
+    }
+}
+
+/// The subgroup size the tensor-core kernels are built for on GPUs (NVIDIA's, AMD's
+/// wave32); the one `isa` requires of them.
+pub const GPU_SUBGROUP: u32 = 32;
+/// The workgroup memory the tuner's candidates are drawn for: an NVIDIA GPU's 48 KiB
+/// (RDNA3's 64 KiB holds more; these are the ones every such GPU runs).
+const GPU_WORKGROUP_BYTES: u32 = 48 * 1024;
+const GPU_INVOCATIONS: u32 = 1024;
+
+const BOTH: [DType; 2] = [DType::F32, DType::F16];
+
+/// Every kernel a GPU-class adapter (no CPU driver) can run from the pickers, or that
+/// `tune` and `tune --backward` time on one: the fused tilings meant for GPUs (`shared`,
+/// `coop` with the picker's variants and the tuner's candidates, `micro`), split-K decode
+/// (`tiles`, `lanes` at 32 lanes, the combine), the backward (rows, blocked, coop), the
+/// materialized path, the GEMMs and the layer's small kernels, each in f32 and f16. Left
+/// out: what only CPU adapters run (texel and 8-lane subgroup kernels, `blocked`,
+/// `registers`) and the driver probes.
+pub fn gpu() -> Vec<IsaKernel> {
+    let mut out = Vec::new();
+    for dtype in BOTH {
+        out.push(
+            IsaKernel::new(format!("fused/shared {}", dtype.name()), flash::SHARED, dtype)
+                .with_constants(&[("ROWS", 64)]),
+        );
+    }
+    // The picker's coop variants (f32 inputs run them at precision medium), then the
+    // tuner's f16 candidates per head-dim class.
+    let mut coop: Vec<(flash::CoopVariant, DType)> = flash::COOP_VARIANTS
+        .iter()
+        .flat_map(|&v| BOTH.map(|d| (v, d)))
+        .collect();
+    for class in [64, 128, 256] {
+        for v in crate::tune::coop_candidates(class, GPU_SUBGROUP, GPU_WORKGROUP_BYTES, GPU_INVOCATIONS) {
+            if !coop.contains(&(v, DType::F16)) {
+                coop.push((v, DType::F16));
+            }
+        }
+    }
+    for (v, dtype) in coop {
+        // A direct variant runs on f16 storage only (kernels::flash::direct_serves).
+        if v.direct && dtype != DType::F16 {
+            continue;
+        }
+        let label = format!("fused/coop {} {}", v.label(), dtype.name());
+        out.push(IsaKernel::new(label, v.kernel(GPU_SUBGROUP), dtype).with_subgroup(GPU_SUBGROUP));
+    }
+    for v in flash::MICRO {
+        for dtype in BOTH {
+            out.push(IsaKernel::new(
+                format!("fused/micro {}x{} {}", v.dmax, v.lanes, dtype.name()),
+                v.kernel,
+                dtype,
+            ));
+            out.push(IsaKernel::new(
+                format!("fused/micro {}x{} words {}", v.dmax, v.lanes, dtype.name()),
+                v.words,
+                dtype,
+            ));
+        }
+    }
+    for dtype in BOTH {
+        for v in decode::SPLIT_VARIANTS {
+            out.push(IsaKernel::plain(v.kernel, dtype));
+        }
+        out.push(IsaKernel::plain(decode::COMBINE, dtype));
+        for v in decode::LanesVariant::ALL.iter().filter(|v| v.sg == GPU_SUBGROUP) {
+            out.push(
+                IsaKernel::new(
+                    format!(
+                        "decode/lanes {} sg{} lk{}{} {}",
+                        v.dmax,
+                        v.sg,
+                        v.lk,
+                        if v.int8 { " int8" } else { "" },
+                        dtype.name()
+                    ),
+                    v.kernel(),
+                    dtype,
+                )
+                .with_subgroup(GPU_SUBGROUP),
+            );
+        }
+    }
+    for dtype in BOTH {
+        for kernel in [crate::backward::DELTA, crate::backward::DQ, crate::backward::DKDV] {
+            out.push(IsaKernel::plain(kernel, dtype));
+        }
+        for v in backward_blocked::VARIANTS
+            .iter()
+            .chain(&backward_blocked::HALF_TILE_VARIANTS)
+        {
+            for kernel in [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)] {
+                out.push(IsaKernel::plain(kernel, dtype));
+            }
+        }
+        for v in backward_coop::VARIANTS {
+            for kernel in [v.dq(GPU_SUBGROUP), v.dkdv(GPU_SUBGROUP)] {
+                out.push(
+                    IsaKernel::new(format!("backward/coop {} {}", v.label(), kernel.entry), kernel, dtype)
+                        .with_subgroup(GPU_SUBGROUP),
+                );
+            }
+        }
+    }
+    for dtype in BOTH {
+        for kernel in [
+            crate::backward::MAT_DS,
+            crate::backward::MAT_DQ,
+            crate::backward::MAT_DKDV,
+            kernels::qk_scores::KERNEL,
+            kernels::softmax_rows::KERNEL,
+            kernels::weights_v::KERNEL,
+            matmul::TILED,
+            matmul::BLOCKED,
+            kernels::gemm::F32_OUT,
+            kernels::gemm::ELEM_OUT,
+            kernels::layer_norm::KERNEL,
+            kernels::layer_norm_backward::ROWS,
+            kernels::layer_norm_backward::COLUMNS,
+            kernels::mean_heads::KERNEL,
+            kernels::pack_rows::KERNEL,
+            kernels::kv_append::KERNEL,
+            kernels::kv_append::QUANTIZE,
+            crate::quantized_kv::DEQUANTIZE,
+            crate::rotary::KERNEL,
+            crate::merge::FOLD,
+            crate::merge::STORE,
+        ] {
+            out.push(IsaKernel::plain(kernel, dtype));
+        }
+        out.push(IsaKernel::plain(matmul::COOP, dtype).with_subgroup(GPU_SUBGROUP));
+    }
+    out.push(IsaKernel::plain(matmul::COOP_DIRECT, DType::F16).with_subgroup(GPU_SUBGROUP));
+    out
+}
+
+/// Every kernel variant the crate can dispatch ([`kernels::every_kernel`]) in f32 and
+/// f16, the tensor-core ones at 32 lanes, and the GPU set's launches besides.
+pub fn all() -> Vec<IsaKernel> {
+    let mut out = gpu();
+    for kernel in kernels::every_kernel() {
+        for dtype in BOTH {
+            let mut k = IsaKernel::plain(kernel, dtype);
+            if kernel.source.contains("enable wgpu_cooperative_matrix;") {
+                k = k.with_subgroup(GPU_SUBGROUP);
+            }
+            if !out.iter().any(|o| o.label == k.label) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
