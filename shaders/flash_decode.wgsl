@@ -159,10 +159,19 @@ fn decode_split(
     }
 }
 
+// True for any NaN, by its bits: `max` may drop a NaN operand and `!=` on floats is
+// ordered (naga writes FOrdNotEqual), so neither can tell a NaN from a number.
+fn is_nan_bits(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // Merges the splits of one output row: invocation x of workgroup (row, column block)
 // takes column 64 * wid.x + x of row wid.y + 65535 * wid.z. With each split's lse_s
 // and normalised row o_s: lse = log Σ exp(lse_s), out = Σ exp(lse_s − lse) o_s. Rows
-// no split saw are zeros with lse -inf.
+// no split saw are zeros with lse -inf. A split whose lse is NaN (it saw a NaN score:
+// a NaN in a visible key) makes the whole row NaN, lse included, as the reference
+// gives it; the running maximum alone would drop it (max(m, NaN) may be m) and the
+// row would pass for one no split saw (issue 64).
 @compute @workgroup_size(64)
 fn decode_combine(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n_rows = p.batch * p.heads_q * p.len_q;
@@ -173,14 +182,19 @@ fn decode_combine(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
     let splits = p.splits;
     let lse_base = splits * n_rows * p.head_dim_v;
     var m = neg_inf();
+    var nan_seen = false;
     for (var s = 0u; s < splits; s++) {
-        m = max(m, scores[lse_base + s * n_rows + g]);
+        let lse_s = scores[lse_base + s * n_rows + g];
+        m = max(m, lse_s);
+        nan_seen = nan_seen || is_nan_bits(lse_s);
     }
     var total = 0.0;
     for (var s = 0u; s < splits; s++) {
         total += softmax_probs(vec4<f32>(scores[lse_base + s * n_rows + g]), vec4<f32>(m)).x;
     }
-    let lse_g = row_lse(m, total);
+    // A quiet NaN made at run time (WGSL forbids non-finite constant expressions).
+    let nan = bitcast<f32>(0x7fc00000u | (p.len_q & 0u));
+    let lse_g = select(row_lse(m, total), nan, nan_seen);
     let col = wid.x * DEC_LANES + lid;
     let bh = g / p.len_q;
     let i = g % p.len_q;
@@ -194,7 +208,7 @@ fn decode_combine(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
                 o += w * scores[(s * n_rows + g) * p.head_dim_v + col];
             }
         }
-        output[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + col] = elem(o);
+        output[b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + col] = elem(select(o, nan, nan_seen));
     }
     if col == 0u {
         lse[g] = lse_g;

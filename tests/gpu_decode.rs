@@ -311,3 +311,147 @@ fn the_lanes_design_reads_paged_keys_as_the_gathered_ones_bit_for_bit() {
     };
     paged.assert_same(&ctx, &q, &options, "seed 78 decode/lanes");
 }
+
+/// Issue 64 item 1: a NaN in a visible key makes every query row of its head that sees
+/// the key NaN, in the output and the lse, on every decode design and dtype, from
+/// tensors and from a KV cache, as the reference gives it; a NaN in a value row makes
+/// only its column NaN; rows that do not see either stay finite and right; a fully
+/// masked row stays zeros with lse -inf. The combine pass once dropped a split whose
+/// lse was NaN (`total != 0.0` is false for NaN) and wrote zeros for the whole head.
+#[test]
+fn a_nan_key_or_value_gives_nan_where_the_reference_does_on_every_design() {
+    use wgpu_attention::check::{ErrorStats, Tolerance};
+    use wgpu_attention::{reference, sdpa, KvCache, KvCacheConfig, Tensor};
+    let Some(shared) = common::ctx() else { return };
+    let mut lanes_ctx = wgpu_attention::Context::new().expect("a second context");
+    lanes_ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
+    let lanes = decode::DecodeDesign::for_context(&lanes_ctx, FusedTiling::Auto).is_ok();
+    // Three batch elements, the last of length 0 (a fully masked row); 600 keys make
+    // three splits of 256; causal, so row 0 of each head sees keys up to 598 only.
+    let (b, hq, hkv, lq, lk, d, dv) = (3, 4, 2, 2, 600, 16, 16);
+    let shape = AttentionShape::new(b, hq, hkv, lq, lk, d, dv);
+    let options = AttentionOptions {
+        kernel: KernelChoice::Decode,
+        causal: Some(CausalAlignment::BottomRight),
+        key_lengths: Some(vec![600, 600, 0]),
+        align_to_key_lengths: true,
+        need_lse: true,
+        ..Default::default()
+    };
+    let mut runs: Vec<(&wgpu_attention::Context, FusedTiling, &str)> = common::decode_designs(shared)
+        .into_iter()
+        .map(|t| (shared, t, "tensors"))
+        .collect();
+    if lanes {
+        runs.push((&lanes_ctx, FusedTiling::Auto, "tensors"));
+    } else if common::is_vulkan_lavapipe(shared) {
+        common::skip_or_fail("the lanes design needs a fixed subgroup size");
+    }
+    runs.push((shared, FusedTiling::Auto, "a KV cache"));
+    for (n, dtype) in common::dtypes(shared).into_iter().enumerate() {
+        let seed = 6400 + n as u64;
+        let mut rng = Rng::new(seed);
+        let round = |x: Vec<f32>| -> Vec<f32> {
+            match dtype {
+                DType::F32 => x,
+                DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
+            }
+        };
+        let q = round(rng.vec(b * hq * lq * d, -1.0, 1.0));
+        let clean_k = round(rng.vec(b * hkv * lk * d, -1.0, 1.0));
+        let clean_v = round(rng.vec(b * hkv * lk * dv, -1.0, 1.0));
+        let (mut k, mut v) = (clean_k.clone(), clean_v.clone());
+        // Element 0, kv head 0: key 100 seen by both rows of query heads 0 and 1 (in the
+        // first split). Element 1, kv head 1: key 599 (the last split), seen by row 1 of
+        // query heads 2 and 3 only. Element 0, kv head 1: value 300's column 5. Element
+        // 2: a NaN key past its length 0.
+        let row = |bi: usize, h: usize, j: usize| (bi * hkv + h) * lk + j;
+        k[row(0, 0, 100) * d + 7] = f32::NAN;
+        k[row(1, 1, 599) * d] = f32::NAN;
+        v[row(0, 1, 300) * dv + 5] = f32::NAN;
+        k[row(2, 0, 10) * d..][..d].fill(f32::NAN);
+        let want = reference::attention(&q, &k, &v, &shape, &options).expect("reference");
+        let clean = reference::attention(&q, &clean_k, &clean_v, &shape, &options).expect("reference");
+        let out_nans = want.out.iter().filter(|x| x.is_nan()).count();
+        let lse_nans = want.lse.iter().filter(|x| x.is_nan()).count();
+        // Rows (0, 0..2, 0..2) and (1, 2..4, 1) in full, and column 5 of (0, 2..4, 0..2).
+        assert_eq!(
+            (out_nans, lse_nans),
+            (6 * dv + 4, 6),
+            "seed {seed}: the reference's NaN"
+        );
+        let rounding = if dtype == DType::F16 {
+            clean.max_abs_value * 2f64.powi(-11)
+        } else {
+            0.0
+        };
+        let bound = Tolerance::F32.bound(&shape, &clean, 0.0) + rounding;
+        let lse_bound = Tolerance::lse_bound(&shape, &clean);
+        for &(ctx, tiling, source) in &runs {
+            let upload =
+                |x: &[f32], s: [usize; 4]| Tensor::from_f32_as(ctx, s, Layout::Bhsd, dtype, x).expect("upload");
+            let qt = upload(&q, [b, hq, lq, d]);
+            let (kt, vt) = (upload(&k, [b, hkv, lk, d]), upload(&v, [b, hkv, lk, dv]));
+            let options = AttentionOptions {
+                tiling,
+                ..options.clone()
+            };
+            let what = format!(
+                "seed {seed} {dtype:?} {:?} from {source}",
+                decode::DecodeDesign::for_context(ctx, tiling)
+            );
+            eprintln!("{what}");
+            let result = if source == "tensors" {
+                sdpa(ctx, &qt, &kt, &vt, &options).expect("runs")
+            } else {
+                let config = KvCacheConfig {
+                    batch: b,
+                    heads_kv: hkv,
+                    capacity: lk,
+                    head_dim: d,
+                    head_dim_v: dv,
+                    layout: Layout::Bhsd,
+                    dtype,
+                };
+                let mut cache = KvCache::new(ctx, config).expect("cache");
+                cache.append_rows(ctx, &kt, &vt, &[600, 600, 0]).expect("append");
+                let options = AttentionOptions {
+                    key_lengths: None,
+                    ..options.clone()
+                };
+                cache.attend(ctx, &qt, &options).expect("attends")
+            };
+            let got = result.out.to_f32_vec(ctx).expect("read out");
+            let lse = result.lse.expect("lse asked for").to_f32_vec(ctx).expect("read lse");
+            for (name, got, want, clean, bound) in [
+                ("out", &got, &want.out, &clean.out, bound),
+                ("lse", &lse, &want.lse, &clean.lse, lse_bound),
+            ] {
+                let want_nan: Vec<bool> = want.iter().map(|x| x.is_nan()).collect();
+                let wrong: Vec<usize> = (0..want.len())
+                    .filter(|&e| got.get(e).is_none_or(|g| g.is_nan() != want_nan[e]))
+                    .collect();
+                assert!(
+                    wrong.is_empty(),
+                    "{what}: {name} is NaN where the reference is not, or the other way round, at {} elements, first {:?} ({:?} against {})",
+                    wrong.len(),
+                    wrong.first(),
+                    wrong.first().and_then(|&e| got.get(e)),
+                    wrong.first().map_or(0.0, |&e| want[e]),
+                );
+                // Elsewhere the clean inputs' answer (zeros and -inf at the empty rows).
+                let (finite_got, finite_want): (Vec<f32>, Vec<f64>) = got
+                    .iter()
+                    .zip(clean)
+                    .zip(&want_nan)
+                    .filter(|(_, &nan)| !nan)
+                    .map(|((&g, &w), _)| (g, w))
+                    .unzip();
+                let stats = ErrorStats::of(&finite_got, &finite_want);
+                assert!(stats.passes(bound), "{what}: {name} {stats:?} (bound {bound:e})");
+            }
+            let empty = &got[2 * hq * lq * dv..];
+            assert!(empty.iter().all(|&x| x == 0.0), "{what}: a fully masked row is zeros");
+        }
+    }
+}
