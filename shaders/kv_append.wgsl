@@ -148,16 +148,22 @@ fn appended(pr: PairRows, s: u32, d: u32) -> f32 {
 // Quantizes appended rows (symmetric, per row): scale = max|x| / 127, code =
 // round(x / max|x| * 127) (ties to even) clamped to [-127, 127]. A row whose largest
 // magnitude is below f32's smallest normal (zero, or subnormals a GPU may flush) has
-// scale 0 and codes 0. Same tiling as kv_append, each invocation one whole row.
+// scale 0 and codes 0. A row holding any NaN or infinity has codes 0 and a NaN scale,
+// so every element reads back NaN: never a finite number that was not there (issue 64;
+// `max` may drop a NaN, so the row's exponent bits are tested instead). Same tiling as
+// kv_append, each invocation one whole row.
 @compute @workgroup_size(64, 1, 1)
 fn kv_quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let pr = pair_rows(gid, groups);
     for (var s = gid.x; s < pr.count; s += groups.x * 64u) {
         var top = 0.0;
+        var finite = true;
         for (var d = 0u; d < ap.dim; d++) {
-            top = max(top, abs(appended(pr, s, d)));
+            let x = appended(pr, s, d);
+            top = max(top, abs(x));
+            finite = finite && (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
         }
-        let live = top >= 1.17549435e-38;
+        let live = top >= 1.17549435e-38 && finite;
         let at = dst_row(pr.b, pr.start + s) + pr.h * ap.dst_h;
         for (var w = 0u; w < ap.dim / 4u; w++) {
             var word = 0u;
@@ -168,6 +174,8 @@ fn kv_quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
             }
             codes[at / 4u + w] = word;
         }
-        scales[at / ap.dim] = select(0.0, top / 127.0, live);
+        // A quiet NaN made at run time (WGSL forbids non-finite constant expressions).
+        let nan = bitcast<f32>(0x7fc00000u | (ap.dim & 0u));
+        scales[at / ap.dim] = select(select(0.0, top / 127.0, live), nan, !finite);
     }
 }

@@ -66,7 +66,9 @@ pub struct QuantizedRows {
 
 impl QuantizedKv {
     /// `k` and `v` (one dtype and layout, `[B, Hkv, S, D]` and `[B, Hkv, S, Dv]`, head
-    /// dims multiples of 4), quantized on the device.
+    /// dims multiples of 4), quantized on the device. A row holding NaN or an infinity
+    /// gets codes 0 and a NaN scale: it reads back NaN throughout (docs/design.md,
+    /// "int8 KV cache").
     pub fn quantize(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<Self> {
         let [b, h, s, d] = k.shape();
         let [vb, vh, vs, dv] = v.shape();
@@ -418,6 +420,12 @@ fn encode_int8_decode(
 ///
 /// Unlike [`crate::KvCache`] it does not grow (make a larger one and append the rows
 /// again) and keeps no texel mirror; head dims must be multiples of 4.
+///
+/// Non-finite rows: an appended row (one token of one kv head) holding any NaN or
+/// infinity is kept as codes 0 with a NaN scale, so all of it reads back NaN and every
+/// query row that attends to it gets NaN, never a finite number that was not there.
+/// Appends do not refuse such rows: the rows are device tensors, and looking for NaN in
+/// them would mean a read back before every append.
 pub struct QuantizedKvCache {
     kv: QuantizedKv,
     lengths: Vec<u32>,
@@ -464,7 +472,9 @@ impl QuantizedKvCache {
     }
 
     /// Appends all `n` rows of `k_new` `[B, Hkv, n, D]` and `v_new` `[B, Hkv, n, Dv]`
-    /// (the cache's dtype, any layout) to every batch element, quantizing them.
+    /// (the cache's dtype, any layout) to every batch element, quantizing them. A row
+    /// holding NaN or an infinity is appended as NaN throughout (codes 0, a NaN scale),
+    /// not refused.
     pub fn append(&mut self, ctx: &Context, k_new: &Tensor, v_new: &Tensor) -> Result<()> {
         let n = k_new.shape()[2];
         let counts = vec![u32::try_from(n).unwrap_or(u32::MAX); self.lengths.len()];
@@ -472,7 +482,8 @@ impl QuantizedKvCache {
     }
 
     /// Appends the first `counts[b]` of the `n` rows of `k_new` and `v_new` to batch
-    /// element `b`, as [`crate::KvCache::append_rows`] does.
+    /// element `b`, as [`crate::KvCache::append_rows`] does, quantizing them as
+    /// [`QuantizedKvCache::append`] says (non-finite rows read back NaN).
     pub fn append_rows(&mut self, ctx: &Context, k_new: &Tensor, v_new: &Tensor, counts: &[u32]) -> Result<()> {
         self.kv.check_context(ctx, "KV cache")?;
         let [b, h, _, d] = self.kv.k_shape;

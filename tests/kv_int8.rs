@@ -8,8 +8,8 @@ mod common;
 use wgpu_attention::check::{ErrorStats, Rng, Tolerance};
 use wgpu_attention::reference::{attention, int8};
 use wgpu_attention::{
-    reads_codes, relayout, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, KvCacheConfig, Layout,
-    QuantizedKv, QuantizedKvCache, Tensor,
+    reads_codes, relayout, AttentionOptions, AttentionShape, CausalAlignment, DType, Error, KernelChoice,
+    KvCacheConfig, Layout, QuantizedKv, QuantizedKvCache, Tensor,
 };
 
 fn rounded(dtype: DType, x: Vec<f32>) -> Vec<f32> {
@@ -278,5 +278,168 @@ fn bad_int8_caches_and_appends_are_refused_and_change_nothing() {
             .attend(ctx, &q, &AttentionOptions::default())
             .expect_err("another context");
         assert!(err.to_string().contains("another Context"), "{err}");
+    }
+}
+
+/// Issue 64 item 2: an int8 cache never stores a finite number that was not there. A
+/// row holding NaN or an infinity is kept with codes 0 and a NaN scale (the tensors are
+/// on the device, so an append cannot refuse them without a read back): every element
+/// reads back NaN, on the kernel as in `reference::int8`, and attention over the cache
+/// is NaN in every row that sees such a key or value, on the path that reads codes and
+/// on the one that dequantizes, while rows that see none stay right. The quantizer once
+/// dropped NaN from the row maximum and clamped it to -127, and flipped +inf to -inf.
+#[test]
+fn rows_holding_nan_or_infinity_read_back_as_nan_on_every_path() {
+    let Some(ctx) = common::ctx() else { return };
+    let (b, hkv, hq, d, dv, cap) = (2, 2, 4, 16, 16, 40);
+    for (n, dtype) in common::dtypes(ctx).into_iter().enumerate() {
+        let seed = 5460 + n as u64;
+        let mut rng = Rng::new(seed);
+        let config = KvCacheConfig {
+            batch: b,
+            heads_kv: hkv,
+            capacity: cap,
+            head_dim: d,
+            head_dim_v: dv,
+            layout: Layout::Bshd,
+            dtype,
+        };
+        let mut cache = QuantizedKvCache::new(ctx, config).expect("cache");
+        let rows = 12;
+        let mut k = rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
+        let mut v = rounded(dtype, rng.vec(b * hkv * rows * dv, -1.0, 1.0));
+        // BHSD rows of the appended tensors: (element, kv head, row).
+        let at = |bi: usize, h: usize, s: usize| (bi * hkv + h) * rows + s;
+        k[at(0, 0, 3) * d + 2] = f32::NAN;
+        k[at(1, 1, 5) * d + 9] = f32::INFINITY;
+        v[at(0, 1, 7) * dv] = f32::NEG_INFINITY;
+        let poisoned_k = [(0, 0, 3), (1, 1, 5)];
+        let poisoned_v = [(0, 1, 7)];
+        let up =
+            |x: &[f32], dim| Tensor::from_f32_as(ctx, [b, hkv, rows, dim], Layout::Bhsd, dtype, x).expect("upload");
+        cache
+            .append_rows(ctx, &up(&k, d), &up(&v, dv), &[12, 10])
+            .expect("append");
+        assert_eq!(cache.lengths(), &[12, 10]);
+        // Codes and scales as the reference makes them: the poisoned rows all codes 0
+        // with a NaN scale, every other row finite.
+        let codes = cache.quantized().read(ctx).expect("read codes");
+        for (what, x, dim, got_codes, got_scales, poisoned) in [
+            ("K", &k, d, &codes.k_codes, &codes.k_scales, &poisoned_k[..]),
+            ("V", &v, dv, &codes.v_codes, &codes.v_scales, &poisoned_v[..]),
+        ] {
+            let (want_codes, want_scales) = int8::quantize_rows(x, dim);
+            for bi in 0..b {
+                for h in 0..hkv {
+                    for s in 0..cache.lengths()[bi] as usize {
+                        let src = at(bi, h, s);
+                        let dst = (bi * cap + s) * hkv + h; // BSHD row of the cache
+                        let (g, w) = (got_scales[dst], want_scales[src]);
+                        let place = format!("seed {seed} {dtype:?} {what} row ({bi}, {h}, {s})");
+                        assert_eq!(
+                            w.is_nan(),
+                            poisoned.contains(&(bi, h, s)),
+                            "{place}: reference scale {w}"
+                        );
+                        assert!(
+                            if w.is_nan() {
+                                g.is_nan()
+                            } else {
+                                (g - w).abs() <= 4.0 * f32::EPSILON * w.abs()
+                            },
+                            "{place}: scale {g} against {w}"
+                        );
+                        if w.is_nan() {
+                            let row_codes = &got_codes[dst * dim..][..dim];
+                            assert!(row_codes.iter().all(|&c| c == 0), "{place}: codes {row_codes:?}");
+                            assert_eq!(&want_codes[src * dim..][..dim], row_codes, "{place}");
+                        }
+                    }
+                }
+            }
+        }
+        let values = |codes: &[i8], scales: &[f32], dim| {
+            let all = int8::dequantize_rows(codes, scales, dim);
+            relayout(&all, [b, hkv, cap, dim], Layout::Bshd, Layout::Bhsd)
+        };
+        let k_values = values(&codes.k_codes, &codes.k_scales, d);
+        let v_values = values(&codes.v_codes, &codes.v_scales, dv);
+        // Every held value is finite except the poisoned rows, which are NaN throughout.
+        for (what, all, dim, poisoned) in [
+            ("K", &k_values, d, &poisoned_k[..]),
+            ("V", &v_values, dv, &poisoned_v[..]),
+        ] {
+            for bi in 0..b {
+                for h in 0..hkv {
+                    for s in 0..cache.lengths()[bi] as usize {
+                        let row = &all[((bi * hkv + h) * cap + s) * dim..][..dim];
+                        let nan = poisoned.contains(&(bi, h, s));
+                        assert!(
+                            row.iter().all(|x| if nan { x.is_nan() } else { x.is_finite() }),
+                            "seed {seed} {dtype:?} {what} row ({bi}, {h}, {s}) reads back {row:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // Attention with one query row: split-K decode reading the codes, and the fused
+        // kernel over the dequantized values.
+        let q = rounded(dtype, rng.vec(b * hq * d, -1.0, 1.0));
+        let q_tensor = Tensor::from_f32_as(ctx, [b, hq, 1, d], Layout::Bhsd, dtype, &q).expect("upload q");
+        let shape = AttentionShape::new(b, hq, hkv, 1, cap, d, dv);
+        for kernel in [KernelChoice::Decode, KernelChoice::Fused] {
+            let options = AttentionOptions {
+                kernel,
+                ..Default::default()
+            };
+            let in_kernel = reads_codes(ctx, dtype, &shape, &options).expect("route");
+            if kernel == KernelChoice::Decode && common::is_vulkan_lavapipe(ctx) {
+                assert!(in_kernel, "lavapipe runs the lanes design on int8 codes");
+            }
+            let got = cache.attend(ctx, &q_tensor, &options).expect("attend").out;
+            let got = got.to_f32_vec(ctx).expect("read out");
+            for bi in 0..b {
+                let len = cache.lengths()[bi] as usize;
+                let take = |all: &[f32], dim| -> Vec<f32> {
+                    (0..hkv)
+                        .flat_map(|h| all[(bi * hkv + h) * cap * dim..][..len * dim].to_vec())
+                        .collect()
+                };
+                let element = AttentionShape::new(1, hq, hkv, 1, len, d, dv);
+                let q_b = &q[bi * hq * d..][..hq * d];
+                let (kb, vb) = (take(&k_values, d), take(&v_values, dv));
+                let want = attention(q_b, &kb, &vb, &element, &options).expect("reference");
+                let zeroed = |x: Vec<f32>| {
+                    x.into_iter()
+                        .map(|x| if x.is_nan() { 0.0 } else { x })
+                        .collect::<Vec<_>>()
+                };
+                let clean = attention(q_b, &zeroed(kb), &zeroed(vb), &element, &options).expect("reference");
+                let rounding = if dtype == DType::F16 {
+                    clean.max_abs_value * 2f64.powi(-11)
+                } else {
+                    0.0
+                };
+                let bound = Tolerance::F32.bound(&element, &clean, 0.0) + rounding;
+                let got_b = &got[bi * hq * dv..][..hq * dv];
+                let place = format!("seed {seed} {dtype:?} {kernel:?} (codes in kernel {in_kernel}) element {bi}");
+                // Element 0: kv head 0's key and kv head 1's value: every head NaN;
+                // element 1: kv head 1's key, query heads 2 and 3 NaN.
+                let nan_heads = if bi == 0 { 0..4 } else { 2..4 };
+                for (e, (&g, &w)) in got_b.iter().zip(&want.out).enumerate() {
+                    let nan = nan_heads.contains(&(e / dv));
+                    assert_eq!(w.is_nan(), nan, "{place}: reference element {e} is {w}");
+                    assert_eq!(g.is_nan(), nan, "{place}: element {e} is {g}, the reference {w}");
+                    if !nan {
+                        let err = (f64::from(g) - clean.out[e]).abs();
+                        assert!(
+                            err <= bound,
+                            "{place}: element {e} {g} against {} (bound {bound:e})",
+                            clean.out[e]
+                        );
+                    }
+                }
+            }
+        }
     }
 }

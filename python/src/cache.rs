@@ -207,7 +207,10 @@ fn finish<'py>(
 /// ``kv_dtype="int8"`` keeps keys and values as int8 with one scale per row
 /// (``wgpu_attention::QuantizedKvCache``): rows are quantized as they are appended,
 /// queries and outputs stay ``dtype``; head dims must be multiples of 4, and the cache
-/// cannot ``grow``. ``keys()``/``values()`` then return the dequantized values.
+/// cannot ``grow``. ``keys()``/``values()`` then return the dequantized values. A row
+/// (one token of one kv head) holding NaN or an infinity is kept as NaN throughout: it
+/// reads back NaN and every query row that attends to it gets NaN, never a finite number
+/// that was not there.
 #[pyclass(name = "KvCache", module = "wgpu_attention", frozen)]
 pub struct PyKvCache {
     ctx: Arc<Context>,
