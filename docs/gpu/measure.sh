@@ -42,6 +42,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
     tune_f32=(--shape 1,2,1,20,40,16 --reps 1)
     tune_backward=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --dtype f16 --variants 32x32x32n)
     backward=(1,2,2,64,64,32)
+    # No GPU driver with statistics here: RADV's null hardware, one kernel.
+    isa=(--radv-null navi31 --kernel "fused/shared f32")
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     micro256=2,16,16,4096,4096,256 splits_shape=1,8,8,2048,2048,64
@@ -57,6 +59,9 @@ else
         --shape 2,16,16,4096,4096,256 --tilings micro,shared)
     backward=(1,8,8,2048,2048,64 4,16,16,4096,4096,128)
     tune_backward=(--dtype f16 --reps 3 --shape 4,16,16,4096,4096,128)
+    # The GPU driver's own figures (NVIDIA: registers per thread) for every GPU kernel,
+    # with wgpu's runtime checks and without (docs/isa.md).
+    isa=(--checks checked,unchecked)
 fi
 shape_args=()
 for s in "${attn[@]}"; do shape_args+=(--shape "$s"); done
@@ -86,6 +91,7 @@ step() {
 }
 
 step info "$bin" info
+step isa "$bin" isa "${isa[@]}" --json "$out/isa.json"
 step check "$bin" check --json "$out/check.json"
 # tune checks every tensor-core variant against the reference and times it; a table is
 # written only if every row is right.
@@ -107,6 +113,10 @@ step splits "$bin" tune --shape "$splits_shape" --dtype both --reps 3 --key-spli
     --variants "$splits_variants" --tilings coop,micro,shared --json "$out/splits.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
+# The same without wgpu's loop counters and bounds checks (docs/isa.md, "The runtime
+# checks"): compare with fused.json row by row.
+step fused-unchecked env WGPU_ATTENTION_RUNTIME_CHECKS=unchecked "$bin" bench "${shape_args[@]}" --causal \
+    --dtype both --kernel fused --reps "$reps" --probe "$probe" --json "$out/fused-unchecked.json"
 step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel fused \
     --precision medium --reps "$reps" --probe "$probe" --json "$out/fused-medium.json"
 # Full f32 on the micro-tile tiling (issue 53), pinned, at the shapes above and D 256;

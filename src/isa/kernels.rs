@@ -158,8 +158,12 @@ pub fn gpu() -> Vec<IsaKernel> {
         for v in backward_coop::VARIANTS {
             for kernel in [v.dq(GPU_SUBGROUP), v.dkdv(GPU_SUBGROUP)] {
                 out.push(
-                    IsaKernel::new(format!("backward/coop {} {}", v.label(), kernel.entry), kernel, dtype)
-                        .with_subgroup(GPU_SUBGROUP),
+                    IsaKernel::new(
+                        format!("backward/coop {} {} {}", v.label(), kernel.entry, dtype.name()),
+                        kernel,
+                        dtype,
+                    )
+                    .with_subgroup(GPU_SUBGROUP),
                 );
             }
         }
@@ -212,4 +216,18 @@ pub fn all() -> Vec<IsaKernel> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_label_names_one_kernel() {
+        // The budget is keyed by label: two kernels under one name would share a row.
+        let all = super::all();
+        let mut labels: Vec<&str> = all.iter().map(|k| k.label.as_str()).collect();
+        labels.sort_unstable();
+        let before = labels.len();
+        labels.dedup();
+        assert_eq!(labels.len(), before, "duplicate labels in isa::kernels::all()");
+    }
 }

@@ -71,17 +71,27 @@ impl Compiler {
         let instance =
             unsafe { entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None) }
                 .map_err(vk_error("vkCreateInstance"))?;
-        match Self::open_device(entry, instance.clone(), name) {
-            Ok(compiler) => Ok(compiler),
+        match Self::open_device(&instance, name) {
+            Ok((device, info, subgroup_size_control)) => Ok(Compiler {
+                executables: ash::khr::pipeline_executable_properties::Device::new(&instance, &device),
+                _entry: entry,
+                instance,
+                device,
+                info,
+                subgroup_size_control,
+            }),
             Err(e) => {
-                // SAFETY: the instance has no children left (open_device destroys its own).
+                // SAFETY: the instance has no children (no device was made), and the
+                // loader (`entry`) is still loaded.
                 unsafe { instance.destroy_instance(None) };
                 Err(e)
             }
         }
     }
 
-    fn open_device(entry: ash::Entry, instance: ash::Instance, name: Option<&str>) -> Result<Self, String> {
+    /// The device on the chosen adapter, its description and whether it can require a
+    /// subgroup size.
+    fn open_device(instance: &ash::Instance, name: Option<&str>) -> Result<(ash::Device, DeviceInfo, bool), String> {
         // SAFETY: a live instance.
         let physical =
             unsafe { instance.enumerate_physical_devices() }.map_err(vk_error("vkEnumeratePhysicalDevices"))?;
@@ -197,15 +207,7 @@ impl Compiler {
             .push_next(&mut features);
         // SAFETY: pd comes from this instance; every pointer in `create` outlives the call.
         let device = unsafe { instance.create_device(pd, &create, None) }.map_err(vk_error("vkCreateDevice"))?;
-        let executables = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
-        Ok(Compiler {
-            _entry: entry,
-            instance,
-            device,
-            executables,
-            info,
-            subgroup_size_control,
-        })
+        Ok((device, info, subgroup_size_control))
     }
 
     /// Builds the compute pipeline of a module's entry point, with a required subgroup
