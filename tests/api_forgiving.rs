@@ -1,6 +1,6 @@
 //! The API forgives the obvious, or says what to do instead (issue 37).
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::Rng;
 use wgpu_attention::{

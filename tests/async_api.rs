@@ -3,7 +3,7 @@
 //! the blocking forms' bits, build a working context (with the loop probe's readback
 //! awaited), report GPU errors, and pass the check grid's cases.
 
-mod common;
+use crate::common;
 use pollster::block_on;
 use wgpu_attention::check::{run_case_async, CheckCase, Rng};
 use wgpu_attention::{

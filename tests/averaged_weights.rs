@@ -4,7 +4,7 @@
 //! mean of the same call's per-head weights, on every kernel path
 //! and with chunks that cut a batch element's heads (B 2, Hq 3: chunks of 2 heads).
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::{CheckCase, Rng};
 use wgpu_attention::{sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, KernelChoice, Layout, Tensor};

@@ -1,7 +1,7 @@
 //! The CLI contract: `run` matches the reference; bad input exits 2 with one line on
 //! stderr and writes no output file.
 
-mod common;
+use crate::common;
 use common::cli::{bin, read_f32, scratch, write_npy, write_raw_npy};
 use std::path::Path;
 use wgpu_attention::check::Rng;

@@ -2,7 +2,7 @@
 //! match the f64 reference; a missing gradient output or a dO of the wrong shape is
 //! refused before any work.
 
-mod common;
+use crate::common;
 
 use common::cli::{bin, read_f32, scratch, write_npy};
 use wgpu_attention::check::Rng;

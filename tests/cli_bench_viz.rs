@@ -1,7 +1,7 @@
 //! `bench` (JSON fields, --compare, bad input) and `viz` (PNG size, masked keys drawn at
 //! weight zero) through the command line.
 
-mod common;
+use crate::common;
 use common::cli::{bin, scratch, write_npy};
 use std::path::Path;
 use wgpu_attention::check::Rng;

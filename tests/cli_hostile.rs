@@ -3,7 +3,7 @@
 //! cannot be allocated, options that overflow. Each case exits 2 with one line naming
 //! the problem and writes nothing, or succeeds without harm.
 
-mod common;
+use crate::common;
 
 use common::cli::{bin, files_in, read_f32, scratch, write_npy};
 use common::torch_fixture as fixture;

@@ -1,6 +1,6 @@
 //! `wgpu-attention mha` end to end on the PyTorch fixture, and its bad-input contract.
 
-mod common;
+use crate::common;
 
 use common::cli::{bin, read_f32, scratch};
 use common::torch_fixture as fixture;

@@ -1,7 +1,7 @@
 //! Quiet success: on a headless machine (no `XDG_RUNTIME_DIR`), a command that succeeds
 //! writes nothing on stderr but what the command itself says (issue 37).
 
-mod common;
+use crate::common;
 
 use common::cli::{bin, scratch, write_npy};
 use wgpu_attention::check::Rng;

@@ -3,7 +3,7 @@
 //! fixes its accumulation order (no atomics, no order that depends on scheduling), so
 //! this is expected to hold everywhere; docs/design.md says so.
 
-mod common;
+use crate::common;
 use common::cli::{bin, scratch, write_npy};
 use common::{dtypes, paths};
 use wgpu_attention::check::Rng;

@@ -5,7 +5,7 @@
 //! and pins what was measured per driver: Mesa 22's llvmpipe stops at 65535, Mesa 25's
 //! does not stop. A Mesa release that moves the cap fails here first.
 
-mod common;
+use crate::common;
 use wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
 use wgpu_attention::kernels::loop_probe::{trips, PROBE_TRIPS};
 

@@ -4,7 +4,7 @@
 //! any error scope, from the next call; never a panic or a silent invalid command
 //! buffer. Tensors of another context are refused up front (wgpu did not catch it).
 
-mod common;
+use crate::common;
 use wgpu_attention::{encode_sdpa, sdpa, AttentionOptions, Context, Error, Layout, Tensor};
 
 fn up(ctx: &Context, shape: [usize; 4]) -> Tensor {

@@ -1,6 +1,6 @@
 //! Every bad input gives its `Error` variant, before anything is dispatched.
 
-mod common;
+use crate::common;
 use wgpu_attention::{sdpa, AttentionOptions, Context, DType, Error, KernelChoice, Layout, Mask, Tensor, MAX_HEAD_DIM};
 
 fn tensor(ctx: &Context, shape: [usize; 4]) -> Tensor {

@@ -9,7 +9,7 @@
 //! never panics. Whole multi-tensor `.safetensors` layers with planted defects are in
 //! tests/fuzz_safetensors.rs.
 
-mod common;
+use crate::common;
 use common::cli::{bin, files_in, read_f32, scratch, write_npy, write_raw_npy};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};

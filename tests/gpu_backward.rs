@@ -3,7 +3,7 @@
 //! option with a gradient meaning, GQA, both layouts, f32 and f16, long ranges split
 //! under a loop cap, and bitwise repeatability.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, CheckCase, Rng};
 use wgpu_attention::{

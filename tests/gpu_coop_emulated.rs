@@ -5,7 +5,7 @@
 //! layouts and the GEMM epilogue; the tensor cores themselves only a GPU run checks.
 //! Shapes stay small: the emulation is slow and its loops count against llvmpipe's cap.
 
-mod common;
+use crate::common;
 use common::paged::{PagedInputs, D};
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_backward_case, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};

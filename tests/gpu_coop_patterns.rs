@@ -5,7 +5,7 @@
 //! driver gets wrong when a kernel fails; elsewhere it runs the same module through
 //! the emulation (`kernels::coop_emulation`), which must agree with the GPU.
 
-mod common;
+use crate::common;
 use half::f16;
 use wgpu_attention::check::Rng;
 use wgpu_attention::kernels::coop_emulation;

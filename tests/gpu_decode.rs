@@ -2,7 +2,7 @@
 //! ranges cut into splits that a combine pass merges. Every mask, GQA, f16, lengths 0
 //! and 1 in a batch, Lk not a multiple of the split or the tile, many splits.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, run_case, CheckCase, Rng};
 use wgpu_attention::kernels::decode;
 use wgpu_attention::{

@@ -1,7 +1,7 @@
 //! The fixed grid of awkward shapes and masks, on every kernel path, against the CPU
 //! reference.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::standard_grid;
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{DType, FusedTiling, KernelChoice};

@@ -2,7 +2,7 @@
 //! dispatches of its own and merged by log-sum-exp: the fixed grid of awkward shapes and
 //! masks on every fused tiling the adapter runs, against the CPU reference.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{run_case, standard_grid, CheckCase};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::{

@@ -4,7 +4,7 @@
 //! for the texture tiling also both ways of packing (copy and kernel), pre-packed
 //! weights, and matrices taller than one texture layer.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::{linear_tilings, run_linear_case, LinearCase as Case};
 use wgpu_attention::kernels::matmul::{encode_linear, Linear, LinearTiling};

@@ -4,7 +4,7 @@
 //! standard grid (`gpu_grid.rs`, `check`) mixes them in too; these are the cases it
 //! cannot reach.
 
-mod common;
+use crate::common;
 use common::{dtypes, paths};
 use wgpu_attention::check::{alibi_slopes, random_additive_mask, random_qkv, run_case_with, CheckCase, Rng};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;

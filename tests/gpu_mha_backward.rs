@@ -9,7 +9,7 @@
 //! twice that of a plain f16 implementation (every stored intermediate rounded to f16)
 //! plus the f32 bound, the forward's rule.
 
-mod common;
+use crate::common;
 
 use half::f16;
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, Rng};

@@ -3,7 +3,7 @@
 //! head-dim class, several key tiles with ragged ends, causal in both alignments, GQA
 //! and Dv != D, against the CPU reference.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::flash::micro_lanes;
 use wgpu_attention::{

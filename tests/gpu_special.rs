@@ -2,7 +2,7 @@
 //! key lengths of 0 and Lk, causal with Lq != Lk in both alignments, agreement of the
 //! fused and materialized paths.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{random_bool_mask, random_qkv, run_case_with, CheckCase, Rng};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::kernels::loop_budget;

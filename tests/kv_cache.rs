@@ -3,7 +3,7 @@
 //! row; attention over the cache equals attention over the concatenated rows with
 //! positions aligned to each batch element's own length.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{alibi_slopes, ErrorStats, Rng, Tolerance};
 use wgpu_attention::reference::attention;
 use wgpu_attention::KvCacheConfig;

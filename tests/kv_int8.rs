@@ -4,7 +4,7 @@
 //! on the paths that dequantize first; and the error against the unquantized values
 //! stays within what quantization can cause.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::{ErrorStats, Rng, Tolerance};
 use wgpu_attention::reference::{attention, int8};
 use wgpu_attention::{

@@ -5,7 +5,7 @@
 //! every way the subgroup design reads a row (16 bytes, 8 bytes, picked out of two
 //! words); and across texture layers, on a device whose 2D textures are small.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::Rng;
 use wgpu_attention::kernels::decode::DecodeDesign;
 use wgpu_attention::kernels::kv_texels::TexelGrid;

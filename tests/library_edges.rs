@@ -3,7 +3,7 @@
 //! many, buffer sizes within 16 bytes of 2^64, `info`'s adapter filters, and the
 //! wording of a full KV cache.
 
-mod common;
+use crate::common;
 use std::sync::mpsc;
 use wgpu_attention::wgpu;
 use wgpu_attention::{Context, DType, Error, KvCache, Layout, PagedKvCache, Tensor};

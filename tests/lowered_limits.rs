@@ -4,7 +4,7 @@
 //! worse) before the guards; each must now be `LimitExceeded`, and the context keeps
 //! working.
 
-mod common;
+use crate::common;
 use wgpu_attention::{sdpa, AttentionOptions, Context, DType, Error, FusedTiling, KernelChoice, Layout, Tensor};
 
 /// A context on the default adapter whose device has these lowered limits.

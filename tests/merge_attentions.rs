@@ -5,7 +5,7 @@
 //! windows and ALiBi measured from each partition's `position_offset`; rows no partition
 //! saw; mixed layouts; f16; bad inputs refused.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::{Rng, Tolerance};
 use wgpu_attention::{

@@ -2,7 +2,7 @@
 //! self- and cross-attention, packed and separate projections, GQA, every mask kind,
 //! post-norm, averaged and per-head weights, f32 and f16.
 
-mod common;
+use crate::common;
 
 use half::f16;
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, ErrorStats, Rng};

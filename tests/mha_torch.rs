@@ -4,7 +4,7 @@
 //! Verifies the naming schemes, the mask conventions and the math against the real
 //! thing. PyTorch computed in f32; a float64 recomputation agrees with it to 2e-6.
 
-mod common;
+use crate::common;
 
 use common::torch_fixture as fixture;
 use wgpu_attention::check::ErrorStats;

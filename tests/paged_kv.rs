@@ -4,7 +4,7 @@
 //! shares one pool between sequences of different lengths, frees and reuses pages,
 //! refuses what does not fit without changing anything, and attends like `KvCache`.
 
-mod common;
+use crate::common;
 use common::paged::{PagedInputs, HKV, PAGE};
 use common::{dtypes, paths};
 use wgpu_attention::check::{alibi_slopes, ErrorStats, Rng, Tolerance};

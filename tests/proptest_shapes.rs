@@ -18,7 +18,7 @@
 //! The run draws from one seed, printed on failure: `WGPU_ATTENTION_TEST_SEED=<seed>`
 //! draws the same cases again.
 
-mod common;
+use crate::common;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use std::sync::atomic::{AtomicUsize, Ordering};

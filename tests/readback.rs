@@ -2,7 +2,7 @@
 //! one per read, and every read still returns its own data; `sdpa_read` (attention and
 //! its readback in one submission) gives exactly what `sdpa` then a read give.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::Rng;
 use wgpu_attention::{

@@ -3,7 +3,7 @@
 //! transformers' LLaMA does), both pairings, rotary dim below the head dim, positions
 //! that differ per batch element, both layouts, f16, bad inputs refused.
 
-mod common;
+use crate::common;
 
 use half::f16;
 use wgpu_attention::check::Rng;

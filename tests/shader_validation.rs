@@ -2,7 +2,7 @@
 //! writes it for a Vulkan 1.3 device) passes `spirv-val`, and the uniform block's WGSL
 //! layout matches the Rust struct. Needs no GPU.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::kernels::{every_kernel, shader_source, AttentionParams};
 use wgpu_attention::DType;

@@ -3,7 +3,7 @@
 //! attending on its own, the partials merged on one; equals one call over all keys on
 //! one context, for the rules measured on the whole key axis.
 
-mod common;
+use crate::common;
 
 use wgpu_attention::check::{random_additive_mask, random_bool_mask, Rng, Tolerance};
 use wgpu_attention::{

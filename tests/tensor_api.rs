@@ -1,6 +1,6 @@
 //! Tensors over a caller's own `wgpu::Buffer`, and readback in the tensor's dtype.
 
-mod common;
+use crate::common;
 
 use half::f16;
 use wgpu_attention::check::Rng;

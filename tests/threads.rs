@@ -2,7 +2,7 @@
 //! compile time in lib.rs): attention calls made concurrently from 8 threads each match the reference. A lost
 //! device makes every later call fail with an error that says so, never a panic.
 
-mod common;
+use crate::common;
 use wgpu_attention::check::CheckCase;
 use wgpu_attention::{sdpa, AttentionOptions, AttentionShape, CausalAlignment, DType, Layout, Tensor};
 
