@@ -24,5 +24,13 @@ fn the_tiling_variable_is_parsed_when_the_context_is_made() {
         ctx.default_fused_tiling(false).expect("read at creation"),
         FusedTiling::Registers
     );
+    // Set but empty is refused as every variable refuses it (issue 64 item 8: it meant
+    // auto), not taken for unset.
+    std::env::set_var("WGPU_ATTENTION_TILING", "");
+    let err = Context::new().expect_err("an empty tiling");
+    assert!(
+        matches!(&err, Error::Invalid { what, reason } if what == "WGPU_ATTENTION_TILING" && reason.contains("empty")),
+        "{err}"
+    );
     std::env::remove_var("WGPU_ATTENTION_TILING");
 }

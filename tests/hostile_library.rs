@@ -99,3 +99,29 @@ fn heatmaps_stay_bounded_whatever_the_labels_and_panel_count() {
     let (grid, _) = render_grid(&many[..MAX_GRID_PANELS], &labels).expect("a full grid");
     assert!(u64::from(grid.width) * u64::from(grid.height) <= wgpu_attention::heatmap::MAX_CANVAS_PIXELS);
 }
+
+#[test]
+fn backend_lists_and_key_split_counts_take_only_what_they_name() {
+    // Issue 64 item 8: wgpu's parser skipped `bogus` in `vulkan,bogus`; the key-split
+    // count took `+2` and ` 2 `.
+    use wgpu_attention::wgpu::Backends;
+    use wgpu_attention::AdapterSelector;
+    assert_eq!(
+        AdapterSelector::parse_backends("WGPU_BACKEND", "Vulkan,gl").expect("two backends"),
+        Backends::VULKAN | Backends::GL
+    );
+    for bad in ["vulkan,bogus", "vulkan,", "", "vulkan;gl"] {
+        let e = AdapterSelector::parse_backends("WGPU_BACKEND", bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            e.contains("WGPU_BACKEND") && e.contains("is not a backend"),
+            "{bad:?}: {e}"
+        );
+    }
+    assert_eq!(wgpu_attention::tune::parse_key_splits("x", "16").expect("16"), 16);
+    for bad in ["+2", " 2 ", "2 ", "", "0", "17", "0x2", "２"] {
+        let e = wgpu_attention::tune::parse_key_splits("WGPU_ATTENTION_KEY_SPLITS", bad).expect_err(bad);
+        assert!(e.to_string().contains("WGPU_ATTENTION_KEY_SPLITS"), "{bad:?}: {e}");
+    }
+}

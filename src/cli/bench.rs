@@ -242,11 +242,7 @@ pub fn run(adapter: &AdapterArgs, args: &BenchArgs) -> Result<(), CliError> {
     let plan = Plan::from_args(args)?;
     let contexts = if args.all_adapters {
         // Every adapter the filters admit (--backend/--adapter, else the environment).
-        let selector = wgpu_attention::AdapterSelector {
-            name: adapter.adapter.clone(),
-            backend: adapter.backend.clone(),
-        };
-        let adapters = selector.with_env().adapters()?;
+        let adapters = adapter.selector()?.adapters()?;
         if adapters.is_empty() {
             return Err(CliError::bad("--all-adapters: no adapters found"));
         }

@@ -14,35 +14,12 @@ pub struct InfoArgs {
 pub fn run(adapter: &AdapterArgs, args: &InfoArgs) -> Result<(), CliError> {
     // The adapters every other command chooses among: `--backend` and `--adapter`, else
     // WGPU_BACKEND and WGPU_ADAPTER_NAME. A filter that matches nothing is bad input
-    // (exit 2), naming the filter and the adapters there are.
-    let selector = wgpu_attention::AdapterSelector {
-        name: adapter.adapter.clone(),
-        backend: adapter.backend.clone(),
-    }
-    .with_env();
-    let adapters = selector.adapters()?;
-    // Numbers are positions among every adapter on the chosen backends, what
-    // `--adapter N` counts, also when a name filter leaves some out.
-    let numbers: Vec<String> = match selector.name {
-        // Unfiltered, the list is the numbered one (identical GPUs keep their places).
-        None => (0..adapters.len()).map(|i| format!("#{i}")).collect(),
-        Some(_) => {
-            let numbered = wgpu_attention::AdapterSelector {
-                name: None,
-                backend: selector.backend.clone(),
-            }
-            .adapters()?;
-            let number_of = |info: wgpu_attention::wgpu::AdapterInfo| {
-                numbered
-                    .iter()
-                    .position(|a| a.get_info() == info)
-                    .map_or("#?".to_string(), |i| format!("#{i}"))
-            };
-            adapters.iter().map(|a| number_of(a.get_info())).collect()
-        }
-    };
+    // (exit 2), naming the filter and the adapters there are. Numbered by position among every adapter on the chosen backends: what
+    // `--adapter '#N'` (or `BACKEND:#N`) takes, also when a name filter leaves some out.
+    let numbered = adapter.selector()?.numbered_adapters()?;
+    let numbers: Vec<String> = numbered.iter().map(|(n, _)| format!("#{n}")).collect();
     let mut all = Vec::new();
-    for a in &adapters {
+    for (_, a) in &numbered {
         all.push(adapter_json(
             &a.get_info(),
             a.features(),

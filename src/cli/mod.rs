@@ -107,11 +107,25 @@ pub struct AdapterArgs {
 }
 
 impl AdapterArgs {
-    pub fn context(&self) -> Result<Context, CliError> {
-        Ok(Context::with_selector(AdapterSelector {
+    /// The selector these options and the environment make: `--backend` checked by name
+    /// (an unknown backend refused, naming the flag), then `WGPU_ADAPTER_NAME` and
+    /// `WGPU_BACKEND` where the options leave a field empty.
+    pub fn selector(&self) -> Result<AdapterSelector, CliError> {
+        if let Some(list) = &self.backend {
+            AdapterSelector::parse_backends("--backend", list)?;
+        }
+        if self.adapter.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            return Err(CliError::bad("--adapter: empty (give a name, #N or BACKEND:NAME)"));
+        }
+        Ok(AdapterSelector {
             name: self.adapter.clone(),
             backend: self.backend.clone(),
-        })?)
+        }
+        .with_env()?)
+    }
+
+    pub fn context(&self) -> Result<Context, CliError> {
+        Ok(Context::with_selector(self.selector()?)?)
     }
 }
 

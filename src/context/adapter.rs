@@ -18,32 +18,60 @@ pub struct AdapterSelector {
 }
 
 impl AdapterSelector {
-    /// Fills empty fields from `WGPU_ADAPTER_NAME` and `WGPU_BACKEND`.
-    pub fn with_env(mut self) -> Self {
-        let non_empty = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    /// Fills empty fields from `WGPU_ADAPTER_NAME` and `WGPU_BACKEND`. A variable set
+    /// but empty is refused, naming it (as every variable this crate reads), and so is a
+    /// `WGPU_BACKEND` that names anything but backends.
+    pub fn with_env(mut self) -> Result<Self> {
         if self.name.is_none() {
-            self.name = non_empty("WGPU_ADAPTER_NAME");
+            self.name = crate::context::env_value("WGPU_ADAPTER_NAME")?;
         }
         if self.backend.is_none() {
-            self.backend = non_empty("WGPU_BACKEND");
+            if let Some(list) = crate::context::env_value("WGPU_BACKEND")? {
+                Self::parse_backends("WGPU_BACKEND", &list)?;
+                self.backend = Some(list);
+            }
         }
-        self
+        Ok(self)
     }
 
-    pub(super) fn backends(&self) -> Result<wgpu::Backends> {
-        let listed = match &self.backend {
-            None => wgpu::Backends::all(),
-            Some(list) => {
-                let parsed = wgpu::Backends::from_comma_list(list);
-                if parsed.is_empty() {
+    /// Parses a comma-separated list of backends as wgpu names them (`vulkan` or `vk`,
+    /// `gl`, `gles` or `opengl`, `metal` or `mtl`, `dx12` or `d3d12`, `webgpu`; any
+    /// case). Every name must be one: an unknown or empty one is refused, `what` (the
+    /// flag or variable) named, where wgpu's own parser would skip it.
+    pub fn parse_backends(what: &str, list: &str) -> Result<wgpu::Backends> {
+        let mut backends = wgpu::Backends::empty();
+        for name in list.split(',') {
+            backends |= match name.trim().to_lowercase().as_str() {
+                "vulkan" | "vk" => wgpu::Backends::VULKAN,
+                "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+                "metal" | "mtl" => wgpu::Backends::METAL,
+                "dx12" | "d3d12" => wgpu::Backends::DX12,
+                "webgpu" => wgpu::Backends::BROWSER_WEBGPU,
+                _ => {
                     return Err(Error::invalid(
-                        "backend",
-                        format!("'{list}' names no backend (try vulkan, gl, metal, dx12)"),
-                    ));
+                        what,
+                        format!("'{}' is not a backend (vulkan, gl, metal, dx12)", name.trim()),
+                    ))
                 }
-                parsed
-            }
-        };
+            };
+        }
+        Ok(backends)
+    }
+
+    /// The backends whose adapters are listed and numbered: `backend`, else every one.
+    /// A backend prefix on the name narrows the choice, not the numbering, so that
+    /// `gl:#1` is the adapter `info` lists as `#1`.
+    fn listed_backends(&self) -> Result<wgpu::Backends> {
+        match &self.backend {
+            None => Ok(wgpu::Backends::all()),
+            Some(list) => Self::parse_backends("backend", list),
+        }
+    }
+
+    /// The backends an adapter may be picked from: the listed ones, narrowed by a
+    /// backend prefix on the name (refused where the prefix is outside them).
+    pub(super) fn backends(&self) -> Result<wgpu::Backends> {
+        let listed = self.listed_backends()?;
         match self.name_parts().0 {
             Some(prefix) if (listed & prefix).is_empty() => Err(Error::invalid(
                 "adapter",
@@ -64,8 +92,7 @@ impl AdapterSelector {
             return (None, None);
         };
         if let Some((prefix, rest)) = name.split_once(':') {
-            let backend = wgpu::Backends::from_comma_list(prefix.trim());
-            if !prefix.contains(',') && !backend.is_empty() {
+            if let Some(backend) = Self::parse_backends("", prefix).ok().filter(|_| !prefix.contains(',')) {
                 return (Some(backend), Some(rest.trim()).filter(|r| !r.is_empty()));
             }
         }
@@ -85,24 +112,37 @@ impl AdapterSelector {
         }
     }
 
-    /// The adapters of `listed` (every adapter on this selector's backends, in listing
-    /// order) that the name admits.
-    pub(super) fn pick(&self, listed: Vec<wgpu::Adapter>) -> Vec<wgpu::Adapter> {
-        let containing = |listed: Vec<wgpu::Adapter>, w: &str| -> Vec<wgpu::Adapter> {
-            listed
+    /// The adapters of `listed` (every adapter on the listed backends, in listing
+    /// order: [`AdapterSelector::listed_backends`]) that the name admits, each with its
+    /// number in that listing (`info`'s, and what `#N` asks for, prefix or not).
+    pub(super) fn pick(&self, listed: Vec<wgpu::Adapter>) -> Vec<(usize, wgpu::Adapter)> {
+        let prefix = self.name_parts().0;
+        let allowed: Vec<(usize, wgpu::Adapter)> = listed
+            .into_iter()
+            .enumerate()
+            .filter(|(_, a)| prefix.is_none_or(|p| p.contains(a.get_info().backend.into())))
+            .collect();
+        let containing = |allowed: Vec<(usize, wgpu::Adapter)>, w: &str| -> Vec<(usize, wgpu::Adapter)> {
+            allowed
                 .into_iter()
-                .filter(|a| a.get_info().name.to_lowercase().contains(w))
+                .filter(|(_, a)| a.get_info().name.to_lowercase().contains(w))
                 .collect()
         };
+        let numbered = |allowed: Vec<(usize, wgpu::Adapter)>, i: usize| -> Vec<(usize, wgpu::Adapter)> {
+            allowed.into_iter().filter(|&(n, _)| n == i).collect()
+        };
         match self.wanted() {
-            Wanted::Any => listed,
-            Wanted::Index(i) => listed.into_iter().nth(i).into_iter().collect(),
-            Wanted::Containing(w) => containing(listed, &w),
+            Wanted::Any => allowed,
+            Wanted::Index(i) => numbered(allowed, i),
+            Wanted::Containing(w) => containing(allowed, &w),
             Wanted::NameOrIndex(w, i) => {
-                if listed.iter().any(|a| a.get_info().name.to_lowercase().contains(&w)) {
-                    containing(listed, &w)
+                if allowed
+                    .iter()
+                    .any(|(_, a)| a.get_info().name.to_lowercase().contains(&w))
+                {
+                    containing(allowed, &w)
                 } else {
-                    listed.into_iter().nth(i).into_iter().collect()
+                    numbered(allowed, i)
                 }
             }
         }
@@ -140,32 +180,56 @@ impl AdapterSelector {
     /// Every adapter this selector's fields admit: on its backends, with its name
     /// (call [`AdapterSelector::with_env`] first to honour the environment as
     /// [`crate::Context::with_selector`] does). Where a name or a backend is given and no
-    /// adapter matches, [`Error::NoAdapter`] names the filter and every adapter on any
-    /// backend; with neither, the list may be empty.
+    /// adapter matches, [`Error::NoAdapter`] names the filter and lists, numbered, the
+    /// adapters its backends allow; with neither, the list may be empty.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn adapters(&self) -> Result<Vec<wgpu::Adapter>> {
-        pollster::block_on(self.adapters_async())
+        Ok(self.numbered_adapters()?.into_iter().map(|(_, a)| a).collect())
+    }
+
+    /// [`AdapterSelector::adapters`], each with its number: its position among every
+    /// adapter on the backends `backend` lists (all where unset), the number
+    /// `wgpu-attention info` prints beside it and `#N` picks, with a backend prefix on the
+    /// name or without.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn numbered_adapters(&self) -> Result<Vec<(usize, wgpu::Adapter)>> {
+        pollster::block_on(self.numbered_adapters_async())
     }
 
     /// [`AdapterSelector::adapters`], awaited.
     pub async fn adapters_async(&self) -> Result<Vec<wgpu::Adapter>> {
-        let backends = self.backends()?;
-        let adapters = self.pick(new_instance(backends).enumerate_adapters(backends).await);
+        Ok(self
+            .numbered_adapters_async()
+            .await?
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect())
+    }
+
+    /// [`AdapterSelector::numbered_adapters`], awaited.
+    pub async fn numbered_adapters_async(&self) -> Result<Vec<(usize, wgpu::Adapter)>> {
+        let allowed = self.backends()?;
+        let listed = self.listed_backends()?;
+        let every = new_instance(listed).enumerate_adapters(listed).await;
+        let available = numbered_names(&every, allowed);
+        let adapters = self.pick(every);
         if adapters.is_empty() && self.filters() {
-            let every = wgpu::Backends::all();
-            let names: Vec<String> = new_instance(every)
-                .enumerate_adapters(every)
-                .await
-                .iter()
-                .map(|a| {
-                    let info = a.get_info();
-                    format!("{} ({:?})", info.name, info.backend)
-                })
-                .collect();
-            return Err(no_adapter(self, &names));
+            return Err(no_adapter(self, &available));
         }
         Ok(adapters)
     }
+}
+
+/// "#N name (Backend)" for each adapter of `listed` (numbered in listing order) on the
+/// `allowed` backends: what an error lists.
+pub(super) fn numbered_names(listed: &[wgpu::Adapter], allowed: wgpu::Backends) -> Vec<String> {
+    listed
+        .iter()
+        .enumerate()
+        .map(|(n, a)| (n, a.get_info()))
+        .filter(|(_, info)| allowed.contains(info.backend.into()))
+        .map(|(n, info)| format!("#{n} {} ({:?})", info.name, info.backend))
+        .collect()
 }
 
 /// Turns off Mesa's Vulkan device-select layer (`NODEVICE_SELECT=1`) on a headless
@@ -198,11 +262,10 @@ pub fn enumerate_adapters(backend: Option<&str>) -> Result<Vec<wgpu::Adapter>> {
 
 /// [`enumerate_adapters`], awaited rather than blocked on (the only form on the web).
 pub async fn enumerate_adapters_async(backend: Option<&str>) -> Result<Vec<wgpu::Adapter>> {
-    let selector = AdapterSelector {
-        name: None,
-        backend: backend.map(str::to_owned),
+    let backends = match backend {
+        None => wgpu::Backends::all(),
+        Some(list) => AdapterSelector::parse_backends("backend", list)?,
     };
-    let backends = selector.backends()?;
     let instance = new_instance(backends);
     Ok(instance.enumerate_adapters(backends).await)
 }
@@ -213,13 +276,18 @@ pub(super) fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
+/// The error for a selector that matched nothing; `names` are the adapters its backends
+/// allow ([`numbered_names`]).
 pub(super) fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {
+    let backends = selector.backends().ok().filter(|b| *b != wgpu::Backends::all());
     Error::NoAdapter {
         wanted: selector.describe(),
-        available: if names.is_empty() {
-            "none (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)".into()
-        } else {
-            names.join(", ")
+        available: match (names.is_empty(), backends) {
+            (false, _) => names.join(", "),
+            (true, Some(_)) => "none on the backends chosen".into(),
+            (true, None) => {
+                "none (install a GPU driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)".into()
+            }
         },
     }
 }

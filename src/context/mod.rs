@@ -75,13 +75,39 @@ pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
 /// default) or `direct` ([`Context::use_direct_coop_gemm`]).
 pub const COOP_GEMM_VAR: &str = "WGPU_ATTENTION_COOP_GEMM";
 
+/// The value of the environment variable `var`, the one rule every variable this crate
+/// reads follows: `None` where unset; refused where set but empty (or only spaces: an
+/// empty value is an accident, e.g. `VAR=$UNSET_SHELL_VARIABLE`, never a choice) or not
+/// UTF-8. Each variable's own parser then reads the value.
+pub(crate) fn env_value(var: &str) -> Result<Option<String>> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(var, "is not UTF-8")),
+        Ok(value) if value.trim().is_empty() => Err(empty_env(var)),
+        Ok(value) => Ok(Some(value)),
+    }
+}
+
+/// [`env_value`] for a variable that names a path: any bytes, but not empty.
+pub(crate) fn env_path(var: &str) -> Result<Option<std::path::PathBuf>> {
+    match std::env::var_os(var) {
+        None => Ok(None),
+        Some(value) if value.to_string_lossy().trim().is_empty() => Err(empty_env(var)),
+        Some(value) => Ok(Some(value.into())),
+    }
+}
+
+/// The error for a variable set to nothing.
+fn empty_env(var: &str) -> Error {
+    Error::invalid(var, "is set but empty (unset it for the default)")
+}
+
 /// An environment variable that picks one of two forms, parsed: `Ok(false)` where unset
 /// or `off`, `Ok(true)` for `on`.
 fn form_from_env(var: &str, off: &str, on: &str) -> Result<bool> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
-        Err(e) => Err(Error::invalid(var, e.to_string())),
-        Ok(text) => match text.trim() {
+    match env_value(var)? {
+        None => Ok(false),
+        Some(text) => match text.trim() {
             t if t == off => Ok(false),
             t if t == on => Ok(true),
             other => Err(Error::invalid(var, format!("'{other}' is neither '{off}' nor '{on}'"))),
@@ -94,33 +120,40 @@ pub const MAX_KEY_SPLITS: u32 = 16;
 
 /// [`KEY_SPLITS_VAR`], parsed (1 where unset).
 fn key_splits_from_env() -> Result<u32> {
-    match std::env::var(KEY_SPLITS_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(1),
-        Err(e) => Err(Error::invalid(KEY_SPLITS_VAR, e.to_string())),
-        Ok(text) => text
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=MAX_KEY_SPLITS).contains(n))
-            .ok_or_else(|| {
-                Error::invalid(
-                    KEY_SPLITS_VAR,
-                    format!("'{text}' is not a count of 1 to {MAX_KEY_SPLITS}"),
-                )
-            }),
+    match env_value(KEY_SPLITS_VAR)? {
+        None => Ok(1),
+        Some(text) => crate::tune::parse_key_splits(KEY_SPLITS_VAR, &text),
     }
 }
 
 /// [`TILING_VAR`], parsed: read once per context, so a typo is one clear error when
 /// the context is made rather than a surprise at some later call.
 fn tiling_from_env() -> std::result::Result<FusedTiling, String> {
-    match std::env::var(TILING_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(FusedTiling::Auto),
+    let reason = |e: Error| match e {
+        Error::Invalid { reason, .. } => reason,
+        e => e.to_string(),
+    };
+    match env_value(TILING_VAR).map_err(reason)? {
+        None => Ok(FusedTiling::Auto),
+        Some(name) => crate::kernels::flash::parse_tiling(TILING_VAR, &name).map_err(reason),
+    }
+}
+
+/// `WGPU_ATTENTION_DECODE`, parsed (`None` where unset or `auto`), or why not.
+fn decode_design_from_env() -> std::result::Result<Option<crate::kernels::decode::DecodeDesign>, String> {
+    match env_value(crate::kernels::decode::DECODE_VAR) {
+        Err(Error::Invalid { reason, .. }) => Err(reason),
         Err(e) => Err(e.to_string()),
-        Ok(name) => crate::kernels::flash::parse_tiling(TILING_VAR, &name).map_err(|e| match e {
-            Error::Invalid { reason, .. } => reason,
-            e => e.to_string(),
-        }),
+        Ok(_) => crate::kernels::decode::DecodeDesign::from_env(),
+    }
+}
+
+/// `WGPU_ATTENTION_RUNTIME_CHECKS`, parsed (wgpu's default where unset).
+fn runtime_checks_from_env() -> Result<crate::kernels::runtime_checks::RuntimeChecks> {
+    use crate::kernels::runtime_checks::{RuntimeChecks, RUNTIME_CHECKS_VAR};
+    match env_value(RUNTIME_CHECKS_VAR)? {
+        None => Ok(RuntimeChecks::WGPU_DEFAULT),
+        Some(value) => RuntimeChecks::parse(RUNTIME_CHECKS_VAR, &value),
     }
 }
 
@@ -187,26 +220,19 @@ impl Context {
 
     /// [`Context::with_selector`], awaited.
     pub async fn with_selector_async(selector: AdapterSelector) -> Result<Self> {
-        let selector = selector.with_env();
-        let backends = selector.backends()?;
-        let instance = new_instance(backends);
+        let selector = selector.with_env()?;
         let adapter = match &selector.name {
-            Some(_) => {
-                let adapters = instance.enumerate_adapters(backends).await;
-                let names: Vec<String> = adapters
-                    .iter()
-                    .map(|a| {
-                        let info = a.get_info();
-                        format!("{} ({:?})", info.name, info.backend)
-                    })
-                    .collect();
-                selector
-                    .pick(adapters)
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| no_adapter(&selector, &names))?
-            }
+            // Numbered as `info` numbers them: every adapter on the listed backends.
+            Some(_) => selector
+                .numbered_adapters_async()
+                .await?
+                .into_iter()
+                .map(|(_, a)| a)
+                .next()
+                .ok_or_else(|| no_adapter(&selector, &[]))?,
             None => {
+                let backends = selector.backends()?;
+                let instance = new_instance(backends);
                 let options = wgpu::RequestAdapterOptions {
                     power_preference: wgpu::PowerPreference::from_env().unwrap_or_default(),
                     ..Default::default()
@@ -214,13 +240,8 @@ impl Context {
                 match instance.request_adapter(&options).await {
                     Ok(adapter) => adapter,
                     Err(_) => {
-                        let names: Vec<String> = instance
-                            .enumerate_adapters(backends)
-                            .await
-                            .iter()
-                            .map(|a| a.get_info().name)
-                            .collect();
-                        return Err(no_adapter(&selector, &names));
+                        let listed = instance.enumerate_adapters(backends).await;
+                        return Err(no_adapter(&selector, &adapter::numbered_names(&listed, backends)));
                     }
                 }
             }
@@ -268,7 +289,7 @@ impl Context {
         ctx.caps.key_splits = key_splits_from_env()?;
         ctx.caps.coop_backward_named = form_from_env(COOP_BACKWARD_VAR, "arrayed", "named")?;
         ctx.caps.coop_gemm_direct = form_from_env(COOP_GEMM_VAR, "staged", "direct")?;
-        ctx.runtime_checks = crate::kernels::runtime_checks::RuntimeChecks::from_env()?;
+        ctx.runtime_checks = runtime_checks_from_env()?;
         ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
         Ok(ctx)
     }
@@ -452,7 +473,7 @@ impl Context {
             watch,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
             env_tiling: tiling_from_env(),
-            decode_design: crate::kernels::decode::DecodeDesign::from_env(),
+            decode_design: decode_design_from_env(),
             backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
             runtime_checks: crate::kernels::runtime_checks::RuntimeChecks::WGPU_DEFAULT,
         }
