@@ -188,15 +188,22 @@ impl TuneTable {
     }
 
     /// Where the user's table is looked for (see the module docs); `None` where no
-    /// home or configuration directory is known.
-    pub fn user_path() -> Option<PathBuf> {
-        if let Some(path) = std::env::var_os(TUNE_FILE_VAR) {
-            return Some(path.into());
+    /// home or configuration directory is known. `WGPU_ATTENTION_TUNE_FILE` set but
+    /// empty is refused, naming it (it would otherwise mean "no table" unnoticed);
+    /// `XDG_CONFIG_HOME` empty or relative is ignored, as the XDG specification says.
+    pub fn user_path() -> Result<Option<PathBuf>> {
+        if let Some(path) = crate::context::env_path(TUNE_FILE_VAR)? {
+            return Ok(Some(path));
         }
         let config = std::env::var_os("XDG_CONFIG_HOME")
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
-        Some(config.join("wgpu-attention").join("tune.tsv"))
+            .filter(|p| p.is_absolute())
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(|home| PathBuf::from(home).join(".config"))
+            });
+        Ok(config.map(|c| c.join("wgpu-attention").join("tune.tsv")))
     }
 
     /// The user's table followed by the checked-in one (so the user's entries win). A
@@ -211,7 +218,7 @@ impl TuneTable {
     /// The user's table, or an empty one where there is none.
     #[cfg(not(target_arch = "wasm32"))]
     fn user() -> Result<Self> {
-        let Some(path) = Self::user_path() else {
+        let Some(path) = Self::user_path()? else {
             return Ok(Self::default());
         };
         match read_table_text(&path)? {
@@ -242,6 +249,18 @@ impl TuneTable {
         }
         picked
     }
+}
+
+/// A count of key splits as `WGPU_ATTENTION_KEY_SPLITS` ([`crate::KEY_SPLITS_VAR`])
+/// and `tune --key-splits` spell it: plain decimal digits (no sign, no spaces), 1 to
+/// [`crate::MAX_KEY_SPLITS`]; `what` names the source in the error.
+pub fn parse_key_splits(what: &str, text: &str) -> Result<u32> {
+    let max = crate::MAX_KEY_SPLITS;
+    Some(text)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u32>().ok())
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| Error::invalid(what, format!("'{text}' is not a count of 1 to {max} (plain digits)")))
 }
 
 /// The largest tuning table read: a table holds a line per GPU, driver and head-dim

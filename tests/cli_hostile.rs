@@ -407,3 +407,173 @@ fn f32_values_beyond_f16_range_are_refused_under_dtype_f16() {
     assert_refused(&output, &["big.npy", "-70000", "index 17", "f16"]);
     assert!(!dir.join("o.npy").exists());
 }
+
+/// `run` on the test inputs with `var` set to `value` (issue 64 item 8).
+fn run_with_env(dir: &Path, var: &str, value: &str) -> Output {
+    let [q, k, v] = inputs(dir, 64);
+    bin()
+        .current_dir(dir)
+        .env(var, value)
+        .arg("run")
+        .arg("--q")
+        .arg(q)
+        .arg("--k")
+        .arg(k)
+        .arg("--v")
+        .arg(v)
+        .args(["--out", "out.npy"])
+        .output()
+        .expect("runs")
+}
+
+#[test]
+fn every_variable_refuses_an_empty_or_malformed_value_naming_itself() {
+    // Issue 64 item 8: WGPU_ATTENTION_TILING= meant auto where the other variables
+    // refused an empty value; WGPU_ATTENTION_KEY_SPLITS took `+2` and ` 2 `;
+    // WGPU_BACKEND=vulkan,bogus ignored `bogus`; WGPU_BACKEND= and WGPU_ADAPTER_NAME=
+    // meant unset. One rule now: set but empty is refused, in the same words.
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("env-empty");
+    let empty = "is set but empty";
+    for (var, value, needle) in [
+        ("WGPU_ATTENTION_TILING", "", empty),
+        ("WGPU_ATTENTION_TILING", "  ", empty),
+        ("WGPU_ATTENTION_KEY_SPLITS", "", empty),
+        ("WGPU_ATTENTION_KEY_SPLITS", "+2", "'+2' is not a count"),
+        ("WGPU_ATTENTION_KEY_SPLITS", " 2 ", "' 2 ' is not a count"),
+        ("WGPU_ATTENTION_KEY_SPLITS", "0x2", "is not a count"),
+        ("WGPU_ATTENTION_COOP_BACKWARD", "", empty),
+        ("WGPU_ATTENTION_COOP_GEMM", "", empty),
+        ("WGPU_ATTENTION_DECODE", "", empty),
+        ("WGPU_ATTENTION_RUNTIME_CHECKS", "", empty),
+        ("WGPU_ATTENTION_TUNE_FILE", "", empty),
+        ("WGPU_BACKEND", "", empty),
+        ("WGPU_BACKEND", "vulkan,bogus", "'bogus' is not a backend"),
+        ("WGPU_BACKEND", "vulkan,", "'' is not a backend"),
+        ("WGPU_ADAPTER_NAME", "", empty),
+    ] {
+        let output = run_with_env(&dir, var, value);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{var}={value:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(lines.len(), 1, "{var}={value:?}: {stderr}");
+        assert!(
+            lines[0].contains(var) && lines[0].contains(needle),
+            "{var}={value:?}: {stderr}"
+        );
+        assert!(!dir.join("out.npy").exists(), "{var}={value:?} wrote an output");
+    }
+    // The same values well formed still run.
+    assert_ok(&run_with_env(&dir, "WGPU_ATTENTION_KEY_SPLITS", "2"));
+}
+
+#[test]
+fn variant_labels_backends_and_the_grad_alias_are_taken_only_as_written() {
+    // Issue 64 item 8: `--variants 128x64x32r16` was taken as 128x64x32 (only r32
+    // exists); `--backend vulkan,bogus` ignored `bogus`; `--grad X --d-out Y` named only
+    // --grad.
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("labels");
+    for variants in ["64x16x16r16", "064x16x16", "64x16x16r48", " 64x16x16"] {
+        let output = bin()
+            .current_dir(&dir)
+            .args([
+                "tune",
+                "--shape",
+                "1,1,1,4,4,8",
+                "--reps",
+                "1",
+                "--tilings",
+                "registers",
+            ])
+            .args(["--variants", variants])
+            .output()
+            .expect("runs");
+        assert_refused(&output, &["--variants", variants]);
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("registers"),
+            "{variants} measured"
+        );
+    }
+    let output = bin()
+        .args(["--backend", "vulkan,bogus", "info"])
+        .output()
+        .expect("runs");
+    assert_refused(&output, &["--backend", "'bogus'"]);
+    std::fs::write(dir.join("g1.npy"), "").expect("write");
+    let output = run(
+        &dir,
+        &[
+            "--out", "out.npy", "--grad", "g1.npy", "--d-out", "g2.npy", "--dq-out", "dq.npy", "--dk-out", "dk.npy",
+            "--dv-out", "dv.npy",
+        ],
+    );
+    assert_refused(&output, &["--grad", "--d-out"]);
+    assert!(!dir.join("out.npy").exists());
+}
+
+/// `info` (with `args`, no backend or name from the environment unless given): its
+/// `#N name [Backend` lines, exit code and stderr.
+fn info_lines(args: &[&str], backend: Option<&str>) -> (Option<i32>, Vec<String>, String) {
+    let mut cmd = bin();
+    cmd.env_remove("WGPU_ADAPTER_NAME").arg("info").args(args);
+    match backend {
+        Some(b) => cmd.env("WGPU_BACKEND", b),
+        None => cmd.env_remove("WGPU_BACKEND"),
+    };
+    let out = cmd.output().expect("runs");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| l.split(" / ").next().unwrap_or(l).to_string())
+        .collect();
+    (
+        out.status.code(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_number_info_prints_is_the_one_adapter_takes_with_or_without_a_backend() {
+    // Issue 64 item 7: `info` printed `#1 llvmpipe … [Gl / Cpu]`, but `--adapter 'gl:#1'`
+    // was refused and `gl:#0` picked it; with WGPU_BACKEND=vulkan, `--adapter '#1'`'s
+    // error listed the GL adapter the filter excludes, unnumbered.
+    let (code, every, stderr) = info_lines(&[], None);
+    assert_eq!(code, Some(0), "{stderr}");
+    let backend_of = |line: &str| line.rsplit('[').next().unwrap_or("").to_lowercase();
+    if every.len() < 2 || every.iter().all(|l| backend_of(l) == backend_of(&every[0])) {
+        common::skip_or_fail(&format!(
+            "needs adapters on two backends (lavapipe and llvmpipe GL); found {every:?}"
+        ));
+        return;
+    }
+    for (n, line) in every.iter().enumerate() {
+        assert!(line.starts_with(&format!("#{n} ")), "{every:?}");
+        let backend = backend_of(line);
+        for name in [format!("#{n}"), format!("{backend}:#{n}")] {
+            let (code, got, stderr) = info_lines(&["--adapter", &name], None);
+            assert_eq!(code, Some(0), "--adapter {name}: {stderr}");
+            assert_eq!(got, vec![line.clone()], "--adapter {name}");
+        }
+    }
+    // Past the backend chosen: the error lists, numbered, only what that backend has.
+    let (_, vulkan, _) = info_lines(&[], Some("vulkan"));
+    let past = format!("#{}", vulkan.len());
+    // `info` lists them; `tune` (any command) makes a context from them.
+    for command in [&["info"][..], &["tune", "--shape", "1,1,1,4,4,8", "--reps", "1"][..]] {
+        let out = bin()
+            .env_remove("WGPU_ADAPTER_NAME")
+            .env("WGPU_BACKEND", "vulkan")
+            .args(["--adapter", &past])
+            .args(command)
+            .output()
+            .expect("runs");
+        assert_refused(&out, &[&format!("adapter {past}"), "#0 "]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("(Gl)"),
+            "{command:?} lists an adapter WGPU_BACKEND excludes: {stderr}"
+        );
+    }
+}

@@ -306,3 +306,173 @@ fn tune_refuses_tables_that_are_no_regular_file_before_measuring() {
         None
     );
 }
+
+/// `tune` with `args` (no user table from this process's environment): its output.
+fn tune(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    bin()
+        .current_dir(dir)
+        .env_remove(TUNE_FILE_VAR)
+        .arg("tune")
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+/// Asserts a refusal: exit 2, one `error:` line holding every needle, no row measured.
+fn assert_refused(out: &std::process::Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {stderr}");
+    for needle in needles {
+        assert!(lines[0].contains(needle), "'{needle}' missing from: {stderr}");
+    }
+    assert!(!stdout.contains("check"), "a refused run printed its table: {stdout}");
+}
+
+#[test]
+fn tune_refuses_a_run_that_would_measure_nothing_asked_for() {
+    // Issue 64 item 3: `--tilings coop` without tensor cores, `--variants` without
+    // `--emulate-coop`, variants outside the shape's head-dim class: a header, an empty
+    // table and JSON, exit 0.
+    let Some(ctx) = common::ctx() else { return };
+    if ctx.capabilities().coop_subgroup_size().is_some() {
+        common::skip_or_fail("needs an adapter without tensor cores (lavapipe)");
+        return;
+    }
+    let dir = scratch("tune-nothing");
+    let shape = ["--shape", "1,2,1,20,40,16", "--reps", "1", "--json", "t.json"];
+    let emulating = common::emulating_ctx().is_some();
+    let mut cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["--tilings", "coop"], vec!["--tilings coop", "--emulate-coop"]),
+        (vec!["--variants", "64x16x16"], vec!["--variants", "--emulate-coop"]),
+    ];
+    if emulating {
+        cases.extend([
+            (
+                vec!["--emulate-coop", "--variants", "128x64x32"],
+                vec!["128x64x32", "head dims"],
+            ),
+            (vec!["--emulate-coop", "--variants", "16x16x16"], vec!["16x16x16"]),
+            (
+                vec!["--emulate-coop", "--tilings", "registers", "--variants", "64x16x16"],
+                vec!["--variants", "--tilings leaves out coop"],
+            ),
+            (
+                vec!["--emulate-coop", "--variants", "64x16x16,128x32x32"],
+                vec!["128x32x32"],
+            ),
+        ]);
+    }
+    for (extra, needles) in cases {
+        let mut args = shape.to_vec();
+        args.extend(&extra);
+        assert_refused(&tune(&dir, &args), &needles);
+        assert!(!dir.join("t.json").exists(), "{extra:?} wrote its JSON");
+    }
+}
+
+#[test]
+fn tune_key_splits_rows_name_the_splits_that_ran() {
+    // Issue 64 item 4: splits are whole 64-key tiles, so `--key-splits 2` at Lk 40 ran
+    // unsplit but was labelled and recorded as 2; a repeated count was measured twice.
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("tune-splits");
+    let out = tune(
+        &dir,
+        &[
+            "--shape",
+            "1,2,1,20,200,16",
+            "--shape",
+            "1,2,1,20,40,16",
+            "--reps",
+            "1",
+            "--tilings",
+            "registers",
+            "--key-splits",
+            "1,2,4",
+            "--json",
+            "t.json",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("t.json")).expect("json")).expect("parses");
+    let ran: Vec<(u64, u64)> = doc["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r["shape"][4].as_u64().expect("Lk"),
+                r["key_splits"].as_u64().expect("splits"),
+            )
+        })
+        .collect();
+    // At Lk 200 each count runs (4 ranges of 64, 64, 64, 8 keys); at Lk 40 one range,
+    // measured once and said so.
+    assert_eq!(ran, [(200, 1), (200, 2), (200, 4), (40, 1)], "{stdout}");
+    assert!(stdout.contains("--key-splits 2 runs as 1"), "{stdout}");
+    // A count that runs at no shape, and a count given twice, are refused.
+    for (splits, needle) in [("2", "--key-splits 2"), ("1,2,2", "listed twice"), ("+2", "'+2'")] {
+        assert_refused(
+            &tune(
+                &dir,
+                &["--shape", "1,2,1,20,40,16", "--reps", "1", "--key-splits", splits],
+            ),
+            &[needle],
+        );
+    }
+}
+
+#[test]
+fn tune_refusals_leave_the_file_system_untouched() {
+    // Issue 64 items 5 and 6: `--table`'s directories were made before another flag was
+    // refused; an empty table path was found only after every candidate was measured,
+    // and WGPU_ATTENTION_TUNE_FILE= meant "no table" for contexts.
+    let Some(_) = common::ctx() else { return };
+    let dir = scratch("tune-untouched");
+    let shape = ["--shape", "1,2,1,20,40,16", "--reps", "1", "--tilings", "registers"];
+    for (extra, needle) in [
+        (vec!["--dtype", "f64", "--table", "new/sub/t.tsv"], "--dtype"),
+        (vec!["--variants", "64x16", "--table", "new/sub/t.tsv"], "--variants"),
+        (
+            vec!["--table", "new/sub/t.tsv", "--json", "new/sub/t.tsv"],
+            "the same file",
+        ),
+        (vec!["--key-splits", "2", "--table", "new/sub/t.tsv"], "--key-splits"),
+        (vec!["--table", ""], "--table"),
+    ] {
+        let mut args = shape.to_vec();
+        args.extend(&extra);
+        assert_refused(&tune(&dir, &args), &[needle]);
+        assert!(
+            common::cli::files_in(&dir).is_empty(),
+            "{extra:?} left {:?}",
+            common::cli::files_in(&dir)
+        );
+    }
+    // The variable set but empty: refused naming it, for `--table user` and for the
+    // context every command makes.
+    for extra in [&["--table", "user"][..], &[][..]] {
+        let out = bin()
+            .current_dir(&dir)
+            .env(TUNE_FILE_VAR, "")
+            .arg("tune")
+            .args(shape)
+            .args(extra)
+            .output()
+            .expect("runs");
+        assert_refused(&out, &[TUNE_FILE_VAR, "empty"]);
+    }
+    // A run that succeeds makes the table's directories.
+    let out = tune(&dir, &[&shape[..], &["--table", "new/sub/t.tsv"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("new/sub/t.tsv").is_file());
+}

@@ -79,7 +79,20 @@ fn identity(path: &Path) -> Option<Identity> {
         Ok(target) => parent_of(path).join(target),
         Err(_) => path.to_path_buf(),
     };
-    let dir = std::fs::canonicalize(parent_of(&path)).ok()?;
+    // A directory that does not exist yet (one `tune --table` makes) is resolved from
+    // the nearest one that does.
+    let mut dir = parent_of(&path).to_path_buf();
+    let mut missing = Vec::new();
+    let resolved = loop {
+        match std::fs::canonicalize(&dir) {
+            Ok(resolved) => break resolved,
+            Err(_) => {
+                missing.push(dir.file_name()?.to_owned());
+                dir = parent_of(&dir).to_path_buf();
+            }
+        }
+    };
+    let dir = missing.iter().rev().fold(resolved, |d, name| d.join(name));
     Some(Identity::Path(dir.join(path.file_name()?)))
 }
 
@@ -87,6 +100,14 @@ fn identity(path: &Path) -> Option<Identity> {
 /// be one file (by any name: links, `./`, hard links), and `-` (standard output) may
 /// name one of them, only where the command prints nothing else there (`stdout_free`).
 pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError> {
+    check_outputs_making_dirs(paths, stdout_free, None)
+}
+
+/// [`check_outputs`], where `making` (one of `paths`) is written into directories the
+/// command makes when it writes it (`tune --table user` on a fresh machine): those may
+/// be missing, under a directory that exists. Nothing is made here, so a command
+/// refused later leaves the file system as it was.
+pub fn check_outputs_making_dirs(paths: &[&Path], stdout_free: bool, making: Option<&Path>) -> Result<(), CliError> {
     let dashes = paths.iter().filter(|p| p.as_os_str() == "-").count();
     if dashes > 0 && !stdout_free {
         return Err(CliError::bad(
@@ -96,7 +117,7 @@ pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError>
     if dashes > 1 {
         return Err(CliError::bad("only one output can be '-' (standard output)"));
     }
-    paths.iter().try_for_each(|p| check_writable(p))?;
+    // One file named twice first: said so, rather than whichever problem either has.
     let ids: Vec<Option<Identity>> = paths.iter().map(|p| identity(p)).collect();
     for (i, a) in ids.iter().enumerate() {
         if let Some(j) = (0..i).find(|&j| a.is_some() && ids[j] == *a) {
@@ -107,14 +128,23 @@ pub fn check_outputs(paths: &[&Path], stdout_free: bool) -> Result<(), CliError>
             )));
         }
     }
-    Ok(())
+    paths.iter().try_for_each(|p| check_writable(p, making == Some(*p)))
 }
 
 /// Refuses an output path that could not be written: a directory, or a new file in a
-/// directory that does not exist.
-fn check_writable(path: &Path) -> Result<(), CliError> {
+/// directory that does not exist (unless `makes_dirs`: then the nearest directory that
+/// exists must be one).
+fn check_writable(path: &Path, makes_dirs: bool) -> Result<(), CliError> {
     if let Target::Replace(file) = target(path)? {
-        let parent = parent_of(&file);
+        let mut parent = parent_of(&file);
+        if makes_dirs {
+            while !parent.exists() {
+                match parent.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    Some(up) => parent = up,
+                    None => return Ok(()),
+                }
+            }
+        }
         if !parent.is_dir() {
             let what = if parent.exists() {
                 "is not a directory"

@@ -99,11 +99,12 @@ pub struct RunArgs {
         alias = "d-out",
         value_name = "DO",
         help_heading = "Inputs",
+        action = clap::ArgAction::Append,
         requires = "dq_out",
         requires = "dk_out",
         requires = "dv_out"
     )]
-    grad: Option<PathBuf>,
+    grad: Vec<PathBuf>,
     /// Output file (float32, same layout as the inputs); `-` writes it to standard output.
     #[arg(long, help_heading = "Outputs")]
     out: PathBuf,
@@ -310,12 +311,19 @@ fn options_from(args: &RunArgs, batch: usize) -> Result<AttentionOptions, CliErr
         precision: args.precision,
         need_weights: args.weights_out.is_some(),
         average_weights: args.average_weights,
-        need_lse: args.lse_out.is_some() || args.grad.is_some(),
+        need_lse: args.lse_out.is_some() || !args.grad.is_empty(),
         ..args.masks.options(batch)?
     })
 }
 
 pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
+    // Taken as a list so that the error names both spellings (clap's names only one).
+    if args.grad.len() > 1 {
+        return Err(CliError::bad(format!(
+            "--grad (or its old name --d-out) given {} times: give the gradient dO once",
+            args.grad.len()
+        )));
+    }
     let outputs: Vec<&std::path::Path> = std::iter::once(&args.out)
         .chain(&args.weights_out)
         .chain(&args.lse_out)
@@ -338,7 +346,7 @@ pub fn run(adapter: &AdapterArgs, args: &RunArgs) -> Result<(), CliError> {
         .map(|path| HostInput::read(path))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let d_out = args.grad.as_ref().map(|path| HostInput::read(path)).transpose()?;
+    let d_out = args.grad.first().map(|path| HostInput::read(path)).transpose()?;
     let dtype = match args.dtype {
         Some(d) => d.into(),
         // f16 only where nothing is lost: every input (dO too) a float16 file.

@@ -130,33 +130,26 @@ impl Row {
 }
 
 pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
+    // Every refusal comes before anything is measured or written: the flags first, then
+    // the outputs (checked, not made: the table's directories are made when it is
+    // written), the adapter, and what the flags ask of it (`plan`).
     if args.reps == 0 {
         return Err(CliError::bad("--reps must be at least 1"));
     }
     let table_path = match args.table.as_deref() {
+        Some("") => {
+            return Err(CliError::bad(
+                "--table: an empty path names no file (give FILE or user)",
+            ))
+        }
         Some("user") => {
-            Some(TuneTable::user_path().ok_or_else(|| CliError::bad("--table user: no HOME or XDG_CONFIG_HOME"))?)
+            Some(TuneTable::user_path()?.ok_or_else(|| CliError::bad("--table user: no HOME or XDG_CONFIG_HOME"))?)
         }
         Some(path) => Some(PathBuf::from(path)),
         None => None,
     };
-    // The user table's directory may not exist yet on a fresh machine.
-    if let Some(dir) = table_path.as_deref().and_then(std::path::Path::parent) {
-        if !dir.as_os_str().is_empty() && !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", dir.display())))?;
-        }
-    }
-    let outputs: Vec<&std::path::Path> = args
-        .json
-        .iter()
-        .map(PathBuf::as_path)
-        .chain(table_path.as_deref())
-        .collect();
-    super::output::check_outputs(&outputs, false)?;
-    // The existing table is read first: a bad one (or a path that cannot be one) is
-    // refused before any measuring. It is read again, under a lock, when written.
-    if let Some(path) = &table_path {
-        read_table(path)?;
+    if args.json.as_ref().is_some_and(|j| j.as_os_str().is_empty()) {
+        return Err(CliError::bad("--json: an empty path names no file"));
     }
     let asked: Option<Vec<DType>> = match args.dtype.as_deref() {
         None => None,
@@ -169,12 +162,14 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         Some(list) if args.backward => Some(
             list.split(',')
                 .map(|v| {
-                    CoopBackwardVariant::parse_valid(v).ok_or_else(|| {
-                        CliError::bad(format!(
-                            "--variants: '{v}' is not a backward DMAXxBRxBC[n] variant (multiples of 16: DMAX \
-                             up to 128, BR up to 128 and at most 2 BC, BC up to 256; n: named)"
-                        ))
-                    })
+                    CoopBackwardVariant::parse_valid(v)
+                        .filter(|p| p.label() == v)
+                        .ok_or_else(|| {
+                            CliError::bad(format!(
+                                "--variants: '{v}' is not a backward DMAXxBRxBC[n] variant (multiples of 16: DMAX \
+                                 up to 128, BR up to 128 and at most 2 BC, BC up to 256; n: named)"
+                            ))
+                        })
                 })
                 .collect::<Result<_, _>>()?,
         ),
@@ -183,31 +178,16 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
     let only: Option<Vec<CoopVariant>> = match &args.variants {
         None => None,
         Some(_) if args.backward => None,
-        Some(list) => Some(
-            list.split(',')
-                .map(|v| {
-                    CoopVariant::parse_valid(v).ok_or_else(|| {
-                        CliError::bad(format!(
-                            "--variants: '{v}' is not a DMAXxBRxBC[r32][d][n] variant (multiples of 16: DMAX up \
-                             to 256, BR up to 128 and at most 2 BC, BC up to 256; r32: two bands per subgroup, \
-                             d: K and V from storage, n: named fragments)"
-                        ))
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-        ),
+        Some(list) => Some(list.split(',').map(parse_variant).collect::<Result<_, _>>()?),
     };
-    let key_splits = args
-        .key_splits
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=wgpu_attention::MAX_KEY_SPLITS).contains(n))
-                .ok_or_else(|| CliError::bad(format!("--key-splits: '{n}' is not a count of 1 to 16")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut key_splits: Vec<u32> = Vec::new();
+    for n in args.key_splits.split(',') {
+        let n = wgpu_attention::tune::parse_key_splits("--key-splits", n)?;
+        if key_splits.contains(&n) {
+            return Err(CliError::bad(format!("--key-splits: {n} is listed twice")));
+        }
+        key_splits.push(n);
+    }
     let tilings: Option<Vec<FusedTiling>> = match &args.tilings {
         None => None,
         Some(list) => Some(
@@ -226,6 +206,18 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         .iter()
         .map(|s| super::bench::parse_shape(s))
         .collect::<Result<Vec<_>, _>>()?;
+    let outputs: Vec<&Path> = args
+        .json
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(table_path.as_deref())
+        .collect();
+    super::output::check_outputs_making_dirs(&outputs, false, table_path.as_deref())?;
+    // The existing table is read first: a bad one (or a path that cannot be one) is
+    // refused before any measuring. It is read again, under a lock, when written.
+    if let Some(path) = &table_path {
+        read_table(path)?;
+    }
     let mut ctx = adapter.context()?;
     let f16 = ctx.capabilities().f16;
     let dtypes = match asked {
@@ -264,60 +256,57 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         };
         return super::tune_backward::run(&mut ctx, &request);
     }
+    let asked = Asked {
+        tilings: tilings.as_deref(),
+        variants: only.as_deref(),
+        key_splits: &key_splits,
+    };
+    let (jobs, notes) = plan(&ctx, &shapes, &dtypes, &asked)?;
     let pinned = ctx.capabilities().coop_tuned.clone();
     let mut rows = Vec::new();
+    for note in &notes {
+        write_stdout(format_args!("{note}"))?;
+    }
     write_stdout(format_args!(
         "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  check",
         "shape (B,Hq,Hkv,Lq,Lk,D,Dv)", "dtype", "tiling", "variant", "median ms", "GFLOP/s"
     ))?;
-    'candidates: for &shape in &shapes {
-        for &dtype in &dtypes {
-            let chosen = candidates(&ctx, &shape).into_iter().filter(|(tiling, pin)| {
-                let tiling_asked = tilings.as_ref().is_none_or(|t| t.contains(tiling));
-                let variant_asked = match (&only, pin.and_then(Pin::coop)) {
-                    (Some(only), Some(v)) => only.contains(&v),
-                    _ => true,
-                };
-                tiling_asked && variant_asked
-            });
-            let served = |pin: Option<Pin>, splits: u32| match pin.and_then(Pin::coop) {
-                Some(v) if v.direct => direct_serves_plain(&v, &shape, dtype, splits),
-                _ => true,
-            };
-            for ((tiling, pin), &splits) in chosen
-                .flat_map(|c| key_splits.iter().map(move |s| (c, s)))
-                .filter(|&((_, pin), &splits)| served(pin, splits))
-            {
-                if deadline.passed(rows.len())? {
-                    break 'candidates;
-                }
-                match pin {
-                    Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
-                    Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes))?,
-                    None => {}
-                }
-                ctx.use_key_splits(splits)?;
-                let row = measure(&ctx, shape, dtype, tiling, pin, args.reps);
-                ctx.use_coop_variants(pinned.clone());
-                ctx.use_micro_lanes(None)?;
-                ctx.use_key_splits(1)?;
-                let row = Row {
-                    key_splits: splits,
-                    ..row?
-                };
-                write_stdout(format_args!(
-                    "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
-                    shape_label(&row.shape),
-                    row.dtype.name(),
-                    row.tiling,
-                    variant_column(&row),
-                    row.median_ms.map_or("-".into(), |t| format!("{t:.3}")),
-                    row.gflops.map_or("-".into(), |g| format!("{g:.1}")),
-                    row.status
-                ))?;
-                rows.push(row);
-            }
+    for job in jobs {
+        if deadline.passed(rows.len())? {
+            break;
         }
+        let Job {
+            shape,
+            dtype,
+            tiling,
+            pin,
+            splits,
+        } = job;
+        match pin {
+            Some(Pin::Coop(v)) => ctx.use_coop_variants(vec![v]),
+            Some(Pin::MicroLanes(lanes)) => ctx.use_micro_lanes(Some(lanes))?,
+            None => {}
+        }
+        ctx.use_key_splits(splits)?;
+        let row = measure(&ctx, shape, dtype, tiling, pin, args.reps);
+        ctx.use_coop_variants(pinned.clone());
+        ctx.use_micro_lanes(None)?;
+        ctx.use_key_splits(1)?;
+        let row = Row {
+            key_splits: splits,
+            ..row?
+        };
+        write_stdout(format_args!(
+            "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
+            shape_label(&row.shape),
+            row.dtype.name(),
+            row.tiling,
+            variant_column(&row),
+            row.median_ms.map_or("-".into(), |t| format!("{t:.3}")),
+            row.gflops.map_or("-".into(), |g| format!("{g:.1}")),
+            row.status
+        ))?;
+        rows.push(row);
     }
 
     let winners = coop_winners(&rows);
@@ -396,6 +385,11 @@ fn read_table(path: &Path) -> Result<String, CliError> {
 /// table, so two `tune` runs ending together both land (each re-reads what the other
 /// wrote) instead of the later one's rewrite dropping the earlier one's entries.
 fn merge_into_table(path: &Path, entries: &[TuneEntry]) -> Result<(), CliError> {
+    // The user table's directory may not exist yet on a fresh machine. It is made only
+    // now, when there is a table to write: a run refused or failed leaves none behind.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("cannot create {}: {e}", dir.display())))?;
+    }
     // Beside the file itself, so that two links to one table share a lock.
     let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let name = real
@@ -456,6 +450,225 @@ fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option
         }
     }
     out
+}
+
+/// One `--variants` entry: a forward variant exactly as [`CoopVariant::label`] writes
+/// it (so `r16`, which parses as one band, and `064x16x16` are refused, not read as
+/// something else), one or two bands per subgroup (`r32`), as `tune` builds them.
+fn parse_variant(text: &str) -> Result<CoopVariant, CliError> {
+    CoopVariant::parse_valid(text)
+        .filter(|v| v.label() == text && v.bands <= 2)
+        .ok_or_else(|| {
+            CliError::bad(format!(
+                "--variants: '{text}' is not a DMAXxBRxBC[r32][d][n] variant (multiples of 16: DMAX up \
+                 to 256, BR up to 128 and at most 2 BC, BC up to 256; r32: two bands per subgroup, \
+                 d: K and V from storage, n: named fragments)"
+            ))
+        })
+}
+
+/// What `--tilings`, `--variants` and `--key-splits` ask for.
+struct Asked<'a> {
+    tilings: Option<&'a [FusedTiling]>,
+    variants: Option<&'a [CoopVariant]>,
+    key_splits: &'a [u32],
+}
+
+/// One candidate to check and time: a tiling with its pin, at a shape, dtype and the
+/// number of key ranges it runs in.
+struct Job {
+    shape: AttentionShape,
+    dtype: DType,
+    tiling: FusedTiling,
+    pin: Option<Pin>,
+    splits: u32,
+}
+
+/// Every candidate `tune` will measure, in order, and notes for the user (a key-split
+/// count that runs as fewer ranges at some shape). Refused, before anything is measured,
+/// where a tiling, variant or key-split count asked for would run nowhere: a run that
+/// measures nothing of what was asked must not look like one that did.
+fn plan(
+    ctx: &Context,
+    shapes: &[AttentionShape],
+    dtypes: &[DType],
+    asked: &Asked,
+) -> Result<(Vec<Job>, Vec<String>), CliError> {
+    let caps = ctx.capabilities();
+    let coop_hint = |tiling: FusedTiling| {
+        if tiling == FusedTiling::Coop && !caps.coop_emulated {
+            "; --emulate-coop emulates them"
+        } else {
+            ""
+        }
+    };
+    let coop_unmet = spec(FusedTiling::Coop).and_then(|s| s.unmet(&ctx.adapter_info().name, caps));
+    for &tiling in asked.tilings.unwrap_or_default() {
+        if let Some(why) = spec(tiling).and_then(|s| s.unmet(&ctx.adapter_info().name, caps)) {
+            return Err(CliError::bad(format!(
+                "--tilings {}: {why}{}",
+                spec(tiling).map_or("?", |s| s.name),
+                coop_hint(tiling)
+            )));
+        }
+    }
+    if asked.variants.is_some() {
+        if let Some(why) = &coop_unmet {
+            return Err(CliError::bad(format!(
+                "--variants names tensor-core variants: {why}{}",
+                coop_hint(FusedTiling::Coop)
+            )));
+        }
+        if asked.tilings.is_some_and(|t| !t.contains(&FusedTiling::Coop)) {
+            return Err(CliError::bad(
+                "--variants names tensor-core variants, but --tilings leaves out coop",
+            ));
+        }
+    }
+    let mut jobs = Vec::new();
+    let mut notes = Vec::new();
+    for shape in shapes {
+        // The counts that run at this shape, each once: a count asked for that runs as
+        // fewer ranges here is measured (and labelled) as what runs.
+        let mut splits: Vec<u32> = Vec::new();
+        for &n in asked.key_splits {
+            let ran = splits_run(caps, shape, n);
+            if ran != n {
+                let also = if splits.contains(&ran) || asked.key_splits.contains(&ran) {
+                    ", measured once"
+                } else {
+                    ""
+                };
+                notes.push(format!(
+                    "{}: --key-splits {n} runs as {ran} (key splits are whole 64-key tiles; Lk {}){also}",
+                    shape_label(shape),
+                    shape.len_k
+                ));
+            }
+            if !splits.contains(&ran) {
+                splits.push(ran);
+            }
+        }
+        for &dtype in dtypes {
+            for (tiling, pin) in candidates(ctx, shape) {
+                let tiling_asked = asked.tilings.is_none_or(|t| t.contains(&tiling));
+                let variant_asked = match (asked.variants, pin.and_then(Pin::coop)) {
+                    (Some(only), Some(v)) => only.contains(&v),
+                    _ => true,
+                };
+                if !(tiling_asked && variant_asked) {
+                    continue;
+                }
+                for &n in &splits {
+                    let served = match pin.and_then(Pin::coop) {
+                        Some(v) if v.direct => direct_serves_plain(&v, shape, dtype, n),
+                        _ => true,
+                    };
+                    if served {
+                        jobs.push(Job {
+                            shape: *shape,
+                            dtype,
+                            tiling,
+                            pin,
+                            splits: n,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for &tiling in asked.tilings.unwrap_or_default() {
+        if !jobs.iter().any(|j| j.tiling == tiling) {
+            return Err(CliError::bad(format!(
+                "--tilings {}: runs no --shape on this adapter (tensor cores take head dims up to 256)",
+                spec(tiling).map_or("?", |s| s.name)
+            )));
+        }
+    }
+    for &v in asked.variants.unwrap_or_default() {
+        if !jobs.iter().any(|j| j.pin == Some(Pin::Coop(v))) {
+            return Err(CliError::bad(format!(
+                "--variants {}: {}",
+                v.label(),
+                why_not_run(ctx, v, shapes, dtypes)
+            )));
+        }
+    }
+    for &n in asked.key_splits {
+        if !jobs.iter().any(|j| j.splits == n) {
+            let runs: Vec<String> = shapes
+                .iter()
+                .map(|s| format!("{} at Lk {}", splits_run(caps, s, n), s.len_k))
+                .collect();
+            return Err(CliError::bad(format!(
+                "--key-splits {n}: no --shape runs in {n} key ranges (key splits are whole 64-key tiles, and \
+                 none where the merge would not fit: it runs as {})",
+                runs.join(", ")
+            )));
+        }
+    }
+    if jobs.is_empty() {
+        return Err(CliError::bad(
+            "nothing to measure: no candidate runs these shapes on this adapter",
+        ));
+    }
+    Ok((jobs, notes))
+}
+
+/// Why a tensor-core variant asked for runs on none of the shapes and dtypes.
+fn why_not_run(ctx: &Context, v: CoopVariant, shapes: &[AttentionShape], dtypes: &[DType]) -> String {
+    let caps = ctx.capabilities();
+    let class_of = |s: &AttentionShape| {
+        let need = s.head_dim.max(s.head_dim_v) as u32;
+        [64, 128, 256].into_iter().find(|&c| need <= c)
+    };
+    if ![64, 128, 256].contains(&v.dmax) {
+        return "tune times tensor-core variants of DMAX 64, 128 or 256 (the head-dim classes)".into();
+    }
+    if !shapes.iter().any(|s| class_of(s) == Some(v.dmax)) {
+        let lowest = if v.dmax == 64 { 1 } else { v.dmax / 2 + 1 };
+        return format!(
+            "it serves head dims of {} to {} (the class of DMAX {}), and no --shape has them",
+            lowest, v.dmax, v.dmax
+        );
+    }
+    let sg = caps.coop_subgroup_size().unwrap_or(32);
+    if !coop_candidates(v.dmax, sg, caps.max_workgroup_storage, caps.max_invocations).contains(&v) {
+        return format!(
+            "it does not fit this adapter ({} bytes of workgroup memory, {} invocations, subgroups of {sg})",
+            caps.max_workgroup_storage, caps.max_invocations
+        );
+    }
+    if v.direct {
+        let dtypes: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+        return format!(
+            "a direct variant runs itself only on f16 problems with D = Dv = {} and Lk a multiple of {} \
+             (and split keys only where {} divides 64); no --shape at --dtype {} is one",
+            v.dmax,
+            v.bc,
+            v.bc,
+            dtypes.join(",")
+        );
+    }
+    "it runs on no --shape".into()
+}
+
+/// The key ranges a fused attention of `shape` runs in when `asked` are pinned: whole
+/// 64-key tiles each (fewer ranges where Lk is short), and one where the merge's grid
+/// or state would not fit. The library's rule (the attention plan; docs/design.md,
+/// "Key splits"), repeated here so that a row names what ran.
+fn splits_run(caps: &wgpu_attention::Capabilities, shape: &AttentionShape, asked: u32) -> u32 {
+    if asked <= 1 {
+        return 1;
+    }
+    let rows = (shape.batch_heads() as u64).saturating_mul(shape.len_q as u64);
+    let merge_fits = rows.div_ceil(64) <= u64::from(caps.max_workgroups_per_dim)
+        && rows.saturating_mul(4).saturating_mul(shape.head_dim_v as u64) <= caps.max_storage_binding;
+    if !merge_fits || shape.len_k == 0 {
+        return 1;
+    }
+    let per = shape.len_k.div_ceil(asked as usize).next_multiple_of(64);
+    shape.len_k.div_ceil(per) as u32
 }
 
 /// Whether a direct coop variant runs itself (not its staged twin) on tune's plain
