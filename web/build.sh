@@ -9,6 +9,7 @@ rustup target add wasm32-unknown-unknown >/dev/null
 if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $version"; then
   cargo install wasm-bindgen-cli --version "$version"
 fi
-cargo build --release --target wasm32-unknown-unknown
-wasm-bindgen --target web --out-dir pkg target/wasm32-unknown-unknown/release/wgpu_attention_web.wasm
+# The workspace's `web` profile (opt-level "s"; the root Cargo.toml) and target/.
+cargo build --profile web --target wasm32-unknown-unknown
+wasm-bindgen --target web --out-dir pkg ../target/wasm32-unknown-unknown/web/wgpu_attention_web.wasm
 echo "built web/pkg; serve with: python3 web/serve.py, then open http://127.0.0.1:8000/"

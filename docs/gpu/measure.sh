@@ -35,7 +35,9 @@ mkdir -p "$out"
 # The shapes the issues' targets name (B,Hq,Hkv,Lq,Lk,D), or small ones under SMOKE=1.
 if [ "${SMOKE:-0}" = 1 ]; then
     attn=(1,2,2,64,64,32 1,4,2,64,64,32) decode=1,4,2,256,32 window=(1,1,1,256,256,32 32,0)
-    micro256=1,1,1,64,64,256 splits_shape=1,2,1,20,200,16 splits_variants=16x16x16
+    # The splits step without tensor cores: a CPU adapter has none, and `tune` refuses
+    # variants it cannot measure (the tune step emulates them).
+    micro256=1,1,1,64,64,256 splits_shape=1,2,1,20,200,16 splits=(--tilings micro,shared)
     mha=1,64,64,4 reps=2 probe=64
     # Two tensor-core variants: each emulated one is a compile of tens of seconds on lavapipe.
     tune=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --variants 64x16x16,64x32x32)
@@ -47,7 +49,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     micro256=2,16,16,4096,4096,256 splits_shape=1,8,8,2048,2048,64
-    splits_variants=64x64x32,64x64x32n,64x64x32r32,64x64x32r32n,64x64x32d,64x64x32dn,64x64x32r32dn
+    splits=(--variants 64x64x32,64x64x32n,64x64x32r32,64x64x32r32n,64x64x32d,64x64x32dn,64x64x32r32dn
+        --tilings coop,micro,shared)
     decode=1,32,8,32768,128 window=(1,1,1,8192,8192,64 1024,0)
     mha=8,2048,1024,16 reps=10 probe=8192
     # Every tensor-core form (84 at D 64, 72 at D 128 on 48 KiB: one or two bands, arrayed
@@ -110,7 +113,7 @@ step tune-f32 "$bin" tune "${tune_f32[@]}" --json "$out/tune-f32.json"
 # Key splits on the grid that leaves the GPU idle ((1,8,2048,64): 8 x 32 workgroups of
 # 64 rows for 132 SMs), every tiling, side by side in one process (issue 52).
 step splits "$bin" tune --shape "$splits_shape" --dtype both --reps 3 --key-splits 1,2,4 \
-    --variants "$splits_variants" --tilings coop,micro,shared --json "$out/splits.json"
+    "${splits[@]}" --json "$out/splits.json"
 step fused "$bin" bench "${shape_args[@]}" --causal --dtype both --kernel fused \
     --reps "$reps" --probe "$probe" --json "$out/fused.json"
 # The same without wgpu's loop counters and bounds checks (docs/isa.md, "The runtime
