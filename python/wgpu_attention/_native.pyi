@@ -15,6 +15,7 @@ _Precision = Literal["highest", "high", "medium"]
 _Layout = Literal["bhsd", "bshd"]
 _Alignment = Literal["top_left", "bottom_right"]
 _DType = Literal["float32", "float16"]
+_KvDType = Literal["int8"]
 _Window = Tuple[Optional[int], Optional[int]]
 
 class Context:
@@ -96,6 +97,7 @@ class KvCache:
         *,
         dtype: _DType = "float32",
         layout: _Layout = "bhsd",
+        kv_dtype: Optional[_KvDType] = None,
         context: Optional[Context] = None,
     ) -> None: ...
     def append(self, key: _Float, value: _Float, counts: Optional[Sequence[int]] = None) -> None: ...
@@ -122,6 +124,8 @@ class KvCache:
     def capacity(self) -> int: ...
     @property
     def dtype(self) -> _DType: ...
+    @property
+    def kv_dtype(self) -> Optional[_KvDType]: ...
     def keys(self) -> _Float: ...
     def values(self) -> _Float: ...
 
