@@ -237,6 +237,23 @@ impl Input<'_> {
         result.map_err(crate::to_py)
     }
 
+    /// Whether row `row` holds a NaN, the rows numbered as a log-sum-exp's flat index
+    /// (`[B, H, S]` in C order, whichever the memory order).
+    pub(crate) fn row_has_nan(&self, row: usize) -> PyResult<bool> {
+        let [_, heads, len, dim] = self.logical;
+        let start = match self.memory {
+            Layout::Bhsd => row * dim,
+            Layout::Bshd => {
+                let (b, head, i) = (row / (heads * len), row / len % heads, row % len);
+                ((b * len + i) * heads + head) * dim
+            }
+        };
+        Ok(match &self.data {
+            Host::F32(a) => slice(self.name, a)?[start..start + dim].iter().any(|x| x.is_nan()),
+            Host::F16(a) => slice(self.name, a)?[start..start + dim].iter().any(|x| x.is_nan()),
+        })
+    }
+
     /// The shape of this query's scores (for masks).
     pub(crate) fn scores(&self) -> crate::options::Scores {
         crate::options::Scores {
@@ -348,6 +365,36 @@ pub(crate) fn check_f16_range(name: &str, values: impl IntoIterator<Item = f32>,
             ),
         )),
     }
+}
+
+/// Refuses a log-sum-exp holding +inf, or NaN at a flat index where `nan_from_forward`
+/// says no forward gives it (`why_not` says why, in the message), naming `which` and
+/// the first such value's index. No
+/// forward gives +inf; NaN only where its inputs held NaN (then its output row is NaN
+/// too); a row that saw no key has -inf, which passes. On the GPU a NaN lse spreads to
+/// every gradient or output it touches and +inf makes them zeros, silently.
+/// `merge_attentions` and `sdpa_backward` check here, on the host copy they upload; the
+/// library takes the lse as a GPU tensor and leaves it unread.
+pub(crate) fn check_lse(
+    name: &str,
+    which: &str,
+    values: &[f32],
+    nan_from_forward: impl Fn(usize) -> PyResult<bool>,
+    why_not: &str,
+) -> PyResult<()> {
+    for (i, &x) in values.iter().enumerate() {
+        if x == f32::INFINITY || (x.is_nan() && !nan_from_forward(i)?) {
+            let why = if x.is_nan() { why_not } else { "" };
+            return Err(value_error(
+                name,
+                format!(
+                    "{which} holds NaN or +inf ({x} at flat index {i}, as float32{why}); a log-sum-exp is \
+                     finite, or -inf for a row that saw no key"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`check_f16_range`] for a float32 array about to become `dtype` float16 (any

@@ -1,7 +1,7 @@
 //! `merge_attentions`: partial attentions over disjoint blocks of keys merged by their
 //! log-sum-exp (docs/design.md, "Merging partial attentions").
 
-use crate::arrays::{as_array, dtype_name, f32_array, output, read_input, Input, Values};
+use crate::arrays::{as_array, check_lse, dtype_name, f32_array, output, read_input, Input, Values};
 use crate::context::{resolve, PyContext};
 use crate::options::parse_layout;
 use crate::sdpa::score_shape;
@@ -102,12 +102,7 @@ pub fn merge_attentions<'py>(
             .cast_into::<PyArrayDyn<f32>>()?;
         let contiguous = contiguous.readonly();
         let values = contiguous.as_slice().map_err(|e| value_error("lses", e))?;
-        if values.iter().any(|x| x.is_nan() || *x == f32::INFINITY) {
-            return Err(value_error(
-                "lses",
-                format!("lses[{n}] holds NaN or +inf (a row that saw no key has -inf)"),
-            ));
-        }
+        check_lse("lses", &format!("lses[{n}]"), values, |_| Ok(false), "")?;
         lse_tensors.push(Tensor::from_f32(&ctx, [b, h, lq, 1], Layout::Bhsd, values).py_err()?);
     }
     let out_tensors = parts.iter().map(|p| p.upload(&ctx)).collect::<PyResult<Vec<_>>>()?;

@@ -1,6 +1,6 @@
 //! `scaled_dot_product_attention` and `sdpa_backward`.
 
-use crate::arrays::{dtype_name, f32_array, output, read_input_or_empty, Input, Values};
+use crate::arrays::{check_lse, dtype_name, f32_array, output, read_input_or_empty, Input, Values};
 use crate::context::{resolve, PyContext};
 use crate::options::{parse_layout, Raw};
 use crate::{value_error, OrPy};
@@ -317,8 +317,17 @@ pub(crate) fn attention_result<'py>(
 /// GQA: dk and dv are summed over the query heads sharing a kv head). Masks get no
 /// gradient.
 ///
+/// ``lse`` is read as float32 ``(..., Hq, Lq)``. ``+inf`` is refused, and NaN where
+/// ``out``'s row holds no NaN (no forward gives either; a forward over NaN inputs gives
+/// NaN in both, and NaN gradients then, as PyTorch does). ``-inf`` is a fully masked
+/// row's and gives its query zero gradient.
+///
 /// Returns:
 ///     ``(dq, dk, dv)``, each the shape and dtype of its input.
+///
+/// Raises:
+///     ValueError: shapes or dtypes that differ from the forward's, or an ``lse``
+///     no forward gives (above).
 #[pyfunction]
 #[pyo3(signature = (
     query, key, value, out, lse, d_out, attn_mask=None, dropout_p=0.0, is_causal=false, scale=None,
@@ -398,6 +407,21 @@ pub fn sdpa_backward<'py>(
             ),
         ));
     }
+    let lse = py
+        .import("numpy")?
+        .call_method1("ascontiguousarray", (lse, "float32"))?
+        .cast_into::<PyArrayDyn<f32>>()?;
+    let lse = lse.readonly();
+    let lse = lse.as_slice().map_err(|e| value_error("lse", e))?;
+    // NaN where the forward gave it, over NaN inputs: out's row is NaN too, and the
+    // gradients are NaN whatever the lse (as PyTorch's are).
+    check_lse(
+        "lse",
+        "lse",
+        lse,
+        |row| out.row_has_nan(row),
+        ", where out's row holds no NaN",
+    )?;
     if p.is_empty() {
         // No pair of a query and a key: every gradient is zero (empty where its input is).
         let items = [&p.q, &p.k, &p.v]
@@ -406,19 +430,8 @@ pub fn sdpa_backward<'py>(
             .collect::<PyResult<Vec<_>>>()?;
         return PyTuple::new(py, items);
     }
-    let lse = py
-        .import("numpy")?
-        .call_method1("ascontiguousarray", (lse, "float32"))?
-        .cast_into::<PyArrayDyn<f32>>()?;
-    let lse = lse.readonly();
     let [b, hq, lq, _] = p.q.logical;
-    let lse_tensor = Tensor::from_f32(
-        &ctx,
-        [b, hq, lq, 1],
-        Layout::Bhsd,
-        lse.as_slice().map_err(|e| value_error("lse", e))?,
-    )
-    .py_err()?;
+    let lse_tensor = Tensor::from_f32(&ctx, [b, hq, lq, 1], Layout::Bhsd, lse).py_err()?;
     let (qt, kt, vt) = (p.q.upload(&ctx)?, p.k.upload(&ctx)?, p.v.upload(&ctx)?);
     let (ot, dot) = (out.upload(&ctx)?, d_out.upload(&ctx)?);
     let grads = py

@@ -227,6 +227,58 @@ def test_backward_bad_inputs(ctx):
         wa.sdpa_backward(q, k, v, out.astype(np.float16), lse, out)
 
 
+@pytest.mark.parametrize("kernel", ["fused", "materialized"])
+def test_backward_lse_nan_or_pos_inf_refused(ctx, kernel):
+    """An lse no forward gives is refused, as merge_attentions refuses it: +inf (which
+    gave zero gradients, silently) and NaN where out's row holds no NaN (which gave NaN
+    gradients). -inf, a fully masked row's lse, keeps working and gives that row's query
+    zero gradient."""
+    seed = 795
+    q, k, v = qkv(seed, (1, 2), 3, 4, 8)
+    mask = np.ones((3, 4), dtype=bool)
+    mask[1] = False
+    out, lse = sdpa(q, k, v, attn_mask=mask, return_lse=True)
+    assert np.all(lse[:, :, 1] == -np.inf)
+    d_out = randn(seed + 3, *out.shape)
+    for bad in [np.nan, np.inf]:
+        poisoned = lse.copy()
+        poisoned[0, 1, 2] = bad
+        with pytest.raises(ValueError, match=r"lse.*NaN or \+inf.*flat index 5"):
+            wa.sdpa_backward(q, k, v, out, poisoned, d_out, attn_mask=mask, kernel=kernel)
+    # A float64 lse is read as float32 first: a value beyond float32's range is +inf.
+    with pytest.raises(ValueError, match=r"lse.*NaN or \+inf"), np.errstate(over="ignore"):
+        wa.sdpa_backward(q, k, v, out, np.full(lse.shape, 1e300), d_out, attn_mask=mask, kernel=kernel)
+    dq, dk, dv = wa.sdpa_backward(q, k, v, out, lse, d_out, attn_mask=mask, kernel=kernel)
+    assert not dq[:, :, 1].any()
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), attention_backward(q, k, v, d_out, attn_mask=mask)):
+        assert_close(got, want, seed, f"{name} with a fully masked row ({kernel})", atol=5e-5, rtol=5e-4)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_backward_of_nan_inputs_gives_nan(ctx, layout):
+    """A forward over a query row holding NaN gives that row NaN in out and lse; the
+    backward takes both and gives NaN gradients, as PyTorch does (the lse check refuses
+    NaN only where out's row has none), in either layout."""
+    seed = 797
+    q, k, v = qkv(seed, (2, 3), 4, 5, 8)
+    q[1, 2, 3, 0] = np.nan
+    if layout == "bshd":
+        q, k, v = (np.ascontiguousarray(np.swapaxes(x, -3, -2)) for x in (q, k, v))
+    out, lse = sdpa(q, k, v, return_lse=True, layout=layout, kernel="fused")
+    assert np.isnan(lse[1, 2, 3]) and np.isnan(lse).sum() == 1, "the fused forward's lse of a NaN row"
+    d_out = randn(seed + 3, *out.shape)
+    row = (1, 3, 2) if layout == "bshd" else (1, 2, 3)
+    dq, dk, dv = wa.sdpa_backward(q, k, v, out, lse, d_out, layout=layout, kernel="fused")
+    assert np.all(np.isnan(dq[row])) and np.isnan(dk).any(), layout
+    # The materialized backward takes it too (what it then gives a NaN row is its own).
+    wa.sdpa_backward(q, k, v, out, lse, d_out, layout=layout, kernel="materialized")
+    # The same NaN where out's row is finite is refused: the index is the lse's own.
+    poisoned = lse.copy()
+    poisoned[1, 2, 3] = 0.0
+    poisoned[0, 1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"lse.*flat index 6, as float32, where out's row holds no NaN"):
+        wa.sdpa_backward(q, k, v, out, poisoned, d_out, layout=layout)
+
 BAD = [
     ("float64 query", lambda q, k, v: sdpa(q.astype(np.float64), k, v), ValueError, "float64"),
     ("int query", lambda q, k, v: sdpa(q.astype(np.int32), k, v), ValueError, "dtype"),
