@@ -10,7 +10,10 @@
 //     barriers. The portable CPU-adapter path (flash_subgroup.wgsl is faster where
 //     subgroups exist).
 //   flash_shared: a tile of keys of K and V is staged in workgroup memory (16 KiB) by
-//     the whole workgroup between barriers. For GPUs.
+//     the whole workgroup between barriers. For GPUs, in two variants
+//     (kernels::flash::shared_for): at D <= 64 the row loops run to a constant and
+//     the row's state stays in registers; past it they run to the run-time head dims
+//     and a GPU keeps the state in scratch memory (docs/isa.md).
 //
 // Masks: the key loop runs from the first key the workgroup's first row can see
 // (window) to the last key its last row can see (causal, window, key lengths), so
@@ -22,8 +25,8 @@
 @compute @workgroup_size(ROWS, 1, 1)
 fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = setup_row(lid.x, wid);
-    let d4 = (p.head_dim + 3u) / 4u;
-    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let d4 = row_vec4s(p.head_dim);
+    let dv4 = row_vec4s(p.head_dim_v);
     let keys = block_keys(wid);
     for (var j0 = keys.x; j0 < keys.y; j0 += 4u) {
         let kr = row_offsets(true, s.hd.b, s.k_base, j0);
@@ -54,8 +57,8 @@ var<workgroup> kv_tile: array<vec4<f32>, TILE_VEC4>;
 @compute @workgroup_size(ROWS, 1, 1)
 fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let s = setup_row(lid.x, wid);
-    let d4 = (p.head_dim + 3u) / 4u;
-    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let d4 = row_vec4s(p.head_dim);
+    let dv4 = row_vec4s(p.head_dim_v);
     // Keys per tile: as many as fit, a multiple of 4 (at least 8 since d4 + dv4 <= 128).
     let tile_keys = (TILE_VEC4 / (d4 + dv4)) / 4u * 4u;
     let v_off = tile_keys * d4; // V rows follow the K rows in kv_tile

@@ -4,17 +4,30 @@
 // and softmax rules.
 //
 // Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
-// output accumulator live in private vec4 arrays; keys are consumed in blocks of 4:
+// output accumulator live in private vec4 arrays of ROW_VEC4 (a prelude constant);
+// keys are consumed in blocks of 4:
 // 4 scores, one running-max update, one rescale of the accumulator, then 4 rank-1
 // updates with the V rows. Rows that see no key write zeros and lse = -inf. A dispatch
 // walks the keys p.key_begin .. p.key_stop and may resume from an earlier one's results
 // (resume_row).
 
-const MAX_VEC4: u32 = 64u; // head dims up to 256
+//
+// The prelude gives ROW_VEC4 and FIXED_ROW. Where FIXED_ROW is false the row loops run
+// to the run-time head dims (ROW_VEC4 = 64: head dims up to 256); a GPU compiler then
+// indexes the arrays by a loop counter it cannot resolve and keeps them in scratch
+// memory (docs/isa.md). Where it is true (a head-dim class, ROW_VEC4 its vec4s) every
+// row loop runs to ROW_VEC4, a constant: the compiler unrolls it and the arrays live in
+// registers. Past the head dims the loads give zeros (qload4, load4; the tile's rows
+// are ROW_VEC4 long), so the extra products add nothing and nothing past them is stored.
 override ROWS: u32 = 32u;
 
-var<private> q_row: array<vec4<f32>, MAX_VEC4>;
-var<private> acc: array<vec4<f32>, MAX_VEC4>;
+var<private> q_row: array<vec4<f32>, ROW_VEC4>;
+var<private> acc: array<vec4<f32>, ROW_VEC4>;
+
+// The vec4s a row loop walks for a head dim `dim`.
+fn row_vec4s(dim: u32) -> u32 {
+    return select((dim + 3u) / 4u, ROW_VEC4, FIXED_ROW);
+}
 var<private> row_max: f32;
 var<private> row_sum: f32;
 
@@ -33,7 +46,7 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     let row0 = wid.x * ROWS;
     let i = min(row0 + lid, p.len_q - 1u);
     let q_base = hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
-    let d4 = (p.head_dim + 3u) / 4u;
+    let d4 = row_vec4s(p.head_dim);
     for (var t = 0u; t < d4; t++) {
         q_row[t] = qload4(q_base, t) * p.scale;
     }
@@ -61,7 +74,7 @@ fn block_keys(wid: vec3<u32>) -> vec2<u32> {
 
 // The running state before key p.key_begin (attention_common.wgsl's resumed_max).
 fn resume_row(hd: Head, i: u32) {
-    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let dv4 = row_vec4s(p.head_dim_v);
     row_max = resumed_max(hd, i);
     row_sum = resumed_sum(row_max);
     let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
@@ -97,7 +110,7 @@ fn online_step(s4: vec4<f32>) -> vec4<f32> {
     if new_max > row_max {
         let alpha = softmax_rescale(vec4<f32>(row_max), vec4<f32>(new_max)).x;
         row_sum *= alpha;
-        let dv4 = (p.head_dim_v + 3u) / 4u;
+        let dv4 = row_vec4s(p.head_dim_v);
         for (var t = 0u; t < dv4; t++) {
             acc[t] *= alpha;
         }
@@ -115,7 +128,7 @@ fn finish_row(s: RowSetup, row: u32) {
     }
     let inv = row_inv_sum(row_sum);
     let o_base = s.hd.b * p.o_stride_b + s.hd.h * p.o_stride_h + row * p.o_stride_s;
-    let dv4 = (p.head_dim_v + 3u) / 4u;
+    let dv4 = row_vec4s(p.head_dim_v);
     for (var t = 0u; t < dv4; t++) {
         let o = acc[t] * inv;
         for (var c = 0u; c < 4u; c++) {

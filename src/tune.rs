@@ -310,6 +310,28 @@ pub fn read_table_text(path: &std::path::Path) -> Result<Option<String>> {
 /// they cannot serve, where their staged twins would run; so a direct candidate's twin
 /// must fit as well).
 pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopVariant> {
+    coop_forms(dmax, sg, bytes, invocations)
+        .into_iter()
+        .filter(|v| !spills_on_rdna3(v) || (v.dmax == 256 && crate::kernels::flash::COOP_VARIANTS.contains(v)))
+        .collect()
+}
+
+/// Whether a GPU compiler spills the form's registers to memory: RDNA3's does (`isa
+/// --radv-null navi31`, docs/isa.md, 2026-12-07) for two bands of named fragments at
+/// every head-dim class, for named fragments or two bands past D 64, and for every form
+/// at D 256, where [`coop_candidates`] keeps only the picker's variants ([`COOP_VARIANTS`],
+/// 10 spilled registers) for want of any other. CI's register budget holds the
+/// candidates to no spills.
+///
+/// [`COOP_VARIANTS`]: crate::kernels::flash::COOP_VARIANTS
+pub fn spills_on_rdna3(v: &CoopVariant) -> bool {
+    let two_bands = v.bands == 2;
+    (two_bands && v.named) || (v.dmax > 64 && (two_bands || v.named)) || v.dmax > 128
+}
+
+/// Every form [`coop_candidates`] draws from, spilling ones included (the loop budget
+/// bounds any variant a context may be pinned to).
+pub fn coop_forms(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopVariant> {
     let mut out = Vec::new();
     for direct in [false, true] {
         for (bands, named) in [(1, false), (1, true), (2, false), (2, true)] {
@@ -425,8 +447,23 @@ mod tests {
     }
 
     #[test]
+    fn candidates_leave_out_the_forms_that_spill() {
+        // D 64: every form but two bands of named fragments; D 128: one band, arrayed,
+        // staged or direct; D 256: the picker's variants only.
+        let d64 = coop_candidates(64, 32, 48 * 1024, 1024);
+        assert!(d64.iter().any(|v| v.named) && d64.iter().any(|v| v.bands == 2));
+        assert!(!d64.iter().any(|v| v.named && v.bands == 2));
+        let d128 = coop_candidates(128, 32, 48 * 1024, 1024);
+        assert!(d128.iter().all(|v| !v.named && v.bands == 1) && d128.iter().any(|v| v.direct));
+        assert!(coop_forms(128, 32, 48 * 1024, 1024).len() > d128.len());
+        let d256 = coop_candidates(256, 32, 48 * 1024, 1024);
+        assert!(!d256.is_empty());
+        assert!(d256.iter().all(|v| crate::kernels::flash::COOP_VARIANTS.contains(v)));
+    }
+
+    #[test]
     fn candidates_hold_together_and_fit() {
-        let all = coop_candidates(128, 32, 48 * 1024, 1024);
+        let all = coop_forms(128, 32, 48 * 1024, 1024);
         assert!(all.contains(&CoopVariant::new(128, 64, 32)) && all.contains(&CoopVariant::new(128, 64, 48)));
         // Every shape in both forms of its fragments, with one band per subgroup or two,
         // staged or direct (the twin a direct variant falls back to must fit too).
@@ -439,10 +476,10 @@ mod tests {
         assert!(!all.contains(&CoopVariant::new(128, 64, 64).with_direct(true)));
         assert!(all.iter().all(|v| v.br.is_multiple_of(16 * v.bands)));
         // lavapipe under emulation (32 KiB, 8 lanes): at least 30 candidates at D 64.
-        assert!(coop_candidates(64, 8, 32 * 1024, 256).len() >= 30);
+        assert!(coop_forms(64, 8, 32 * 1024, 256).len() >= 30);
         for v in &all {
             assert!(v.valid_for(32) && v.workgroup_bytes() <= 48 * 1024, "{v:?}");
         }
-        assert!(coop_candidates(256, 32, 16 * 1024, 1024).is_empty());
+        assert!(coop_forms(256, 32, 16 * 1024, 1024).is_empty());
     }
 }

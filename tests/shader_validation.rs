@@ -67,7 +67,7 @@ fn every_tunable_coop_form_writes_spirv() {
     // each must get through naga's SPIR-V writer as NVIDIA's 32-lane subgroups compile it.
     let mut forms = std::collections::BTreeSet::new();
     for dmax in [64, 128, 256] {
-        for v in wgpu_attention::tune::coop_candidates(dmax, 32, 48 * 1024, 1024) {
+        for v in wgpu_attention::tune::coop_forms(dmax, 32, 48 * 1024, 1024) {
             forms.insert((v.bands, v.named, v.direct));
             write_f16_spirv(&v.kernel(32), &v.label());
         }
@@ -954,7 +954,7 @@ fn coop_kernels_keep_workgroup_memory_and_coop_accesses_in_16_byte_words() {
         .collect();
     for dmax in [16, 32, 64, 128, 256] {
         for sg in [16, 32, 64] {
-            for v in wgpu_attention::tune::coop_candidates(dmax, sg, 48 * 1024, 1024) {
+            for v in wgpu_attention::tune::coop_forms(dmax, sg, 48 * 1024, 1024) {
                 let kernel = v.kernel(sg);
                 coop.push(Dispatchable {
                     name: format!("tunable {}{}", kernel.file, kernel.variant),

@@ -13,7 +13,7 @@ use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::backward_coop::CoopBackwardVariant;
 use wgpu_attention::kernels::flash::{micro_lanes, spec, CoopVariant, FUSED_TILINGS};
 use wgpu_attention::report::adapter_json;
-use wgpu_attention::tune::{coop_candidates, read_table_text, TuneEntry, TuneTable};
+use wgpu_attention::tune::{coop_candidates, coop_forms, read_table_text, TuneEntry, TuneTable};
 use wgpu_attention::{
     encode_sdpa, AttentionOptions, AttentionShape, CausalAlignment, Context, DType, Error, FusedTiling, KernelChoice,
     Layout, Precision,
@@ -633,6 +633,13 @@ fn why_not_run(ctx: &Context, v: CoopVariant, shapes: &[AttentionShape], dtypes:
         );
     }
     let sg = caps.coop_subgroup_size().unwrap_or(32);
+    if coop_forms(v.dmax, sg, caps.max_workgroup_storage, caps.max_invocations).contains(&v)
+        && !coop_candidates(v.dmax, sg, caps.max_workgroup_storage, caps.max_invocations).contains(&v)
+    {
+        return "a GPU compiler spills its registers to memory (RDNA3 through `isa`: docs/isa.md), so tune no longer \
+                offers it"
+            .into();
+    }
     if !coop_candidates(v.dmax, sg, caps.max_workgroup_storage, caps.max_invocations).contains(&v) {
         return format!(
             "it does not fit this adapter ({} bytes of workgroup memory, {} invocations, subgroups of {sg})",

@@ -80,10 +80,12 @@ const BOTH: [DType; 2] = [DType::F32, DType::F16];
 pub fn gpu() -> Vec<IsaKernel> {
     let mut out = Vec::new();
     for dtype in BOTH {
-        out.push(
-            IsaKernel::new(format!("fused/shared {}", dtype.name()), flash::SHARED, dtype)
-                .with_constants(&[("ROWS", 64)]),
-        );
+        for (class, kernel) in [("", flash::SHARED), (" 64", flash::SHARED_64)] {
+            out.push(
+                IsaKernel::new(format!("fused/shared{class} {}", dtype.name()), kernel, dtype)
+                    .with_constants(&[("ROWS", 64)]),
+            );
+        }
     }
     // The picker's coop variants (f32 inputs run them at precision medium), then the
     // tuner's f16 candidates per head-dim class.

@@ -81,11 +81,17 @@ pub fn registers_iterations(s: &AttentionShape) -> u64 {
 /// plus per tile the tile loop itself and the cooperative load (each trip a vec4 load
 /// with a 4-trip tail loop, counted as 5).
 pub fn shared_iterations(s: &AttentionShape) -> u64 {
-    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    // The D ≤ 64 variant walks its class's 16 vec4s (a constant), whatever the head
+    // dims (kernels::flash::shared_for).
+    let (d4, dv4) = match s.head_dim.max(s.head_dim_v) {
+        0..=64 => (16, 16),
+        _ => ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4)),
+    };
     let tile_keys = (1024 / (d4 + dv4)) / 4 * 4;
     let tiles = (s.len_k as u64).div_ceil(tile_keys);
     let load_trips = (tile_keys * (d4 + dv4)).div_ceil(64);
-    registers_iterations(s) + tiles * (1 + 5 * load_trips)
+    let blocks = s.len_k.div_ceil(4) as u64;
+    blocks * (d4 + 2 * dv4 + 9) + 5 * d4 + 10 * dv4 + tiles * (1 + 5 * load_trips)
 }
 
 /// `flash_blocked.wgsl`, every loop counted with its exit check (its inner loops have
@@ -185,7 +191,7 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
     [8, 16]
         .into_iter()
         .flat_map(|sg| {
-            crate::tune::coop_candidates(class, sg, 32 * 1024, u32::MAX)
+            crate::tune::coop_forms(class, sg, 32 * 1024, u32::MAX)
                 .into_iter()
                 .filter(|v| v.bands == 1)
                 .map(move |v| coop_variant_iterations(s, v, sg))

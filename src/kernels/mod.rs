@@ -88,8 +88,23 @@ pub const BACKWARD_SUBGROUP_128: &[&str] = &[
     SUBGROUP_QUADS,
     "const MAX_DIM: u32 = 128u;\nconst ARRAYS: u32 = 2u;\n",
 ];
-/// Prelude of the fused kernels: the attention prelude plus the online-softmax row state.
-pub const FLASH_PRELUDE: &[&str] = &[COMMON, include_str!("../../shaders/flash_common.wgsl")];
+const FLASH_COMMON: &str = include_str!("../../shaders/flash_common.wgsl");
+/// Prelude of the one-row-per-invocation fused kernels (`registers`, `shared`): the
+/// attention prelude plus the online-softmax row state, its loops over the run-time head
+/// dims (up to 256).
+pub const FLASH_PRELUDE: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 64u;\nconst FIXED_ROW: bool = false;\n",
+    FLASH_COMMON,
+];
+/// The same for head dims up to 64, its row loops of a constant 16 vec4s: the compiler
+/// unrolls them and keeps the row's state in registers (`shared`'s D ≤ 64 class on GPUs;
+/// docs/isa.md).
+pub const FLASH_PRELUDE_64: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\n",
+    FLASH_COMMON,
+];
 
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
 /// the generated texel kernels ([`flash_texel::VARIANTS`],
@@ -127,7 +142,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 62] = [
+pub const ALL_KERNELS: [Kernel; 63] = [
     copy_probe::KERNEL,
     kv_append::QUANTIZE,
     crate::quantized_kv::DEQUANTIZE,
@@ -170,6 +185,7 @@ pub const ALL_KERNELS: [Kernel; 62] = [
     decode::COMBINE,
     flash::REGISTERS,
     flash::SHARED,
+    flash::SHARED_64,
     flash::SUBGROUP_64,
     flash::SUBGROUP_128,
     flash::SUBGROUP_256,

@@ -26,7 +26,8 @@ pub const REGISTERS: Kernel = Kernel {
     variant: "",
 };
 
-/// K/V tiles staged in 16 KiB of workgroup memory, one query row per invocation.
+/// K/V tiles staged in 16 KiB of workgroup memory, one query row per invocation, head
+/// dims up to 256 (its row's state in scratch memory on a GPU: docs/isa.md).
 pub const SHARED: Kernel = Kernel {
     file: "flash_attention.wgsl",
     source: SOURCE,
@@ -35,6 +36,26 @@ pub const SHARED: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE,
     variant: "",
 };
+
+/// [`SHARED`] for head dims up to 64: its row loops run to a constant, so the row's
+/// state stays in registers ([`super::super::FLASH_PRELUDE_64`]).
+pub const SHARED_64: Kernel = Kernel {
+    preludes: super::super::FLASH_PRELUDE_64,
+    variant: "[64]",
+    ..SHARED
+};
+
+/// The `shared` variant for head dims (D, Dv): the D ≤ 64 class in registers, else
+/// the run-time head-dim kernel. (A D ≤ 128 class with Q in workgroup memory kept its
+/// accumulator in scratch under wgpu's bounds checks and ran one wave per SIMD:
+/// docs/isa.md.)
+pub fn shared_for(d: u32, dv: u32) -> Kernel {
+    if d.max(dv) <= 64 {
+        SHARED_64
+    } else {
+        SHARED
+    }
+}
 
 /// K/V elements loaded once per subgroup and broadcast to its lanes (CPU adapters with
 /// subgroups of at least 8 lanes), in three variants by the largest head dim they hold
