@@ -435,16 +435,17 @@ fn every_variant_the_picker_can_choose_runs_at_constants_lavapipe_allows() {
         .collect();
     forms.sort();
     forms.dedup();
-    for small in forms {
+    for (n, small) in forms.into_iter().enumerate() {
         ctx.use_coop_variants(vec![small]);
+        // One dtype per form, alternating (each emulated compile takes tens of seconds
+        // cold; the head dims below are run-time values of the same pipeline).
+        let dtype = if n % 2 == 0 { DType::F16 } else { DType::F32 };
         // Head dims in the variant's class (f16 words, and elements at D = dmax - 4),
         // keys over several tiles ending mid-tile, causal and a bool mask.
         for (d, dv) in [(small.dmax, small.dmax), (small.dmax - 4, small.dmax / 2 + 4)] {
             assert_eq!(coop_variant_for(d, dv, ctx.capabilities()), small);
             {
-                // One dtype each (alternating): the emulation is slow.
                 seed += 1;
-                let dtype = if seed % 4 < 2 { DType::F16 } else { DType::F32 };
                 let shape = AttentionShape::new(
                     1,
                     2,
@@ -608,16 +609,19 @@ fn coop_backward_matches_the_reference_across_shapes_masks_and_dtypes() {
     // lengths off the 16-row bands and 32-row tiles; one query row; one key; buffers
     // shorter than a 16-byte word (f16 at D 4: a placeholder stands in for the words).
     // Both staging paths run: whole-word rows (D 16, 32 in f16, 24/40 in f32) and not.
+    // One dtype per shape (each emulated compile takes tens of seconds cold, and a
+    // head-dim class in two dtypes is two compiles per pass), chosen so that both
+    // staging paths run in f16 and whole words run in both dtypes.
     let shapes = [
-        AttentionShape::new(1, 1, 1, 3, 1, 4, 4),
-        AttentionShape::new(1, 2, 2, 19, 45, 16, 16),
-        AttentionShape::new(2, 4, 2, 37, 29, 24, 40),
-        AttentionShape::new(1, 2, 1, 1, 40, 32, 32),
-        AttentionShape::new(1, 1, 1, 50, 1, 8, 8),
-        AttentionShape::new(1, 2, 2, 33, 70, 64, 36),
+        (AttentionShape::new(1, 1, 1, 3, 1, 4, 4), DType::F16),
+        (AttentionShape::new(1, 2, 2, 19, 45, 16, 16), DType::F16),
+        (AttentionShape::new(2, 4, 2, 37, 29, 24, 40), DType::F32),
+        (AttentionShape::new(1, 2, 1, 1, 40, 32, 32), DType::F16),
+        (AttentionShape::new(1, 1, 1, 50, 1, 8, 8), DType::F32),
+        (AttentionShape::new(1, 2, 2, 33, 70, 64, 36), DType::F16),
     ];
     let mut seed = 39710;
-    for shape in shapes {
+    for (shape, dtype) in shapes {
         for variant in 0..4 {
             seed += 1;
             let [b, hq, lq, lk] = [shape.batch, shape.heads_q, shape.len_q, shape.len_k];
@@ -647,7 +651,6 @@ fn coop_backward_matches_the_reference_across_shapes_masks_and_dtypes() {
                     ..Default::default()
                 },
             };
-            let dtype = if seed % 2 == 0 { DType::F16 } else { DType::F32 };
             let mut case = coop_case(shape, options, dtype, seed);
             if seed % 3 == 0 {
                 case.layout = Layout::Bshd;
