@@ -22,8 +22,28 @@
 # tool that bounds each call; PREVIOUS (an earlier OUT_DIR) adds the comparisons; TORCH
 # (default python3) runs the yardsticks (torch_sdpa.py, torch_backward.py, beside this script); SMOKE=1
 # shrinks every shape so the whole pass runs on a CPU adapter in about a minute (to
-# test this script; tune then emulates the tensor cores).
+# test this script; tune then emulates the tensor cores); PLAN (above) names a call's
+# share of the steps.
 set -u
+
+# PLAN splits a lent GPU's 15 minutes into calls: `decisive` (at most 5 minutes: the
+# driver's register figures, then what decides the next step: fused f32 and f16 with
+# wgpu's runtime checks and without, decode against the copy probe, PyTorch beside
+# them) and `rest` (tune, the other forward steps, the backward). A STEPS list wins.
+case "${PLAN:-}" in
+    decisive)
+        STEPS=${STEPS:-"info isa fused fused-unchecked decode torch"}
+        TOTAL_SECONDS=${TOTAL_SECONDS:-290} STEP_SECONDS=${STEP_SECONDS:-75}
+        ;;
+    rest)
+        STEPS=${STEPS:-"check tune tune-f32 splits fused-medium fused-micro window mha mha-gemm-direct backward backward-rows backward-coop backward-coop-named tune-backward torch-backward"}
+        ;;
+    "") ;;
+    *)
+        echo "PLAN: '$PLAN' is not decisive or rest" >&2
+        exit 2
+        ;;
+esac
 
 bin=${1:-target/release/wgpu-attention}
 out=${2:-${OUT:-gpu-measure}}
