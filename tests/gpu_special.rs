@@ -367,3 +367,26 @@ fn materialized_path_is_exact_or_refused_on_llvmpipe() {
         }
     }
 }
+
+#[test]
+fn kernels_compiled_without_runtime_checks_give_the_reference_answer() {
+    // Context::use_runtime_checks (WGPU_ATTENTION_RUNTIME_CHECKS=unchecked): modules from
+    // create_shader_module_trusted, with no loop counter and no bounds checks
+    // (docs/design.md, "Runtime checks"). The adapter's fused path and the materialized
+    // one, causal with key lengths (one of them short), against the f64 reference.
+    let Some(mut ctx) = common::own_ctx() else { return };
+    ctx.use_runtime_checks(wgpu_attention::RuntimeChecks {
+        loop_bounding: false,
+        bounds_checks: false,
+    });
+    assert_eq!(ctx.runtime_checks().label(), "unchecked");
+    for kernel in [KernelChoice::Fused, KernelChoice::Materialized] {
+        let options = AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            key_lengths: Some(vec![45, 7]),
+            kernel,
+            ..Default::default()
+        };
+        common::assert_case(&ctx, &case(AttentionShape::new(2, 2, 1, 19, 45, 32, 24), options, 4401));
+    }
+}
