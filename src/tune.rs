@@ -320,7 +320,7 @@ pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<
 /// --radv-null navi31`, docs/isa.md, 2026-12-07) for two bands of named fragments at
 /// every head-dim class, for named fragments or two bands past D 64, and for every form
 /// at D 256, where [`coop_candidates`] keeps only the picker's variants ([`COOP_VARIANTS`],
-/// 10 spilled registers) for want of any other. CI's register budget holds the
+/// 9 spilled registers) for want of any other. CI's register budget holds the
 /// candidates to no spills.
 ///
 /// [`COOP_VARIANTS`]: crate::kernels::flash::COOP_VARIANTS

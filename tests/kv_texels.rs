@@ -400,7 +400,15 @@ fn arb_step() -> impl proptest::strategy::Strategy<Value = Step> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig { cases: 12, ..Default::default() })]
+    // The saved seeds' file by path: inside the `it` binary proptest would look for it
+    // beside tests/it/main.rs (and never find it).
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 12,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct(
+            "tests/kv_texels.proptest-regressions"
+        ))),
+        ..Default::default()
+    })]
 
     /// Random histories of appends, growth, clears and rebuilt mirrors, in every dtype,
     /// layout and way of reading rows (the head dims of the bit-for-bit test): after

@@ -840,7 +840,10 @@ fn every_variant_passes_spirv_val() {
                     &module,
                     &shader.source,
                     wgpu_attention::isa::RuntimeChecks::WGPU_DEFAULT,
-                    robust,
+                    wgpu_attention::isa::spirv::Robustness {
+                        buffers: robust,
+                        images: robust,
+                    },
                     debug,
                 );
                 let entry = naga::back::spv::PipelineOptions {
@@ -1042,13 +1045,21 @@ fn dropping_the_loop_bound_removes_every_loop_counter() {
     for kernel in every_kernel() {
         let source = shader_source(&kernel, DType::F32);
         let name = format!("{}:{}{}", kernel.file, kernel.entry, kernel.variant);
-        let without = write(&source, kernel.entry, &[], off, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let without =
+            write(&source, kernel.entry, &[], off, Default::default(), true).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(
             !has_loop_bound(&without.words),
             "{name}: a loop counter with loop bounding off"
         );
-        let with = write(&source, kernel.entry, &[], RuntimeChecks::WGPU_DEFAULT, true)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let with = write(
+            &source,
+            kernel.entry,
+            &[],
+            RuntimeChecks::WGPU_DEFAULT,
+            Default::default(),
+            true,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         counted += usize::from(has_loop_bound(&with.words));
     }
     assert!(

@@ -15,7 +15,8 @@ const CHILD_VARIABLE: &str = "WGPU_ATTENTION_ISA_CHILD";
 pub struct IsaArgs {
     /// Compile on RADV's null hardware for this AMD family (navi31: RDNA3, gfx1201:
     /// RDNA4, ...): Mesa 25's RADV under $WGPU_ATTENTION_MESA25 or target/ci/mesa25
-    /// (`.ci/mesa-backports.sh` unpacks it). Needs no GPU.
+    /// (`.ci/mesa-backports.sh` unpacks it). Needs no GPU. Without it: the Vulkan
+    /// device whose name contains `--adapter` (else WGPU_ADAPTER_NAME), else the first.
     #[arg(long, value_name = "FAMILY")]
     radv_null: Option<String>,
     /// Which kernels: `gpu` (what a GPU-class adapter runs from the pickers and tuners)
@@ -67,7 +68,8 @@ pub fn run(adapter: &super::AdapterArgs, args: &IsaArgs) -> Result<(), CliError>
         .flatten()
         .map(|p| p.as_path())
         .collect();
-    check_outputs(&outputs, true)?;
+    // The table goes to standard output: no file may be `-`.
+    check_outputs(&outputs, false)?;
     if args.threads == Some(0) {
         return Err(CliError::bad("--threads: at least 1"));
     }
@@ -76,13 +78,22 @@ pub fn run(adapter: &super::AdapterArgs, args: &IsaArgs) -> Result<(), CliError>
             return run_on_radv(family);
         }
     }
+    // Vulkan only, and by name: `--adapter` (else WGPU_ADAPTER_NAME) is matched as text
+    // in the Vulkan device's name; `info`'s numbers and backend prefixes are wgpu's.
     let name = if args.radv_null.is_some() {
         Some("RADV".to_string())
     } else {
-        adapter
+        let name = adapter
             .adapter
             .clone()
-            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok());
+        if let Some(n) = name.as_deref().filter(|n| n.starts_with('#') || n.contains(':')) {
+            return Err(CliError::bad(format!(
+                "isa matches --adapter (or WGPU_ADAPTER_NAME) as part of a Vulkan device's name, not '{n}' \
+                 (numbers and backend prefixes name wgpu's adapters)"
+            )));
+        }
+        name
     };
     let compiler = isa::vulkan::Compiler::open(name.as_deref()).map_err(CliError::bad)?;
     let device = format!("{} ({})", compiler.info.name, compiler.info.driver.trim());

@@ -4,8 +4,9 @@
 //! that has the extension, and with no GPU at all on RADV's null hardware (Mesa's AMD
 //! driver compiling for a family that is not there: [`radv`]).
 //!
-//! The SPIR-V is the one wgpu-hal writes for our pipelines ([`spirv::write`]), so the
-//! figures are those of the code a GPU runs.
+//! The SPIR-V is the one wgpu-hal writes for our pipelines on that device
+//! ([`spirv::write`], with the device's robust access), so the figures are those of the
+//! code a GPU runs.
 
 pub mod budget;
 pub mod kernels;
@@ -38,7 +39,14 @@ impl Row {
 pub fn compile(compiler: &vulkan::Compiler, kernel: &kernels::IsaKernel, checks: RuntimeChecks) -> Row {
     let result = (|| {
         let constants: Vec<(&str, f64)> = kernel.constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
-        let module = spirv::write(&kernel.source, &kernel.entry, &constants, checks, false)?;
+        let module = spirv::write(
+            &kernel.source,
+            &kernel.entry,
+            &constants,
+            checks,
+            compiler.info.robust,
+            false,
+        )?;
         let mut executables = compiler.compile(&module, &kernel.entry, kernel.subgroup)?;
         if executables.is_empty() {
             return Err("the driver reported no executable".to_string());

@@ -11,16 +11,17 @@ pub use crate::kernels::runtime_checks::RuntimeChecks;
 /// Vulkan 1.3 device with the features a shader needs, as `device.rs`'s
 /// `compile_stage` adjusts them for our pipelines (no zeroed workgroup memory): SPIR-V
 /// 1.6, the capabilities Vulkan always has plus subgroups, f16 and cooperative matrices
-/// (with the Vulkan memory model) where the shader uses them, bounds checks on indices
-/// and on buffers and image loads unless the device has robust access (`robust`), all
-/// off where `checks` drops them, the loop counter as `checks` says, and the `DEBUG` flag with the source attached as a debug build or
+/// (with the Vulkan memory model) where the shader uses them, bounds checks on indices,
+/// on buffers unless the device has `robustBufferAccess2` and on image loads unless it
+/// has robust image access (`robust`), all off where `checks` drops them, the loop
+/// counter as `checks` says, and the `DEBUG` flag with the source attached as a debug build or
 /// `InstanceFlags::DEBUG` gives. Every binding keeps its number, as in the pipeline
 /// layout's binding map that wgpu-hal passes.
 pub fn hal_options<'a>(
     module: &naga::Module,
     source: &'a str,
     checks: RuntimeChecks,
-    robust: bool,
+    robust: Robustness,
     debug: bool,
 ) -> Options<'a> {
     let mut capabilities = vec![
@@ -51,12 +52,18 @@ pub fn hal_options<'a>(
     if source.contains("enable wgpu_cooperative_matrix;") {
         capabilities.extend([Capability::CooperativeMatrixKHR, Capability::VulkanMemoryModel]);
     }
-    // wgpu-hal's compile_stage: without bounds checks every policy is Unchecked.
-    let (index, buffers) = match (checks.bounds_checks, robust) {
-        (false, _) => (BoundsCheckPolicy::Unchecked, BoundsCheckPolicy::Unchecked),
-        (true, true) => (BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Unchecked),
-        (true, false) => (BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Restrict),
+    // wgpu-hal's naga_options (adapter.rs), and compile_stage: without bounds checks
+    // every policy is Unchecked.
+    let policy = |checked: bool| {
+        if checked {
+            BoundsCheckPolicy::Restrict
+        } else {
+            BoundsCheckPolicy::Unchecked
+        }
     };
+    let index = policy(checks.bounds_checks);
+    let buffers = policy(checks.bounds_checks && !robust.buffers);
+    let images = policy(checks.bounds_checks && !robust.images);
     let mut flags = WriterFlags::LABEL_VARYINGS | WriterFlags::FORCE_POINT_SIZE;
     flags.set(WriterFlags::DEBUG, debug);
     Options {
@@ -66,7 +73,7 @@ pub fn hal_options<'a>(
         bounds_check_policies: BoundsCheckPolicies {
             index,
             buffer: buffers,
-            image_load: buffers,
+            image_load: images,
             binding_array: BoundsCheckPolicy::Unchecked,
         },
         zero_initialize_workgroup_memory: ZeroInitializeWorkgroupMemoryMode::None,
@@ -99,6 +106,15 @@ pub fn hal_options<'a>(
     }
 }
 
+/// What the device guarantees of out-of-bounds accesses, which decides the checks
+/// wgpu-hal writes: none on buffers where it has `robustBufferAccess2`
+/// (`VK_EXT_robustness2`), none on image loads where it has robust image access.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Robustness {
+    pub buffers: bool,
+    pub images: bool,
+}
+
 /// A module ready for a driver: its SPIR-V words and the descriptor bindings its
 /// pipeline layout needs.
 pub struct Spirv {
@@ -125,13 +141,14 @@ pub enum BindingKind {
 }
 
 /// Parses, validates, fixes the overrides of and writes one entry point of a WGSL
-/// source as wgpu-hal would for a device without robust buffer access, with `checks`
+/// source as wgpu-hal would for a device with `robust`, with `checks`
 /// (and names for debuggers where `debug`: what `InstanceFlags::DEBUG` gives).
 pub fn write(
     source: &str,
     entry: &str,
     constants: &[(&str, f64)],
     checks: RuntimeChecks,
+    robust: Robustness,
     debug: bool,
 ) -> Result<Spirv, String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
@@ -146,7 +163,7 @@ pub fn write(
         &constants,
     )
     .map_err(|e| format!("overrides {constants:?}: {e}"))?;
-    let options = hal_options(&module, source, checks, false, debug);
+    let options = hal_options(&module, source, checks, robust, debug);
     let pipeline = naga::back::spv::PipelineOptions {
         shader_stage: naga::ShaderStage::Compute,
         entry_point: entry.into(),

@@ -37,6 +37,8 @@ pub struct DeviceInfo {
     pub driver: String,
     pub subgroup_sizes: (u32, u32),
     pub cooperative_matrix: bool,
+    /// Robust access as wgpu-hal enables it, which decides the bounds checks it writes.
+    pub robust: super::spirv::Robustness,
 }
 
 /// A device on one Vulkan adapter, for compiling pipelines and reading their statistics.
@@ -135,11 +137,13 @@ impl Compiler {
             ));
         }
         let coop_ext = has(ash::khr::cooperative_matrix::NAME);
+        let robustness2_ext = has(ash::ext::robustness2::NAME);
 
         // Every feature the driver reports, in the structs the kernels can touch: queried
         // through one chain, then enabled through a fresh one (a chain is rebuilt from
         // unlinked structs).
         let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+        let mut robustness2 = vk::PhysicalDeviceRobustness2FeaturesEXT::default();
         let mut exe = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default();
         let mut v13 = vk::PhysicalDeviceVulkan13Features::default();
         let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
@@ -153,14 +157,29 @@ impl Compiler {
             if coop_ext {
                 query = query.push_next(&mut coop);
             }
+            if robustness2_ext {
+                query = query.push_next(&mut robustness2);
+            }
             // SAFETY: pd comes from this instance; the chain holds live structs.
             unsafe { instance.get_physical_device_features2(pd, &mut query) };
             query.features
         };
         let coop_supported = coop_ext && coop.cooperative_matrix == vk::TRUE;
+        // wgpu-hal's private caps (adapter.rs): robustBufferAccess2 takes the buffer
+        // checks away; robustImageAccess2, else Vulkan 1.3's robustImageAccess, the image
+        // ones.
+        let robust = super::spirv::Robustness {
+            buffers: robustness2_ext && robustness2.robust_buffer_access2 == vk::TRUE,
+            images: if robustness2_ext {
+                robustness2.robust_image_access2 == vk::TRUE
+            } else {
+                v13.robust_image_access == vk::TRUE
+            },
+        };
         let subgroup_size_control = v13.subgroup_size_control == vk::TRUE;
         for next in [
             &mut coop.p_next,
+            &mut robustness2.p_next,
             &mut exe.p_next,
             &mut v13.p_next,
             &mut v12.p_next,
@@ -177,6 +196,9 @@ impl Compiler {
         if coop_supported {
             features = features.push_next(&mut coop);
         }
+        if robustness2_ext {
+            features = features.push_next(&mut robustness2);
+        }
         let mut subgroup = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
         let mut subgroup_props = vk::PhysicalDeviceVulkan11Properties::default();
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
@@ -191,11 +213,15 @@ impl Compiler {
             driver: format!("{} {}", c_string(&driver.driver_name), c_string(&driver.driver_info)),
             subgroup_sizes: (subgroup.min_subgroup_size, subgroup.max_subgroup_size),
             cooperative_matrix: coop_supported,
+            robust,
         };
 
         let mut names = vec![ash::khr::pipeline_executable_properties::NAME.as_ptr()];
         if info.cooperative_matrix {
             names.push(ash::khr::cooperative_matrix::NAME.as_ptr());
+        }
+        if robustness2_ext {
+            names.push(ash::ext::robustness2::NAME.as_ptr());
         }
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()

@@ -57,16 +57,6 @@ impl RuntimeChecks {
             })
     }
 
-    /// [`RUNTIME_CHECKS_VAR`]: unset is the default; set, it must name a setting (an
-    /// empty value is refused like any other unknown one).
-    pub fn from_env() -> Result<Self> {
-        match std::env::var(RUNTIME_CHECKS_VAR) {
-            Err(std::env::VarError::NotPresent) => Ok(Self::WGPU_DEFAULT),
-            Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(RUNTIME_CHECKS_VAR, "not UTF-8")),
-            Ok(value) => Self::parse(RUNTIME_CHECKS_VAR, &value),
-        }
-    }
-
     /// wgpu's form: every other check (ray queries, mesh shaders, integer division) kept.
     pub fn to_wgpu(self) -> wgpu::ShaderRuntimeChecks {
         wgpu::ShaderRuntimeChecks {
