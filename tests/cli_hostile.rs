@@ -21,9 +21,11 @@ fn inputs(dir: &Path, seed: u64) -> [PathBuf; 3] {
     })
 }
 
-fn run(dir: &Path, extra: &[&str]) -> Output {
-    let [q, k, v] = inputs(dir, 36);
-    bin()
+/// `run` on the test inputs drawn with `seed`, its other arguments still to come.
+fn run_command(dir: &Path, seed: u64) -> std::process::Command {
+    let [q, k, v] = inputs(dir, seed);
+    let mut command = bin();
+    command
         .current_dir(dir)
         .arg("run")
         .arg("--q")
@@ -31,10 +33,12 @@ fn run(dir: &Path, extra: &[&str]) -> Output {
         .arg("--k")
         .arg(k)
         .arg("--v")
-        .arg(v)
-        .args(extra)
-        .output()
-        .expect("runs")
+        .arg(v);
+    command
+}
+
+fn run(dir: &Path, extra: &[&str]) -> Output {
+    run_command(dir, 36).args(extra).output().expect("runs")
 }
 
 /// Asserts exit status 2 and one stderr line containing every needle.
@@ -410,17 +414,8 @@ fn f32_values_beyond_f16_range_are_refused_under_dtype_f16() {
 
 /// `run` on the test inputs with `var` set to `value` (issue 64 item 8).
 fn run_with_env(dir: &Path, var: &str, value: &str) -> Output {
-    let [q, k, v] = inputs(dir, 64);
-    bin()
-        .current_dir(dir)
+    run_command(dir, 64)
         .env(var, value)
-        .arg("run")
-        .arg("--q")
-        .arg(q)
-        .arg("--k")
-        .arg(k)
-        .arg("--v")
-        .arg(v)
         .args(["--out", "out.npy"])
         .output()
         .expect("runs")

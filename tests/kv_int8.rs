@@ -26,6 +26,19 @@ fn near_a_tie(x: f32, top: f32) -> bool {
     ((t - t.trunc()).abs() - 0.5).abs() < 1e-4
 }
 
+/// A BSHD cache of `batch` elements and `heads_kv` heads, room for `capacity` keys.
+fn bshd_config(batch: usize, heads_kv: usize, capacity: usize, (d, dv): (usize, usize), dtype: DType) -> KvCacheConfig {
+    KvCacheConfig {
+        batch,
+        heads_kv,
+        capacity,
+        head_dim: d,
+        head_dim_v: dv,
+        layout: Layout::Bshd,
+        dtype,
+    }
+}
+
 #[test]
 fn appends_quantize_as_the_reference_does_in_either_layout_and_dtype() {
     let Some(ctx) = common::ctx() else { return };
@@ -144,15 +157,7 @@ fn cache_attention_matches_the_dequantized_values_on_every_path() {
         }
         let seed = 5410 + n as u64;
         let mut rng = Rng::new(seed);
-        let config = KvCacheConfig {
-            batch: b,
-            heads_kv: hkv,
-            capacity: cap,
-            head_dim: d,
-            head_dim_v: dv,
-            layout: Layout::Bshd,
-            dtype,
-        };
+        let config = bshd_config(b, hkv, cap, (d, dv), dtype);
         let mut cache = QuantizedKvCache::new(ctx, config).expect("cache");
         // Host rows, BHSD per batch element: what each element holds, unquantized.
         let mut held_k = vec![vec![Vec::new(); hkv]; b];
@@ -295,15 +300,7 @@ fn rows_holding_nan_or_infinity_read_back_as_nan_on_every_path() {
     for (n, dtype) in common::dtypes(ctx).into_iter().enumerate() {
         let seed = 5460 + n as u64;
         let mut rng = Rng::new(seed);
-        let config = KvCacheConfig {
-            batch: b,
-            heads_kv: hkv,
-            capacity: cap,
-            head_dim: d,
-            head_dim_v: dv,
-            layout: Layout::Bshd,
-            dtype,
-        };
+        let config = bshd_config(b, hkv, cap, (d, dv), dtype);
         let mut cache = QuantizedKvCache::new(ctx, config).expect("cache");
         let rows = 12;
         let mut k = rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
