@@ -55,3 +55,31 @@ fn every_fused_tiling_f16() {
         run_grid(KernelChoice::Fused, spec.tiling, DType::F16);
     }
 }
+
+#[test]
+fn shared_in_its_gpu_variant_f32_and_f16() {
+    // A GPU gets `shared`'s D <= 64 class (row loops to a constant 16 vec4s, the row in
+    // registers: kernels::flash::shared_for); a CPU adapter the run-time kernel, which
+    // the grid above runs. Here the GPU variant, on the grid's cases it serves.
+    let Some(mut ctx) = common::own_ctx() else { return };
+    ctx.use_gpu_variants();
+    for dtype in common::dtypes(&ctx) {
+        let mut served = 0;
+        for mut case in standard_grid(wgpu_attention::check::DEFAULT_SEED) {
+            if case.shape.head_dim.max(case.shape.head_dim_v) > 64 {
+                continue;
+            }
+            let (d, dv) = (case.shape.head_dim as u32, case.shape.head_dim_v as u32);
+            assert_eq!(
+                wgpu_attention::kernels::flash::shared_for(d, dv, ctx.capabilities()),
+                wgpu_attention::kernels::flash::SHARED_64
+            );
+            served += 1;
+            case.options.kernel = KernelChoice::Fused;
+            case.options.tiling = FusedTiling::Shared;
+            case.dtype = dtype;
+            common::assert_case(&ctx, &case);
+        }
+        assert!(served >= 4, "only {served} grid cases at D <= 64");
+    }
+}

@@ -48,6 +48,9 @@ pub struct Capabilities {
     /// The Mesa release (major, minor) of a Mesa driver, from the adapter's driver
     /// info (`Mesa 22.3.6 (LLVM 15.0.6)`): some tilings run best differently per release.
     pub mesa_version: Option<(u32, u32)>,
+    /// The adapter is a CPU driver (lavapipe, llvmpipe, SwiftShader, WARP): register
+    /// pressure and unrolled loops cost there what they save on a GPU.
+    pub cpu: bool,
     /// Tensor-core variants a tuning table measured fastest on this adapter, one per
     /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
     pub coop_tuned: Vec<crate::kernels::flash::CoopVariant>,
@@ -101,6 +104,7 @@ impl Capabilities {
             coop_emulated: false,
             loop_cap: None,
             mesa_version,
+            cpu: false,
             coop_tuned: Vec::new(),
             micro_lanes: None,
             key_splits: 1,
@@ -227,6 +231,7 @@ impl Capabilities {
             coop_emulated: false,
             loop_cap: None,
             mesa_version: mesa_version(&info.driver_info),
+            cpu: super::is_cpu_adapter(info),
             coop_tuned: Vec::new(),
             micro_lanes: None,
             key_splits: 1,

@@ -358,6 +358,13 @@ impl Context {
         self.caps.coop_gemm_direct = direct;
     }
 
+    /// Picks the kernel variants a GPU-class adapter gets (`shared`'s D ≤ 64 class) on a
+    /// CPU adapter too: for tests, which run them on lavapipe.
+    #[doc(hidden)]
+    pub fn use_gpu_variants(&mut self) {
+        self.caps.cpu = false;
+    }
+
     /// Compiles kernels from now on with these of wgpu's runtime checks (what
     /// `WGPU_ATTENTION_RUNTIME_CHECKS` does for contexts made by [`Context::new`]):
     /// `WGPU_DEFAULT` keeps wgpu's loop counter and bounds checks; dropping them is safe

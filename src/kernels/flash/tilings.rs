@@ -198,7 +198,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Gpu, AdapterClass::BrowserCpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
-        launch: |d, dv, _| Launch::rows_override(shared_for(d, dv), 64),
+        launch: |d, dv, caps| Launch::rows_override(shared_for(d, dv, caps), 64),
         iterations: loop_budget::shared_iterations,
     },
 ];

@@ -45,12 +45,14 @@ pub const SHARED_64: Kernel = Kernel {
     ..SHARED
 };
 
-/// The `shared` variant for head dims (D, Dv): the D ≤ 64 class in registers, else
-/// the run-time head-dim kernel. (A D ≤ 128 class with Q in workgroup memory kept its
+/// The `shared` variant for head dims (D, Dv): on a GPU, the D ≤ 64 class in
+/// registers; elsewhere (past D 64, and on CPU adapters, where the class's constant 16
+/// vec4s per row cost SwiftShader 1.8x at D 32 and a register file buys nothing) the
+/// run-time head-dim kernel. (A D ≤ 128 class with Q in workgroup memory kept its
 /// accumulator in scratch under wgpu's bounds checks and ran one wave per SIMD:
 /// docs/isa.md.)
-pub fn shared_for(d: u32, dv: u32) -> Kernel {
-    if d.max(dv) <= 64 {
+pub fn shared_for(d: u32, dv: u32, caps: &Capabilities) -> Kernel {
+    if d.max(dv) <= 64 && !caps.cpu {
         SHARED_64
     } else {
         SHARED
