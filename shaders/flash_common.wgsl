@@ -3,36 +3,55 @@
 // per-invocation state for one query row, driven by attention_common.wgsl's masking
 // and softmax rules.
 //
-// Each invocation owns one query row. Its Q row (pre-multiplied by the scale) and its
-// output accumulator live in private vec4 arrays of ROW_VEC4 (a prelude constant);
-// keys are consumed in blocks of 4:
-// 4 scores, one running-max update, one rescale of the accumulator, then 4 rank-1
-// updates with the V rows. Rows that see no key write zeros and lse = -inf. A dispatch
-// walks the keys p.key_begin .. p.key_stop and may resume from an earlier one's results
-// (resume_row).
-
+// Each query row is owned by ROW_LANES consecutive invocations (a prelude constant; 1
+// but for the GPU head-dim classes past 64). Lane `l` of a row owns the row's vec4s
+// l, l + ROW_LANES, l + 2 ROW_LANES, ... (row_vec4): its share of the Q row
+// (pre-multiplied by the scale) and of the output accumulator live in private vec4
+// arrays of ROW_VEC4. Keys are consumed in blocks of 4: 4 partial scores, summed over
+// the row's lanes (row_sum_lanes, from the prelude: subgroup shuffles where
+// ROW_LANES > 1), one running-max update, one rescale of the accumulator, then 4
+// rank-1 updates with the V rows. Every lane of a row sees the same scores, so the
+// running max and sum agree across them. Rows that see no key write zeros and
+// lse = -inf. A dispatch walks the keys p.key_begin .. p.key_stop and may resume from
+// an earlier one's results (resume_row).
 //
-// The prelude gives ROW_VEC4 and FIXED_ROW. Where FIXED_ROW is false the row loops run
-// to the run-time head dims (ROW_VEC4 = 64: head dims up to 256); a GPU compiler then
-// indexes the arrays by a loop counter it cannot resolve and keeps them in scratch
-// memory (docs/isa.md). Where it is true (a head-dim class, ROW_VEC4 its vec4s) every
-// row loop runs to ROW_VEC4, a constant: the compiler unrolls it and the arrays live in
-// registers. Past the head dims the loads give zeros (qload4, load4; the tile's rows
-// are ROW_VEC4 long), so the extra products add nothing and nothing past them is stored.
+// The prelude gives ROW_VEC4, FIXED_ROW, ROW_LANES and row_sum_lanes. Where FIXED_ROW
+// is false (ROW_LANES = 1) the row loops run to the run-time head dims (ROW_VEC4 = 64:
+// head dims up to 256); a GPU compiler then indexes the arrays by a loop counter it
+// cannot resolve and keeps them in scratch memory (docs/isa.md). Where it is true (a
+// head-dim class, ROW_VEC4 x ROW_LANES its vec4s) every row loop runs to ROW_VEC4, a
+// constant: the compiler unrolls it and the arrays live in registers. Past the head
+// dims the loads give zeros (qload4, load4; the tile's rows are ROW_VEC4 x ROW_LANES
+// long), so the extra products add nothing and nothing past them is stored.
+//
+// ROWS (the workgroup size) is invocations: a workgroup owns ROWS / ROW_LANES rows.
 override ROWS: u32 = 32u;
 
 var<private> q_row: array<vec4<f32>, ROW_VEC4>;
 var<private> acc: array<vec4<f32>, ROW_VEC4>;
 
-// The vec4s a row loop walks for a head dim `dim`.
+var<private> lane: u32; // this invocation's lane of its row
+
+// The vec4s a row loop walks for a head dim `dim` (each lane's share).
 fn row_vec4s(dim: u32) -> u32 {
     return select((dim + 3u) / 4u, ROW_VEC4, FIXED_ROW);
+}
+
+// The row's vec4 that this lane's `t`-th array entry holds.
+fn row_vec4(t: u32) -> u32 {
+    return t * ROW_LANES + lane;
+}
+
+// Query rows per workgroup.
+fn block_rows() -> u32 {
+    return ROWS / ROW_LANES;
 }
 var<private> row_max: f32;
 var<private> row_sum: f32;
 
 struct RowSetup {
     hd: Head,
+    row: u32, // this invocation's query row, possibly past the last (then i is the last)
     i: u32,
     start: u32,
     end: u32,
@@ -43,16 +62,18 @@ struct RowSetup {
 // Loads this invocation's Q row and clears its accumulator; returns the loop bounds.
 fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     let hd = head_of(p.bh_start + wid.y);
-    let row0 = wid.x * ROWS;
-    let i = min(row0 + lid, p.len_q - 1u);
+    lane = lid % ROW_LANES;
+    let row = wid.x * block_rows() + lid / ROW_LANES;
+    let i = min(row, p.len_q - 1u);
     let q_base = hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
     let d4 = row_vec4s(p.head_dim);
     for (var t = 0u; t < d4; t++) {
-        q_row[t] = qload4(q_base, t) * p.scale;
+        q_row[t] = qload4(q_base, row_vec4(t)) * p.scale;
     }
     resume_row(hd, i);
     return RowSetup(
         hd,
+        row,
         i,
         key_start(hd.b, i),
         key_end(hd.b, i),
@@ -67,8 +88,8 @@ fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
 // loop bounds, and the barriers inside flash_shared's loop, as uniform.
 fn block_keys(wid: vec3<u32>) -> vec2<u32> {
     let b = head_of(p.bh_start + wid.y).b;
-    let row0 = wid.x * ROWS;
-    let end = min(key_end(b, min(row0 + ROWS - 1u, p.len_q - 1u)), p.key_stop);
+    let row0 = wid.x * block_rows();
+    let end = min(key_end(b, min(row0 + block_rows() - 1u, p.len_q - 1u)), p.key_stop);
     return vec2<u32>(block_key_begin(b, min(row0, p.len_q - 1u)), end);
 }
 
@@ -80,10 +101,11 @@ fn resume_row(hd: Head, i: u32) {
     let o_base = hd.b * p.o_stride_b + hd.h * p.o_stride_h + i * p.o_stride_s;
     for (var t = 0u; t < dv4; t++) {
         var o = vec4<f32>(0.0);
+        let d = row_vec4(t) * 4u;
         if row_sum != 0.0 {
             for (var c = 0u; c < 4u; c++) {
-                if t * 4u + c < p.head_dim_v {
-                    o[c] = f32(output[o_base + t * 4u + c]);
+                if d + c < p.head_dim_v {
+                    o[c] = f32(output[o_base + d + c]);
                 }
             }
         }
@@ -121,8 +143,10 @@ fn online_step(s4: vec4<f32>) -> vec4<f32> {
     return pr;
 }
 
-// Normalises and stores this invocation's output row and its log-sum-exp.
-fn finish_row(s: RowSetup, row: u32) {
+// Normalises and stores this lane's share of its output row, and (lane 0) the row's
+// log-sum-exp.
+fn finish_row(s: RowSetup) {
+    let row = s.row;
     if row >= p.len_q {
         return;
     }
@@ -131,12 +155,15 @@ fn finish_row(s: RowSetup, row: u32) {
     let dv4 = row_vec4s(p.head_dim_v);
     for (var t = 0u; t < dv4; t++) {
         let o = acc[t] * inv;
+        let d = row_vec4(t) * 4u;
         for (var c = 0u; c < 4u; c++) {
-            if t * 4u + c < p.head_dim_v {
-                output[o_base + t * 4u + c] = elem(o[c]);
+            if d + c < p.head_dim_v {
+                output[o_base + d + c] = elem(o[c]);
             }
         }
     }
-    lse[(s.hd.b * p.heads_q + s.hd.h) * p.len_q + row] = row_lse(row_max, row_sum);
+    if lane == 0u {
+        lse[(s.hd.b * p.heads_q + s.hd.h) * p.len_q + row] = row_lse(row_max, row_sum);
+    }
 }
 

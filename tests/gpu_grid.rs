@@ -57,29 +57,36 @@ fn every_fused_tiling_f16() {
 }
 
 #[test]
-fn shared_in_its_gpu_variant_f32_and_f16() {
-    // A GPU gets `shared`'s D <= 64 class (row loops to a constant 16 vec4s, the row in
-    // registers: kernels::flash::shared_for); a CPU adapter the run-time kernel, which
-    // the grid above runs. Here the GPU variant, on the grid's cases it serves.
+fn shared_in_its_gpu_variants_f32_and_f16() {
+    // A GPU gets `shared`'s head-dim classes, each row's state in registers
+    // (kernels::flash::shared_for): D <= 64 one lane per row, 128 and 256 two and four
+    // (subgroup shuffles; lavapipe's 8-lane subgroups take them). A CPU adapter gets
+    // the run-time kernel, which the grid above runs. Here the GPU variants, on every
+    // grid case.
+    use wgpu_attention::kernels::flash::{shared_for, SHARED_128, SHARED_256, SHARED_64};
     let Some(mut ctx) = common::own_ctx() else { return };
+    if ctx.capabilities().subgroups.is_none_or(|(min, _)| min < 4) {
+        common::skip_lacking(&ctx, "SUBGROUP with 4 lanes (shared's split rows)", true);
+        return;
+    }
     ctx.use_gpu_variants();
     for dtype in common::dtypes(&ctx) {
-        let mut served = 0;
+        let mut served = [0; 3];
         for mut case in standard_grid(wgpu_attention::check::DEFAULT_SEED) {
-            if case.shape.head_dim.max(case.shape.head_dim_v) > 64 {
-                continue;
-            }
             let (d, dv) = (case.shape.head_dim as u32, case.shape.head_dim_v as u32);
-            assert_eq!(
-                wgpu_attention::kernels::flash::shared_for(d, dv, ctx.capabilities()),
-                wgpu_attention::kernels::flash::SHARED_64
-            );
-            served += 1;
+            let (kernel, lanes) = shared_for(d, dv, ctx.capabilities());
+            let (expected, class) = match d.max(dv) {
+                0..=64 => ((SHARED_64, 1), 0),
+                65..=128 => ((SHARED_128, 2), 1),
+                _ => ((SHARED_256, 4), 2),
+            };
+            assert_eq!((kernel, lanes), expected, "D {d}, Dv {dv}");
+            served[class] += 1;
             case.options.kernel = KernelChoice::Fused;
             case.options.tiling = FusedTiling::Shared;
             case.dtype = dtype;
             common::assert_case(&ctx, &case);
         }
-        assert!(served >= 4, "only {served} grid cases at D <= 64");
+        assert!(served.iter().all(|&n| n >= 1), "grid cases per class: {served:?}");
     }
 }

@@ -80,10 +80,16 @@ const BOTH: [DType; 2] = [DType::F32, DType::F16];
 pub fn gpu() -> Vec<IsaKernel> {
     let mut out = Vec::new();
     for dtype in BOTH {
-        for (class, kernel) in [("", flash::SHARED), (" 64", flash::SHARED_64)] {
+        // 64 rows per workgroup, over 1, 2 and 4 lanes each (flash::shared_for).
+        for (class, kernel, invocations) in [
+            ("", flash::SHARED, 64),
+            (" 64", flash::SHARED_64, 64),
+            (" 128", flash::SHARED_128, 128),
+            (" 256", flash::SHARED_256, 256),
+        ] {
             out.push(
                 IsaKernel::new(format!("fused/shared{class} {}", dtype.name()), kernel, dtype)
-                    .with_constants(&[("ROWS", 64)]),
+                    .with_constants(&[("ROWS", invocations)]),
             );
         }
     }

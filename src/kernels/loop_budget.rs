@@ -79,17 +79,27 @@ pub fn registers_iterations(s: &AttentionShape) -> u64 {
 
 /// `flash_attention.wgsl`'s shared entry: the registers loop over each block of 4 keys,
 /// plus per tile the tile loop itself and the cooperative load (each trip a vec4 load
-/// with a 4-trip tail loop, counted as 5).
+/// with a 4-trip tail loop, counted as 5). The most of the variants the shape may get
+/// (kernels::flash::shared_for): the run-time kernel walks the head dims' vec4s; a
+/// head-dim class walks 16 per lane (a constant) and stages rows of 16 per lane, over
+/// 64 invocations per lane of a row.
 pub fn shared_iterations(s: &AttentionShape) -> u64 {
-    // The D ≤ 64 variant walks its class's 16 vec4s (a constant), whatever the head
-    // dims (kernels::flash::shared_for).
-    let (d4, dv4) = match s.head_dim.max(s.head_dim_v) {
-        0..=64 => (16, 16),
-        _ => ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4)),
+    let run_time = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
+    let lanes = match s.head_dim.max(s.head_dim_v) {
+        0..=64 => 1,
+        65..=128 => 2,
+        _ => 4,
     };
-    let tile_keys = (1024 / (d4 + dv4)) / 4 * 4;
+    let class = shared_loops(s, (16, 16), 32 * lanes, 64 * lanes);
+    class.max(shared_loops(s, run_time, run_time.0 + run_time.1, 64))
+}
+
+/// The shared entry's loop trips for a lane walking (d4, dv4) vec4s of its row, with
+/// `staged` vec4s of K and V per key in the tile and `invocations` in the workgroup.
+fn shared_loops(s: &AttentionShape, (d4, dv4): (u64, u64), staged: u64, invocations: u64) -> u64 {
+    let tile_keys = (1024 / staged) / 4 * 4;
     let tiles = (s.len_k as u64).div_ceil(tile_keys);
-    let load_trips = (tile_keys * (d4 + dv4)).div_ceil(64);
+    let load_trips = (tile_keys * staged).div_ceil(invocations);
     let blocks = s.len_k.div_ceil(4) as u64;
     blocks * (d4 + 2 * dv4 + 9) + 5 * d4 + 10 * dv4 + tiles * (1 + 5 * load_trips)
 }

@@ -89,12 +89,28 @@ pub const BACKWARD_SUBGROUP_128: &[&str] = &[
     "const MAX_DIM: u32 = 128u;\nconst ARRAYS: u32 = 2u;\n",
 ];
 const FLASH_COMMON: &str = include_str!("../../shaders/flash_common.wgsl");
+/// One lane per query row: the row's scores are the lane's own.
+const ONE_LANE_PER_ROW: &str =
+    "const ROW_LANES: u32 = 1u;\nfn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {\n    return x;\n}\n";
+/// A row split over ROW_LANES consecutive lanes (a power of two no larger than the
+/// subgroup): its scores are the sum of the lanes' partial scores, by a butterfly of
+/// subgroup shuffles that leaves every lane with the same sum (a + b = b + a in
+/// floating point, so the row's lanes agree on its running max and sum).
+const ROW_OVER_LANES: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
+    var s = x;
+    for (var m = 1u; m < ROW_LANES; m *= 2u) {
+        s += subgroupShuffleXor(s, m);
+    }
+    return s;
+}
+";
 /// Prelude of the one-row-per-invocation fused kernels (`registers`, `shared`): the
 /// attention prelude plus the online-softmax row state, its loops over the run-time head
 /// dims (up to 256).
 pub const FLASH_PRELUDE: &[&str] = &[
     COMMON,
     "const ROW_VEC4: u32 = 64u;\nconst FIXED_ROW: bool = false;\n",
+    ONE_LANE_PER_ROW,
     FLASH_COMMON,
 ];
 /// The same for head dims up to 64, its row loops of a constant 16 vec4s: the compiler
@@ -103,6 +119,22 @@ pub const FLASH_PRELUDE: &[&str] = &[
 pub const FLASH_PRELUDE_64: &[&str] = &[
     COMMON,
     "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\n",
+    ONE_LANE_PER_ROW,
+    FLASH_COMMON,
+];
+/// Head dims up to 128 and 256 on GPUs with subgroups: each row split over 2 and 4
+/// lanes, each lane with the D ≤ 64 class's constant 16 vec4s of Q and of the
+/// accumulator (in registers; docs/isa.md).
+pub const FLASH_PRELUDE_128: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 2u;\n",
+    ROW_OVER_LANES,
+    FLASH_COMMON,
+];
+pub const FLASH_PRELUDE_256: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 4u;\n",
+    ROW_OVER_LANES,
     FLASH_COMMON,
 ];
 
@@ -142,7 +174,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 63] = [
+pub const ALL_KERNELS: [Kernel; 65] = [
     copy_probe::KERNEL,
     kv_append::QUANTIZE,
     crate::quantized_kv::DEQUANTIZE,
@@ -186,6 +218,8 @@ pub const ALL_KERNELS: [Kernel; 63] = [
     flash::REGISTERS,
     flash::SHARED,
     flash::SHARED_64,
+    flash::SHARED_128,
+    flash::SHARED_256,
     flash::SUBGROUP_64,
     flash::SUBGROUP_128,
     flash::SUBGROUP_256,

@@ -52,7 +52,8 @@ pub enum Needs {
 }
 
 /// One kernel launch shape of a tiling for a problem: the kernel variant, query rows
-/// per workgroup, and the override constants the shader takes (`ROWS`, `SG`).
+/// per workgroup, and the override constants the shader takes (`ROWS`: invocations per
+/// workgroup; `SG`).
 #[derive(Clone, Debug)]
 pub struct Launch {
     pub kernel: Kernel,
@@ -198,7 +199,15 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Gpu, AdapterClass::BrowserCpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
-        launch: |d, dv, caps| Launch::rows_override(shared_for(d, dv, caps), 64),
+        launch: |d, dv, caps| {
+            // 64 rows per workgroup, each over `lanes` invocations.
+            let (kernel, lanes) = shared_for(d, dv, caps);
+            Launch {
+                kernel,
+                rows: 64,
+                constants: vec![("ROWS", 64 * lanes)],
+            }
+        },
         iterations: loop_budget::shared_iterations,
     },
 ];

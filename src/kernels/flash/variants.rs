@@ -45,17 +45,36 @@ pub const SHARED_64: Kernel = Kernel {
     ..SHARED
 };
 
-/// The `shared` variant for head dims (D, Dv): on a GPU, the D ≤ 64 class in
-/// registers; elsewhere (past D 64, and on CPU adapters, where the class's constant 16
-/// vec4s per row cost SwiftShader 1.8x at D 32 and a register file buys nothing) the
-/// run-time head-dim kernel. (A D ≤ 128 class with Q in workgroup memory kept its
-/// accumulator in scratch under wgpu's bounds checks and ran one wave per SIMD:
-/// docs/isa.md.)
-pub fn shared_for(d: u32, dv: u32, caps: &Capabilities) -> Kernel {
-    if d.max(dv) <= 64 && !caps.cpu {
-        SHARED_64
-    } else {
-        SHARED
+/// [`SHARED`] for head dims up to 128 and 256 on GPUs with subgroups: each row split
+/// over 2 and 4 lanes ([`super::super::FLASH_PRELUDE_128`]), each lane's share of the
+/// row's state in registers.
+pub const SHARED_128: Kernel = Kernel {
+    preludes: super::super::FLASH_PRELUDE_128,
+    variant: "[128]",
+    ..SHARED
+};
+pub const SHARED_256: Kernel = Kernel {
+    preludes: super::super::FLASH_PRELUDE_256,
+    variant: "[256]",
+    ..SHARED
+};
+
+/// The `shared` variant for head dims (D, Dv) on an adapter, and its lanes per query
+/// row. On a GPU, the head-dim classes keep the row's state in registers: D ≤ 64 one
+/// lane per row, 128 and 256 two and four (subgroup shuffles; a GPU whose subgroups
+/// cannot take them keeps the run-time kernel). CPU adapters run the run-time
+/// head-dim kernel: the class's constant 16 vec4s per row cost SwiftShader 1.8x at
+/// D 32, and a CPU's register file buys nothing. (A D ≤ 128 class with Q in workgroup
+/// memory kept its accumulator in scratch under wgpu's bounds checks and ran one wave
+/// per SIMD: docs/isa.md.)
+pub fn shared_for(d: u32, dv: u32, caps: &Capabilities) -> (Kernel, u32) {
+    let lanes_fit = |lanes: u32| caps.subgroups.is_some_and(|(min, _)| min >= lanes);
+    match d.max(dv) {
+        _ if caps.cpu => (SHARED, 1),
+        0..=64 => (SHARED_64, 1),
+        65..=128 if lanes_fit(2) => (SHARED_128, 2),
+        129..=256 if lanes_fit(4) => (SHARED_256, 4),
+        _ => (SHARED, 1),
     }
 }
 
