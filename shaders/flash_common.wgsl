@@ -15,37 +15,12 @@
 // lse = -inf. A dispatch walks the keys p.key_begin .. p.key_stop and may resume from
 // an earlier one's results (resume_row).
 //
-// The prelude gives ROW_VEC4, FIXED_ROW, ROW_LANES and row_sum_lanes. Where FIXED_ROW
-// is false (ROW_LANES = 1) the row loops run to the run-time head dims (ROW_VEC4 = 64:
-// head dims up to 256); a GPU compiler then indexes the arrays by a loop counter it
-// cannot resolve and keeps them in scratch memory (docs/isa.md). Where it is true (a
-// head-dim class, ROW_VEC4 x ROW_LANES its vec4s) every row loop runs to ROW_VEC4, a
-// constant: the compiler unrolls it and the arrays live in registers. Past the head
-// dims the loads give zeros (qload4, load4; the tile's rows are ROW_VEC4 x ROW_LANES
-// long), so the extra products add nothing and nothing past them is stored.
-//
-// ROWS (the workgroup size) is invocations: a workgroup owns ROWS / ROW_LANES rows.
-override ROWS: u32 = 32u;
+// The row's layout over its lanes and its loop bounds: row_lanes.wgsl, before this
+// file.
 
 var<private> q_row: array<vec4<f32>, ROW_VEC4>;
 var<private> acc: array<vec4<f32>, ROW_VEC4>;
 
-var<private> lane: u32; // this invocation's lane of its row
-
-// The vec4s a row loop walks for a head dim `dim` (each lane's share).
-fn row_vec4s(dim: u32) -> u32 {
-    return select((dim + 3u) / 4u, ROW_VEC4, FIXED_ROW);
-}
-
-// The row's vec4 that this lane's `t`-th array entry holds.
-fn row_vec4(t: u32) -> u32 {
-    return t * ROW_LANES + lane;
-}
-
-// Query rows per workgroup.
-fn block_rows() -> u32 {
-    return ROWS / ROW_LANES;
-}
 var<private> row_max: f32;
 var<private> row_sum: f32;
 
@@ -62,8 +37,7 @@ struct RowSetup {
 // Loads this invocation's Q row and clears its accumulator; returns the loop bounds.
 fn setup_row(lid: u32, wid: vec3<u32>) -> RowSetup {
     let hd = head_of(p.bh_start + wid.y);
-    lane = lid % ROW_LANES;
-    let row = wid.x * block_rows() + lid / ROW_LANES;
+    let row = wid.x * block_rows() + enter_row(lid);
     let i = min(row, p.len_q - 1u);
     let q_base = hd.b * p.q_stride_b + hd.h * p.q_stride_h + i * p.q_stride_s;
     let d4 = row_vec4s(p.head_dim);

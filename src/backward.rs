@@ -13,7 +13,7 @@
 //! ones' sums, in a fixed order.
 
 use crate::attention::{mask_words, side_words, upload_words, Plan};
-use crate::context::Context;
+use crate::context::{Capabilities, Context};
 use crate::error::{Error, Result};
 use crate::kernels::backward_blocked::{self, BlockedVariant};
 use crate::kernels::backward_coop::{self, CoopBackwardVariant};
@@ -21,6 +21,7 @@ use crate::kernels::backward_texel::{self, BackwardTexelVariant};
 use crate::kernels::kv_texels::{self, KvTexels, TexelGrid};
 use crate::kernels::{
     dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
+    BACKWARD_ROWS_128, BACKWARD_ROWS_256, BACKWARD_ROWS_32, BACKWARD_ROWS_64, BACKWARD_ROWS_PRELUDE,
     BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
 };
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, Precision};
@@ -46,8 +47,55 @@ const fn backward_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel 
         source: SOURCE,
         entry,
         slots,
-        preludes: BACKWARD_PRELUDE,
+        preludes: BACKWARD_ROWS_PRELUDE,
         variant: "",
+    }
+}
+
+/// The `rows` passes of a head-dim class on GPUs ([`rows_for`]).
+const fn rows_class(preludes: &'static [&'static str], variant: &'static str) -> PassKernels {
+    PassKernels {
+        dq: Kernel {
+            preludes,
+            variant,
+            ..DQ
+        },
+        dkdv: Kernel {
+            preludes,
+            variant,
+            ..DKDV
+        },
+    }
+}
+
+/// `rows`' head-dim classes: each lane of a row (key) holds a constant 8 vec4s of
+/// each of its arrays, in registers on a GPU; 1, 2, 4 and 8 lanes per row (key).
+pub const ROWS_32: PassKernels = rows_class(BACKWARD_ROWS_32, "[32]");
+/// [`ROWS_32`]'s class up to D 64: two lanes per row (key).
+pub const ROWS_64: PassKernels = rows_class(BACKWARD_ROWS_64, "[64]");
+/// Up to D 128: four lanes per row (key).
+pub const ROWS_128: PassKernels = rows_class(BACKWARD_ROWS_128, "[128]");
+/// Up to D 256: eight lanes per row (key).
+pub const ROWS_256: PassKernels = rows_class(BACKWARD_ROWS_256, "[256]");
+
+/// The `rows` passes for head dims up to `dims` on an adapter, and the lanes per row
+/// (key). On a GPU, the head-dim class (a GPU whose subgroups cannot take its lanes
+/// keeps the run-time kernels, in scratch memory there); on CPU adapters the run-time
+/// kernels, whose loops walk only the head dims (a register file buys a CPU nothing).
+pub fn rows_for(dims: usize, caps: &Capabilities) -> (PassKernels, u32) {
+    let lanes_fit = |lanes: u32| caps.subgroups.is_some_and(|(min, _)| min >= lanes);
+    let run_time = (PassKernels { dq: DQ, dkdv: DKDV }, 1);
+    let (class, lanes) = match dims {
+        _ if caps.cpu => return run_time,
+        0..=32 => (ROWS_32, 1),
+        33..=64 => (ROWS_64, 2),
+        65..=128 => (ROWS_128, 4),
+        _ => (ROWS_256, 8),
+    };
+    if lanes == 1 || lanes_fit(lanes) {
+        (class, lanes)
+    } else {
+        run_time
     }
 }
 
@@ -134,7 +182,9 @@ pub const MAT_DKDV: Kernel = materialized_kernel(
 /// The dQ and dK/dV kernels of one backward tiling.
 #[derive(Clone, Copy, Debug)]
 pub struct PassKernels {
+    /// The dQ pass: one query row (its lanes) per invocation.
     pub dq: Kernel,
+    /// The dK/dV pass: one key (its lanes) per invocation.
     pub dkdv: Kernel,
 }
 
@@ -272,10 +322,10 @@ impl BackwardTiling {
         }
     }
 
-    fn kernels(self, shape: &AttentionShape) -> PassKernels {
+    fn kernels(self, shape: &AttentionShape, caps: &Capabilities) -> PassKernels {
         let dims = shape.head_dim.max(shape.head_dim_v) as u32;
         match self {
-            BackwardTiling::Rows => PassKernels { dq: DQ, dkdv: DKDV },
+            BackwardTiling::Rows => rows_for(dims as usize, caps).0,
             BackwardTiling::Subgroup if dims <= 64 => SUBGROUP_64,
             BackwardTiling::Subgroup => SUBGROUP_128,
             BackwardTiling::Blocked(v) => PassKernels {
@@ -290,11 +340,13 @@ impl BackwardTiling {
     }
 
     /// Override constants of its buffer kernels (the workgroup size of `rows` and
-    /// `subgroup`'s; the blocked variants fix theirs in the prelude).
-    fn constants(self) -> Vec<(&'static str, u32)> {
+    /// `subgroup`'s, `ROWS` rows or keys of `rows`' lanes each; the blocked variants fix
+    /// theirs in the prelude).
+    fn constants(self, shape: &AttentionShape, caps: &Capabilities) -> Vec<(&'static str, u32)> {
         match self {
             BackwardTiling::Blocked(_) | BackwardTiling::Coop(..) => Vec::new(),
-            _ => vec![("ROWS", ROWS)],
+            BackwardTiling::Rows => vec![("ROWS", ROWS * rows_for(dims_of(shape), caps).1)],
+            BackwardTiling::Subgroup => vec![("ROWS", ROWS)],
         }
     }
 
@@ -309,18 +361,25 @@ impl BackwardTiling {
 
     /// Loop iterations of one invocation of the dQ pass over `keys` keys, and of the
     /// dK/dV pass over `rows` query rows (llvmpipe's loop cap).
-    fn dq_iterations(self, s: &AttentionShape, keys: usize) -> u64 {
+    fn dq_iterations(self, s: &AttentionShape, caps: &Capabilities, keys: usize) -> u64 {
         match self {
-            BackwardTiling::Rows => loop_budget::backward_dq_iterations(s, keys),
+            BackwardTiling::Rows => {
+                let lanes = rows_for(dims_of(s), caps).1;
+                loop_budget::backward_dq_iterations(rows_vec4s(s, caps), lanes, keys)
+            }
             BackwardTiling::Subgroup => loop_budget::backward_subgroup_dq_iterations(s, keys),
             BackwardTiling::Blocked(v) => backward_blocked::dq_iterations(&v, vec4s(s), keys),
             BackwardTiling::Coop(v, sg) => backward_coop::dq_iterations(&v, sg, keys),
         }
     }
 
-    fn dkdv_iterations(self, s: &AttentionShape, rows: usize) -> u64 {
+    fn dkdv_iterations(self, s: &AttentionShape, caps: &Capabilities, rows: usize) -> u64 {
         match self {
-            BackwardTiling::Rows => loop_budget::backward_dkdv_iterations(s, rows),
+            BackwardTiling::Rows => {
+                let group = (s.heads_q / s.heads_kv.max(1)) as u64;
+                let lanes = rows_for(dims_of(s), caps).1;
+                loop_budget::backward_dkdv_iterations(rows_vec4s(s, caps), lanes, rows, group)
+            }
             BackwardTiling::Subgroup => loop_budget::backward_subgroup_dkdv_iterations(s, rows),
             BackwardTiling::Blocked(v) => {
                 let group = (s.heads_q / s.heads_kv.max(1)) as u64;
@@ -337,6 +396,20 @@ impl BackwardTiling {
 /// The head dims in vec4s (D, Dv).
 fn vec4s(s: &AttentionShape) -> (u64, u64) {
     ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4))
+}
+
+fn dims_of(s: &AttentionShape) -> usize {
+    s.head_dim.max(s.head_dim_v)
+}
+
+/// The vec4s each lane of `rows`' passes walks per row (D, Dv): the head dims' on CPU
+/// adapters, a head-dim class's constant 8 on GPUs (`rows_for`).
+fn rows_vec4s(s: &AttentionShape, caps: &Capabilities) -> (u64, u64) {
+    if rows_for(dims_of(s), caps).0.dq == DQ {
+        vec4s(s)
+    } else {
+        (8, 8)
+    }
 }
 
 /// Rows (or keys) per workgroup of the dQ and dK/dV passes' buffer kernels, in both
@@ -618,7 +691,7 @@ pub fn encode_sdpa_backward(
         return Ok(grads);
     }
 
-    let kernels = tiling.kernels(&s);
+    let kernels = tiling.kernels(&s, ctx.capabilities());
     let group = s.heads_q / s.heads_kv.max(1);
 
     // The texel kernels where the subgroup tiling runs and they serve the problem: per
@@ -677,12 +750,12 @@ pub fn encode_sdpa_backward(
     }
 
     // The buffer kernels. dQ, over key ranges that fit the loop cap.
-    let mut constants = tiling.constants();
+    let mut constants = tiling.constants(&s, ctx.capabilities());
     if coop {
         constants.push(("WORDS", u32::from(words)));
     }
     let dq_pipeline = pipeline(ctx, &kernels.dq, dtype, &constants)?;
-    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, keys))?;
+    let per_key_range = range_per_dispatch(ctx, s.len_k, |keys| tiling.dq_iterations(&s, ctx.capabilities(), keys))?;
     for begin in (0..s.len_k.max(1)).step_by(per_key_range) {
         let range = AttentionParams {
             key_begin: begin as u32,
@@ -696,7 +769,9 @@ pub fn encode_sdpa_backward(
     // dK and dV, over query-row ranges that fit the loop cap (the row range travels in
     // key_begin / key_stop: the WGSL says so).
     let dkdv_pipeline = pipeline(ctx, &kernels.dkdv, dtype, &constants)?;
-    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| tiling.dkdv_iterations(&s, rows))?;
+    let per_row_range = range_per_dispatch(ctx, s.len_q, |rows| {
+        tiling.dkdv_iterations(&s, ctx.capabilities(), rows)
+    })?;
     for begin in (0..s.len_q).step_by(per_row_range) {
         let range = AttentionParams {
             key_begin: begin as u32,

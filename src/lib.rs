@@ -115,6 +115,10 @@ pub use attention::{
 pub use backward::{
     backward_tiling, encode_sdpa_backward, sdpa_backward, sdpa_backward_async, BackwardTiling, Gradients,
 };
+/// The `rows` backward's kernels by head-dim class, for the tests that run a GPU's on
+/// a CPU adapter.
+#[doc(hidden)]
+pub use backward::{rows_for, PassKernels, ROWS_128, ROWS_256, ROWS_32, ROWS_64};
 #[doc(hidden)]
 pub use context::MAX_INDEXED_BINDING;
 #[cfg(not(target_arch = "wasm32"))]

@@ -457,3 +457,84 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
         }
     }
 }
+
+#[test]
+fn rows_in_its_gpu_classes_matches_the_reference() {
+    // A GPU's `rows` backward (forced here through the forward's registers tiling) runs
+    // a head-dim class whose arrays live in registers (backward::rows_for): each row or
+    // key over 1, 2, 4 or 8 lanes whose partial dot products subgroup shuffles sum; a
+    // CPU adapter the run-time kernels, which the tests above run. Here the GPU classes
+    // on lavapipe (8-lane subgroups take them all), every class in both dtypes, with
+    // masks reaching every rule, and (under a low loop cap) walks split across
+    // dispatches that add to what the previous left.
+    use wgpu_attention::{rows_for, ROWS_128, ROWS_256, ROWS_32, ROWS_64};
+    let Some(mut ctx) = common::own_ctx() else { return };
+    if ctx.capabilities().subgroups.is_none_or(|(min, _)| min < 8) {
+        common::skip_lacking(&ctx, "SUBGROUP with 8 lanes (rows' GPU classes)", true);
+        return;
+    }
+    ctx.use_gpu_variants();
+    let mut rng = Rng::new(3995);
+    let shapes = [
+        (AttentionShape::new(2, 4, 2, 13, 21, 8, 20), ROWS_32, 1),
+        (AttentionShape::new(1, 2, 1, 37, 45, 24, 40), ROWS_64, 2),
+        (AttentionShape::new(1, 2, 2, 21, 70, 100, 72), ROWS_128, 4),
+        (AttentionShape::new(1, 2, 1, 19, 33, 136, 256), ROWS_256, 8),
+    ];
+    let mut seed = 39950;
+    for (s, class, lanes) in shapes {
+        let (kernels, got_lanes) = rows_for(s.head_dim.max(s.head_dim_v), ctx.capabilities());
+        assert_eq!(
+            (kernels.dq, kernels.dkdv, got_lanes),
+            (class.dq, class.dkdv, lanes),
+            "{s:?}"
+        );
+        for variant in 0..3 {
+            seed += 1;
+            let [b, hq, lq, lk] = [s.batch, s.heads_q, s.len_q, s.len_k];
+            let options = match variant {
+                0 => AttentionOptions {
+                    causal: Some(CausalAlignment::BottomRight),
+                    key_lengths: Some((0..b).map(|i| (lk - 3 * i) as u32).collect()),
+                    ..Default::default()
+                },
+                1 => AttentionOptions {
+                    mask: Some(random_bool_mask(&mut rng, [b, hq, lq, lk])),
+                    softcap: Some(2.0),
+                    alibi_slopes: Some((0..hq).map(|h| 0.25 / (h + 1) as f32).collect()),
+                    ..Default::default()
+                },
+                _ => AttentionOptions {
+                    window: Some(Window {
+                        left: Some(5),
+                        right: Some(2),
+                    }),
+                    mask: Some(random_additive_mask(&mut rng, [1, 1, lq, lk])),
+                    ..Default::default()
+                },
+            };
+            let options = AttentionOptions {
+                kernel: KernelChoice::Fused,
+                tiling: FusedTiling::Registers,
+                ..options
+            };
+            let tiling = backward_tiling(&ctx, DType::F32, &options, &s).expect("a tiling");
+            assert_eq!(tiling, BackwardTiling::Rows);
+            for dtype in common::dtypes(&ctx) {
+                let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+                assert_passes(&ctx, case(s, options.clone(), dtype, layout, seed));
+            }
+        }
+    }
+    // Both walks split into dispatches of a few blocks (the class's loop counts,
+    // kernels::loop_budget, under a cap of 2000 iterations).
+    ctx.limit_loop_iterations(2_000);
+    let s = AttentionShape::new(1, 2, 1, 90, 80, 100, 100);
+    let options = AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling: FusedTiling::Registers,
+        causal: Some(CausalAlignment::TopLeft),
+        ..Default::default()
+    };
+    assert_passes(&ctx, case(s, options, DType::F32, Layout::Bhsd, 39959));
+}

@@ -155,6 +155,18 @@ pub fn gpu() -> Vec<IsaKernel> {
         for kernel in [crate::backward::DELTA, crate::backward::DQ, crate::backward::DKDV] {
             out.push(IsaKernel::plain(kernel, dtype));
         }
+        // `rows`' head-dim classes: 32 rows (keys) per workgroup, over 1, 2, 4 and 8
+        // lanes each (backward::rows_for).
+        for (class, lanes) in [
+            (crate::backward::ROWS_32, 1),
+            (crate::backward::ROWS_64, 2),
+            (crate::backward::ROWS_128, 4),
+            (crate::backward::ROWS_256, 8),
+        ] {
+            for kernel in [class.dq, class.dkdv] {
+                out.push(IsaKernel::plain(kernel, dtype).with_constants(&[("ROWS", 32 * lanes)]));
+            }
+        }
         for v in backward_blocked::VARIANTS
             .iter()
             .chain(&backward_blocked::HALF_TILE_VARIANTS)

@@ -268,11 +268,12 @@ pub fn coop_variant_iterations(s: &AttentionShape, v: crate::kernels::flash::Coo
 /// for its exit check, and every qload4/doload4/load4 tail loop as 5 trips where it
 /// can run). Per block of 4 keys: the block, the score dots (4 K loads each), the dP
 /// dots (4 V loads each) and the dQ update (4 K loads each). Around it: the Q and dO
-/// rows (a 4-trip loop per vec4), the store (4 trips per vec4).
-pub fn backward_dq_iterations(s: &AttentionShape, keys: usize) -> u64 {
+/// rows (a 4-trip loop per vec4), the store (4 trips per vec4). (d4, dv4) are the
+/// vec4s each of a row's `lanes` walks; lanes past one add two butterflies of shuffles
+/// per block (row_sum_lanes).
+pub fn backward_dq_iterations((d4, dv4): (u64, u64), lanes: u32, keys: usize) -> u64 {
     let blocks = keys.div_ceil(4) as u64;
-    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
-    let per_block = 1 + (d4 + 1 + 20) + (dv4 + 1 + 20) + (d4 + 1 + 20);
+    let per_block = 1 + (d4 + 1 + 20) + (dv4 + 1 + 20) + (d4 + 1 + 20) + butterflies(lanes);
     1 + blocks * per_block + 6 * d4 + 6 * dv4 + 5 * d4 + 4
 }
 
@@ -280,15 +281,23 @@ pub fn backward_dq_iterations(s: &AttentionShape, keys: usize) -> u64 {
 /// query heads. Per block of 4 rows: the block, the score dots (4 qload4 of 5 trips
 /// each per vec4), the dP dots and dV update (4 doload4 per vec4) and the dK update (4
 /// qload4 per vec4). Around it: the two searches for the rows the keys are visible to,
-/// the K and V rows, the group loop, the stores.
-pub fn backward_dkdv_iterations(s: &AttentionShape, rows: usize) -> u64 {
+/// the K and V rows, the group loop, the stores. (d4, dv4) and `lanes` as for dQ.
+pub fn backward_dkdv_iterations((d4, dv4): (u64, u64), lanes: u32, rows: usize, group: u64) -> u64 {
     let blocks = rows.div_ceil(4) as u64;
-    let group = (s.heads_q / s.heads_kv.max(1)) as u64;
-    let (d4, dv4) = ((s.head_dim as u64).div_ceil(4), (s.head_dim_v as u64).div_ceil(4));
-    let per_block = 1 + (d4 * 21 + 1) + (dv4 * 21 + 1) + (d4 * 21 + 1);
+    let per_block = 1 + (d4 * 21 + 1) + (dv4 * 21 + 1) + (d4 * 21 + 1) + butterflies(lanes);
     // Two binary searches for the rows the workgroup's keys are visible to.
     let searches = 2 * (u64::from(usize::BITS - rows.leading_zeros()) + 2);
     1 + searches + group * (2 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
+}
+
+/// Two row_sum_lanes over `lanes` lanes: each a loop of log2(lanes) shuffles and its
+/// exit check (none with one lane).
+fn butterflies(lanes: u32) -> u64 {
+    if lanes > 1 {
+        2 * (u64::from(lanes.ilog2()) + 1)
+    } else {
+        0
+    }
 }
 
 /// `flash_backward_subgroup.wgsl`'s dQ pass over `keys` keys. Per block of 16 keys:

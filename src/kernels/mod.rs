@@ -89,14 +89,19 @@ pub const BACKWARD_SUBGROUP_128: &[&str] = &[
     "const MAX_DIM: u32 = 128u;\nconst ARRAYS: u32 = 2u;\n",
 ];
 const FLASH_COMMON: &str = include_str!("../../shaders/flash_common.wgsl");
-/// One lane per query row: the row's scores are the lane's own.
-const ONE_LANE_PER_ROW: &str =
-    "const ROW_LANES: u32 = 1u;\nfn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {\n    return x;\n}\n";
+/// The layout of rows over lanes (`row_lanes.wgsl`), after the constants and the
+/// `row_sum_lanes` that one of the row preludes below gives it.
+const ROW_LANES: &str = include_str!("../../shaders/row_lanes.wgsl");
+/// One lane per row, its loops to the run-time head dims (up to 256): CPU adapters,
+/// and GPUs without subgroups (where a GPU keeps the row's arrays in scratch memory).
+const RUN_TIME_ROW: &str = "const ROW_VEC4: u32 = 64u;\nconst FIXED_ROW: bool = false;\nconst ROW_LANES: u32 = 1u;\n";
+/// One lane per row: the row's sums are the lane's own.
+const SUM_OF_ONE_LANE: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {\n    return x;\n}\n";
 /// A row split over ROW_LANES consecutive lanes (a power of two no larger than the
-/// subgroup): its scores are the sum of the lanes' partial scores, by a butterfly of
-/// subgroup shuffles that leaves every lane with the same sum (a + b = b + a in
-/// floating point, so the row's lanes agree on its running max and sum).
-const ROW_OVER_LANES: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
+/// subgroup): the sum of the lanes' partial sums, by a butterfly of subgroup shuffles
+/// that leaves every lane with the same sum (a + b = b + a in floating point, so the
+/// row's lanes agree on whatever they compute from it).
+const SUM_OVER_LANES: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
     var s = x;
     for (var m = 1u; m < ROW_LANES; m *= 2u) {
         s += subgroupShuffleXor(s, m);
@@ -107,19 +112,15 @@ const ROW_OVER_LANES: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
 /// Prelude of the one-row-per-invocation fused kernels (`registers`, `shared`): the
 /// attention prelude plus the online-softmax row state, its loops over the run-time head
 /// dims (up to 256).
-pub const FLASH_PRELUDE: &[&str] = &[
-    COMMON,
-    "const ROW_VEC4: u32 = 64u;\nconst FIXED_ROW: bool = false;\n",
-    ONE_LANE_PER_ROW,
-    FLASH_COMMON,
-];
+pub const FLASH_PRELUDE: &[&str] = &[COMMON, RUN_TIME_ROW, SUM_OF_ONE_LANE, ROW_LANES, FLASH_COMMON];
 /// The same for head dims up to 64, its row loops of a constant 16 vec4s: the compiler
 /// unrolls them and keeps the row's state in registers (`shared`'s D ≤ 64 class on GPUs;
 /// docs/isa.md).
 pub const FLASH_PRELUDE_64: &[&str] = &[
     COMMON,
-    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\n",
-    ONE_LANE_PER_ROW,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 1u;\n",
+    SUM_OF_ONE_LANE,
+    ROW_LANES,
     FLASH_COMMON,
 ];
 /// Head dims up to 128 and 256 on GPUs with subgroups: each row split over 2 and 4
@@ -128,14 +129,50 @@ pub const FLASH_PRELUDE_64: &[&str] = &[
 pub const FLASH_PRELUDE_128: &[&str] = &[
     COMMON,
     "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 2u;\n",
-    ROW_OVER_LANES,
+    SUM_OVER_LANES,
+    ROW_LANES,
     FLASH_COMMON,
 ];
 pub const FLASH_PRELUDE_256: &[&str] = &[
     COMMON,
     "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 4u;\n",
-    ROW_OVER_LANES,
+    SUM_OVER_LANES,
+    ROW_LANES,
     FLASH_COMMON,
+];
+/// Prelude of `flash_backward.wgsl` (the `rows` backward): one row or key per
+/// invocation, loops to the run-time head dims.
+pub const BACKWARD_ROWS_PRELUDE: &[&str] = &[COMMON, BACKWARD_COMMON, RUN_TIME_ROW, SUM_OF_ONE_LANE, ROW_LANES];
+/// Its head-dim classes on GPUs: each lane a constant 8 vec4s of each of the pass's
+/// four rows (in registers), one lane per row or key up to D 32, two, four and eight
+/// (subgroup shuffles) up to 64, 128 and 256.
+pub const BACKWARD_ROWS_32: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 1u;\n",
+    SUM_OF_ONE_LANE,
+    ROW_LANES,
+];
+pub const BACKWARD_ROWS_64: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 2u;\n",
+    SUM_OVER_LANES,
+    ROW_LANES,
+];
+pub const BACKWARD_ROWS_128: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 4u;\n",
+    SUM_OVER_LANES,
+    ROW_LANES,
+];
+pub const BACKWARD_ROWS_256: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 8u;\n",
+    SUM_OVER_LANES,
+    ROW_LANES,
 ];
 
 /// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
@@ -174,7 +211,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 65] = [
+pub const ALL_KERNELS: [Kernel; 73] = [
     copy_probe::KERNEL,
     kv_append::QUANTIZE,
     crate::quantized_kv::DEQUANTIZE,
@@ -187,6 +224,14 @@ pub const ALL_KERNELS: [Kernel; 65] = [
     crate::backward::MAT_DKDV,
     crate::backward::DQ,
     crate::backward::DKDV,
+    crate::backward::ROWS_32.dq,
+    crate::backward::ROWS_32.dkdv,
+    crate::backward::ROWS_64.dq,
+    crate::backward::ROWS_64.dkdv,
+    crate::backward::ROWS_128.dq,
+    crate::backward::ROWS_128.dkdv,
+    crate::backward::ROWS_256.dq,
+    crate::backward::ROWS_256.dkdv,
     crate::backward::SUBGROUP_64.dq,
     crate::backward::SUBGROUP_64.dkdv,
     crate::backward::SUBGROUP_128.dq,

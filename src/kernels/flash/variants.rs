@@ -53,6 +53,7 @@ pub const SHARED_128: Kernel = Kernel {
     variant: "[128]",
     ..SHARED
 };
+/// [`SHARED_128`]'s split for head dims up to 256: four lanes per row.
 pub const SHARED_256: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_256,
     variant: "[256]",
