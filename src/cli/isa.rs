@@ -30,12 +30,19 @@ pub struct IsaArgs {
     /// no-loop-bound, no-bounds-checks, unchecked. The budget gates the first.
     #[arg(long, default_value = "checked", value_name = "LIST")]
     checks: String,
-    /// Compile this WGSL file (its entry point `--entry`) instead of the crate's kernels.
-    #[arg(long, value_name = "FILE", requires = "entry")]
+    /// Compile this WGSL file (its entry point `--entry`) instead of the crate's kernels;
+    /// a file `--dump-wgsl` wrote names its own entry point, override values and
+    /// subgroup size in its first line.
+    #[arg(long, value_name = "FILE")]
     wgsl: Option<PathBuf>,
     /// The entry point of `--wgsl`.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", requires = "wgsl")]
     entry: Option<String>,
+    /// Write each selected kernel's full WGSL to DIR/LABEL.wgsl, a first line naming
+    /// what else it compiles with, for `--wgsl` to compile an edited copy as the crate
+    /// compiles the kernel (a directory made if missing).
+    #[arg(long, value_name = "DIR", conflicts_with = "wgsl")]
+    dump_wgsl: Option<PathBuf>,
     /// Fail (exit 1) on any kernel outside this budget (a TSV; tune/isa-budget.tsv).
     #[arg(long, value_name = "FILE")]
     budget: Option<PathBuf>,
@@ -72,6 +79,9 @@ pub fn run(adapter: &super::AdapterArgs, args: &IsaArgs) -> Result<(), CliError>
     check_outputs(&outputs, false)?;
     if args.threads == Some(0) {
         return Err(CliError::bad("--threads: at least 1"));
+    }
+    if let Some(dir) = &args.dump_wgsl {
+        return dump_wgsl(dir, &kernels);
     }
     if let Some(family) = &args.radv_null {
         if std::env::var_os(CHILD_VARIABLE).is_none() {
@@ -194,14 +204,27 @@ fn parse_checks(list: &str) -> Result<Vec<RuntimeChecks>, CliError> {
     Ok(out)
 }
 
+/// Writes each kernel's source, with the header `--wgsl` reads, under `dir`.
+fn dump_wgsl(dir: &std::path::Path, kernels: &[IsaKernel]) -> Result<(), CliError> {
+    let files: Vec<(PathBuf, Vec<u8>)> = kernels
+        .iter()
+        .map(|k| (dir.join(format!("{}.wgsl", k.file_stem())), k.dumped().into_bytes()))
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| CliError::bad(format!("--dump-wgsl {}: {e}", dir.display())))?;
+    write_all(&files)?;
+    outln!("isa: {} kernels written under {}", files.len(), dir.display());
+    Ok(())
+}
+
 /// The kernels the arguments select; an empty selection is refused (nothing measured is
 /// not a result).
 fn selected(args: &IsaArgs) -> Result<Vec<IsaKernel>, CliError> {
     if let Some(path) = &args.wgsl {
         let source =
             std::fs::read_to_string(path).map_err(|e| CliError::bad(format!("--wgsl {}: {e}", path.display())))?;
-        let entry = args.entry.clone().unwrap_or_default();
-        return Ok(vec![IsaKernel::from_source(path.display().to_string(), source, entry)]);
+        let kernel = IsaKernel::from_source(path.display().to_string(), source, args.entry.clone())
+            .map_err(|e| CliError::bad(format!("--wgsl {}: {e}", path.display())))?;
+        return Ok(vec![kernel]);
     }
     let all = match args.set.as_str() {
         "gpu" => isa::kernels::gpu(),

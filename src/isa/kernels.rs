@@ -14,9 +14,13 @@ pub struct IsaKernel {
     /// The full WGSL.
     pub source: String,
     pub entry: String,
-    pub constants: Vec<(&'static str, u32)>,
+    pub constants: Vec<(String, u32)>,
     pub subgroup: Option<u32>,
 }
+
+/// The first line `--dump-wgsl` writes, which `--wgsl` reads back: what the file's
+/// source needs besides itself to compile as the crate compiles it.
+const HEADER: &str = "// isa:";
 
 impl IsaKernel {
     fn new(label: String, kernel: Kernel, dtype: DType) -> Self {
@@ -29,15 +33,71 @@ impl IsaKernel {
         }
     }
 
-    /// A WGSL source of the user's (`isa --wgsl`), with override defaults.
-    pub fn from_source(label: String, source: String, entry: String) -> Self {
-        IsaKernel {
+    /// A WGSL source of the user's (`isa --wgsl`): with override defaults and the
+    /// driver's subgroup size, unless its first line is the header [`Self::dumped`]
+    /// writes (then its entry point, override values and subgroup size, `entry` first
+    /// where given).
+    pub fn from_source(label: String, source: String, entry: Option<String>) -> Result<Self, String> {
+        let mut kernel = IsaKernel {
             label,
             source,
-            entry,
+            entry: String::new(),
             constants: Vec::new(),
             subgroup: None,
+        };
+        let header = kernel
+            .source
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix(HEADER))
+            .map(str::to_string);
+        for field in header.as_deref().unwrap_or("").split_whitespace() {
+            let bad = || format!("the '{HEADER}' line: '{field}' is not entry=NAME, NAME=VALUE or subgroup=N");
+            let (name, value) = field.split_once('=').ok_or_else(bad)?;
+            match name {
+                "entry" => kernel.entry = value.to_string(),
+                "subgroup" => kernel.subgroup = Some(value.parse().map_err(|_| bad())?),
+                _ => kernel
+                    .constants
+                    .push((name.to_string(), value.parse().map_err(|_| bad())?)),
+            }
         }
+        if let Some(entry) = entry {
+            kernel.entry = entry;
+        }
+        if kernel.entry.is_empty() {
+            return Err("no entry point: give --entry, or a file --dump-wgsl wrote".into());
+        }
+        Ok(kernel)
+    }
+
+    /// The source with a first line naming its entry point, override values and
+    /// subgroup size, which [`Self::from_source`] reads back (`isa --dump-wgsl`).
+    pub fn dumped(&self) -> String {
+        let mut line = format!("{HEADER} entry={}", self.entry);
+        for (name, value) in &self.constants {
+            line.push_str(&format!(" {name}={value}"));
+        }
+        if let Some(sg) = self.subgroup {
+            line.push_str(&format!(" subgroup={sg}"));
+        }
+        format!("{line}\n{}", self.source)
+    }
+
+    /// A file name for the label (letters, digits, `-`, `_` and `.`; the rest `_`).
+    pub fn file_stem(&self) -> String {
+        let stem: String = self
+            .label
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        stem.replace(".wgsl", "")
     }
 
     /// A kernel under its file and entry name.
@@ -55,7 +115,7 @@ impl IsaKernel {
     }
 
     fn with_constants(mut self, constants: &[(&'static str, u32)]) -> Self {
-        self.constants = constants.to_vec();
+        self.constants = constants.iter().map(|&(n, v)| (n.to_string(), v)).collect();
         self
     }
 }
@@ -249,5 +309,31 @@ mod tests {
         let before = labels.len();
         labels.dedup();
         assert_eq!(labels.len(), before, "duplicate labels in isa::kernels::all()");
+    }
+
+    #[test]
+    fn a_dumped_kernel_reads_back_as_it_was_compiled() {
+        // `isa --dump-wgsl` then `--wgsl`: the same entry, override values and subgroup
+        // size, for every GPU kernel with overrides or a subgroup size; distinct files.
+        let gpu = super::gpu();
+        let mut stems: Vec<String> = gpu.iter().map(|k| k.file_stem()).collect();
+        stems.sort_unstable();
+        stems.dedup();
+        assert_eq!(stems.len(), gpu.len(), "two kernels would dump to one file");
+        let mut checked = 0;
+        for k in gpu.iter().filter(|k| !k.constants.is_empty() || k.subgroup.is_some()) {
+            let back = super::IsaKernel::from_source("copy".into(), k.dumped(), None).expect(&k.label);
+            assert_eq!(
+                (&back.entry, &back.constants, back.subgroup),
+                (&k.entry, &k.constants, k.subgroup)
+            );
+            checked += 1;
+        }
+        assert!(checked > 10, "only {checked} kernels with overrides or a subgroup size");
+        // A header it cannot read is refused, naming the field; no entry point at all too.
+        let bad = "// isa: entry=main ROWS=sixty\nfn main() {}".to_string();
+        let err = super::IsaKernel::from_source("x".into(), bad, None).unwrap_err();
+        assert!(err.contains("ROWS=sixty"), "{err}");
+        assert!(super::IsaKernel::from_source("x".into(), "fn main() {}".into(), None).is_err());
     }
 }

@@ -38,7 +38,11 @@ impl Row {
 /// executable; a driver that reports more gets its first (the table says which).
 pub fn compile(compiler: &vulkan::Compiler, kernel: &kernels::IsaKernel, checks: RuntimeChecks) -> Row {
     let result = (|| {
-        let constants: Vec<(&str, f64)> = kernel.constants.iter().map(|&(n, v)| (n, f64::from(v))).collect();
+        let constants: Vec<(&str, f64)> = kernel
+            .constants
+            .iter()
+            .map(|(n, v)| (n.as_str(), f64::from(*v)))
+            .collect();
         let module = spirv::write(
             &kernel.source,
             &kernel.entry,
