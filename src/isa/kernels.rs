@@ -332,7 +332,7 @@ mod tests {
         assert!(checked > 10, "only {checked} kernels with overrides or a subgroup size");
         // A header it cannot read is refused, naming the field; no entry point at all too.
         let bad = "// isa: entry=main ROWS=sixty\nfn main() {}".to_string();
-        let err = super::IsaKernel::from_source("x".into(), bad, None).unwrap_err();
+        let err = super::IsaKernel::from_source("x".into(), bad, None).expect_err("a header with a bad value");
         assert!(err.contains("ROWS=sixty"), "{err}");
         assert!(super::IsaKernel::from_source("x".into(), "fn main() {}".into(), None).is_err());
     }
