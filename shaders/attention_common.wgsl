@@ -111,6 +111,17 @@ fn is_neg_inf(x: f32) -> bool {
     return bitcast<u32>(x) == NEG_INF_BITS;
 }
 
+// Whether x is NaN, read from its bits (a compiler may fold `x != x` away).
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// max(a, b), NaN where either is NaN (a + b is then NaN): WGSL's max may return the
+// other operand, and a row whose scores are all NaN would pass for one that saw no key.
+fn max_or_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan(a) || is_nan(b));
+}
+
 struct Head {
     b: u32,
     h: u32,

@@ -98,8 +98,9 @@ fn mask4(raw: vec4<f32>, s: RowSetup, j0: u32) -> vec4<f32> {
 // accumulator and running sum, and returns the four unnormalised probabilities
 // (exactly 0 at masked positions).
 fn online_step(s4: vec4<f32>) -> vec4<f32> {
-    let block_max = max(max(s4.x, s4.y), max(s4.z, s4.w));
-    let new_max = max(row_max, block_max);
+    // NaN scores make the row NaN, as in the reference (max_or_nan).
+    let block_max = max_or_nan(max_or_nan(s4.x, s4.y), max_or_nan(s4.z, s4.w));
+    let new_max = max_or_nan(row_max, block_max);
     if is_neg_inf(new_max) {
         return vec4<f32>(0.0); // nothing visible yet
     }

@@ -4,7 +4,8 @@
 // Tiling: one invocation per row (64 rows per workgroup), three passes over the row:
 // max, sum of exp(s - max), normalise. No barriers, which suits CPU adapters. Scores
 // of -inf are masked positions and become exactly 0; a row with no visible key (fully
-// masked) becomes all zeros with lse = -inf, never NaN. Subtracting the max keeps
+// masked) becomes all zeros with lse = -inf, never NaN; a row with a NaN score
+// becomes NaN throughout, lse included, as in the reference. Subtracting the max keeps
 // exp() finite for logits of any magnitude. Keys past key_end (causal, key lengths)
 // are known to be masked and are zeroed without being read.
 
@@ -25,7 +26,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     for (var j = 0u; j < end; j++) {
         let s = scores[base + j];
         if !is_neg_inf(s) {
-            m = max(m, s);
+            m = max_or_nan(m, s); // a NaN score makes the row NaN
         }
     }
     // The shared softmax rules (attention_common.wgsl): 0 at masked scores, and a row

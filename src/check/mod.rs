@@ -84,7 +84,9 @@ pub struct ErrorStats {
     pub max_abs: f64,
     pub argmax: usize,
     pub mean_abs: f64,
-    /// Non-finite values where the reference is finite (or the other way round).
+    /// Non-finite values where the reference is finite (or the other way round), or
+    /// another non-finite value than the reference's (NaN for an infinity, -inf for
+    /// +inf); NaN where the reference has NaN is a match.
     pub non_finite: usize,
     /// Elements the result lacks, or has beyond the reference: a truncated or oversized
     /// result fails whatever its values.
@@ -107,7 +109,10 @@ impl ErrorStats {
         };
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let g = f64::from(g);
-            if g.is_finite() != w.is_finite() || (!w.is_finite() && g != w) {
+            // Non-finite values must match exactly: NaN where the reference has NaN, the
+            // same infinity where it has one.
+            let same_non_finite = g == w || (g.is_nan() && w.is_nan());
+            if g.is_finite() != w.is_finite() || (!w.is_finite() && !same_non_finite) {
                 s.non_finite += 1;
                 continue;
             }
@@ -262,6 +267,13 @@ impl Variant {
     pub async fn run_async(&self, ctx: &Context, case: &CheckCase) -> Result<CheckOutcome> {
         let [q, k, v] = random_qkv(case);
         run_from_async(ctx, case, self.kv, &q, &k, &v).await
+    }
+
+    /// [`Variant::run`] on given BHSD inputs (as the device will see them: f16-rounded
+    /// for f16), e.g. holding NaN or infinities.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_with(&self, ctx: &Context, case: &CheckCase, q: &[f32], k: &[f32], v: &[f32]) -> Result<CheckOutcome> {
+        pollster::block_on(run_from_async(ctx, case, self.kv, q, k, v))
     }
 
     /// [`Variant::run_async`], blocking.
@@ -623,7 +635,7 @@ fn naive_f16_error(
                         })
                     })
                     .collect();
-                let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+                let max = reference::row_max(scores.iter().flatten().copied());
                 if max == f64::NEG_INFINITY {
                     continue;
                 }
@@ -636,7 +648,11 @@ fn naive_f16_error(
                             o += pr * input(v[((b * s.heads_kv + hk) * s.len_k + j) * s.head_dim_v + c]);
                         }
                     }
-                    max_err = max_err.max((r16(o) - want[row * s.head_dim_v + c]).abs());
+                    // Non-finite references are compared exactly, not bounded.
+                    let w = want[row * s.head_dim_v + c];
+                    if w.is_finite() {
+                        max_err = max_err.max((r16(o) - w).abs());
+                    }
                 }
             }
         }

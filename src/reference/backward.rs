@@ -76,7 +76,7 @@ pub fn attention_backward<T: Copy + Into<f64>>(
                         (x, soft_capped(options, x) + bias.total())
                     });
                 }
-                let max = scores.iter().flatten().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+                let max = super::row_max(scores.iter().flatten().map(|s| s.1));
                 if max == f64::NEG_INFINITY {
                     continue; // no visible key: zero gradients
                 }

@@ -120,6 +120,19 @@ fn check_lengths(shape: &AttentionShape, q: usize, k: usize, v: usize, d_out: Op
     Ok(())
 }
 
+/// The largest of a row's visible scores, NaN where any is NaN (`f64::max` would drop
+/// it, and a row of NaN scores would pass for a fully masked one), -inf where there
+/// are none.
+pub(crate) fn row_max(scores: impl Iterator<Item = f64>) -> f64 {
+    scores.fold(f64::NEG_INFINITY, |m, s| {
+        if m.is_nan() || s.is_nan() {
+            f64::NAN
+        } else {
+            m.max(s)
+        }
+    })
+}
+
 /// Scaled dot-product attention on BHSD host data (f32, or f64 for a reference built
 /// on other f64 results, as the multi-head one). The shape, the options and the three
 /// slices' lengths are checked first.
@@ -163,15 +176,26 @@ pub fn attention<T: Copy + Into<f64>>(
                         let (dot, abs) = products.fold((0.0, 0.0), |(s, a): (f64, f64), x| (s + x, a + x.abs()));
                         // The soft cap's own rounding scales with the cap.
                         let cap = options.softcap.map_or(0.0, f64::from);
-                        max_abs_product = max_abs_product.max(abs * scale + bias.magnitude() + cap);
+                        let product = abs * scale + bias.magnitude() + cap;
+                        if product.is_finite() {
+                            max_abs_product = max_abs_product.max(product);
+                        }
                         soft_capped(options, dot * scale) + bias.total()
                     });
                 }
-                let max = scores.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+                // A NaN score makes the row NaN; +inf makes it NaN too, through
+                // exp(inf - inf), as every GPU path and PyTorch give.
+                let max = row_max(scores.iter().flatten().copied());
                 if max == f64::NEG_INFINITY {
                     continue; // fully masked row: zeros and lse = -inf
                 }
-                max_abs_score = scores.iter().flatten().fold(max_abs_score, |m, s| m.max(s.abs()));
+                // The error bounds scale with the finite scores and values; non-finite
+                // results are compared exactly (check::ErrorStats).
+                max_abs_score = scores
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.is_finite())
+                    .fold(max_abs_score, |m, s| m.max(s.abs()));
                 let sum: f64 = scores.iter().flatten().map(|s| (s - max).exp()).sum();
                 lse[row] = max + sum.ln();
                 for (j, score) in scores.iter().enumerate() {
@@ -204,7 +228,11 @@ pub fn attention<T: Copy + Into<f64>>(
         lse,
         max_abs_score,
         max_abs_product,
-        max_abs_value: v.iter().fold(0.0, |m, &x| m.max(x.into().abs())),
+        max_abs_value: v
+            .iter()
+            .map(|&x| x.into().abs())
+            .filter(|x| x.is_finite())
+            .fold(0.0, f64::max),
     })
 }
 
