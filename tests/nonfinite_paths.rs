@@ -39,7 +39,7 @@ fn at(heads: usize, rows: usize, dim: usize, (b, h, r, t): (usize, usize, usize,
 }
 
 /// Plants something in (q, k, v).
-type Edit = dyn Fn(&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>);
+type Edit<'a> = dyn Fn(&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>) + 'a;
 
 /// Every planted input set, from one random draw (f16-rounded for f16: NaN and the
 /// infinities stay what they are, subnormals of f32 become 0).
@@ -60,7 +60,7 @@ fn planted(dtype: DType) -> Vec<Planted> {
     let vi = |p| at(s.heads_kv, s.len_k, s.head_dim_v, p);
     // Keys 0..150 of element 0, 0..131 of element 1.
     let lengths = vec![150, 131];
-    let plant = |what, edit: &Edit, key_lengths: &Vec<u32>| {
+    let plant = |what, edit: &Edit<'_>, key_lengths: &Vec<u32>| {
         let (mut q, mut k, mut v) = (q0.clone(), k0.clone(), v0.clone());
         edit(&mut q, &mut k, &mut v);
         Planted {
