@@ -12,19 +12,24 @@ enable wgpu_cooperative_matrix;
 // (2026-11-28).
 //
 // Generator parameters (a one-line prelude per variant, kernels::backward_coop): DMAX
-// (head dims up to it), BR (query rows or keys per workgroup, one 16-row band per
-// subgroup), BC (rows or keys per walked tile), SG (the adapter's fixed subgroup size),
+// (head dims up to it), BR (query rows or keys per workgroup, one 16-row band per two
+// subgroups), BC (rows or keys per walked tile), SG (the adapter's fixed subgroup size),
 // LPR / RPL (lanes per band row and band rows per lane of the element-wise step: SG/16
 // and 1 on 32-lane subgroups, 1 and 16/SG on narrower ones). The source goes through
-// kernels::unroll, as the forward's: the owned rows' fragments (`qf`, `dof` or `kf`,
-// `vf`) and the gradient tiles (`acc`, or `acc_k`, `acc_v`) are arrays indexed by loop
-// counters, or (the `named` form) one named value each, every loop over them unrolled;
-// the band's products are macros for that reason.
+// kernels::unroll, as the forward's: the owned rows' fragments (`own`) and the
+// gradient tiles (`acc`) are arrays indexed by loop counters, or (the `named` form) one
+// named value each, every loop over them unrolled; the band's products are macros for
+// that reason. The generator also gives DH = D16/2 and NGH, NG's count for DH tiles.
 //
 // Per workgroup: BR query rows (dQ) or BR keys (dK/dV) of one (batch, head) or (batch,
-// kv head). Subgroup g owns rows 16g .. 16g+15 of them (its band) and keeps in
-// registers their operands as DMAX/16 A fragments each (Q and dO, or K and V; loaded
-// once through `tiles`) and its gradients as DMAX/16 f32 accumulator tiles each. Per
+// kv head). Subgroups 2g and 2g+1 (halves 0 and 1) own rows 16g .. 16g+15 of them (their
+// band). Half 0 keeps in registers the band's Q (or K) as DMAX/16 A fragments, half 1
+// its dO (or V) (loaded once, 16 columns at a time through `tiles`); as gradients, half
+// 0 keeps dQ's first DMAX/32 f32 accumulator tiles (or all of dK's DMAX/16), half 1
+// dQ's last DMAX/32 (or dV's). One subgroup holding both operands and both gradients
+// took 256 VGPRs at DMAX 128 on RDNA3 (an A fragment is 8 of them there, as an f32
+// tile) and spilled. Every subgroup runs the same code, its half choosing addresses
+// only: cooperative operations need workgroup-uniform control flow. Per
 // walked tile of BC keys (dQ) or query rows (dK/dV, for each query head of the group):
 //   1. stage: both walked operands (K and V, or Q and dO) into `tiles` as f16, rows
 //      padded to DMAX + 8 halves, 16 bytes per load with both operands' loads before
@@ -33,19 +38,23 @@ enable wgpu_cooperative_matrix;
 //      zeros past the head dims, past the key length (so that 0 x whatever a KV buffer
 //      holds there cannot reach dQ) and past Lq;
 //   -- barrier --
-//   2. products: the band's 16 x BC scores (Q·Kᵀ, or K·Qᵀ) and dP (dO·Vᵀ, or V·dOᵀ),
-//      B read column-major from the staged rows, to its rows of `sx` (f32);
+//   2. products: the band's 16 x BC scores (Q·Kᵀ, or K·Qᵀ; half 0) and dP (dO·Vᵀ, or
+//      V·dOᵀ; half 1), B read column-major from the staged rows, to its rows of `sx`
+//      (f32);
 //   -- barrier --
 //   3. element-wise, every lane of the band: LPR lanes per row, each on BC/LPR of its
-//      columns: the forward's masks (apply_masks), P = exp(s - lse) and
+//      columns (the two halves on alternate column quads): the forward's masks
+//      (apply_masks), P = exp(s - lse) and
 //      dX = P (dP - D) · cap slope · scale, written to `px` as f16: dX (dQ), or P and
 //      dX (dK/dV);
 //   -- barrier --
-//   4. products: dQ += dX·K, or dV += Pᵀ·dO and dK += dXᵀ·Q (A from the band's rows of
-//      `px`, B row-major from the staged tiles), each A fragment loaded once for
-//      all DMAX/16 accumulator tiles;
+//   4. products: dQ += dX·K (each half its DMAX/32 column tiles), or dK += dXᵀ·Q (half
+//      0) and dV += Pᵀ·dO (half 1) (A from the band's rows of `px`, B row-major from the
+//      staged tiles), each A fragment loaded once for all of the half's accumulator
+//      tiles;
 //   -- barrier -- (before the next tile's stage)
-// The gradients then go out through the band's rows of `sx`, BC columns at a time, as
+// The gradients then go out through the band's rows of `sx` (half 1: of its dP rows),
+// BC columns at a time, as
 // the forward's output does, adding what an earlier dispatch left (p.key_begin > 0: a
 // loop cap splits the walks). The walks skip what the masks hide (dQ: the keys of the
 // workgroup's rows' ranges, as the forward; dK/dV: rows_seeing) and honour
@@ -56,11 +65,13 @@ enable wgpu_cooperative_matrix;
 // coopLoad/coopStore pointer is a named `let` (naga 30's SPIR-V writer panics
 // otherwise).
 
-const NSG: u32 = BR / 16u; // subgroups, one 16-row band each
+const NSG: u32 = 2u * BR / 16u; // subgroups, two per 16-row band
 const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const WC: u32 = BC / 16u; // 16-wide chunks of a walked tile
 const NG: u32 = (D16 + WC - 1u) / WC; // groups of WC gradient tiles that go out through `sx` at once
+const DH: u32 = D16 / 2u; // dQ tiles per half (D16 is even)
+const NGH: u32 = (DH + WC - 1u) / WC; // NG for DH tiles
 const LDT: u32 = DMAX + 8u; // halves per staged row
 const B_AT: u32 = BC * LDT; // where the second walked operand starts in `tiles`
 const LDS: u32 = BC + 4u; // floats per row of `sx`
@@ -204,6 +215,23 @@ fn stage(ops: vec2<u32>, both: bool, hd: Head, first: u32, rows: u32, stop: u32,
     }
 }
 
+// Stages columns c0 .. c0 + 15 of rows first .. first + BR of operand ops.x at tiles[0 ..]
+// and of ops.y at tiles[16 BR ..], rows of 16 halves, element by element: zeros at or
+// past `stop` rows and past the operand's head dims. For the owned rows' fragments
+// (once per workgroup): both operands' rows fit `tiles` at every BR <= 2 BC.
+fn stage_columns(ops: vec2<u32>, hd: Head, first: u32, c0: u32, stop: u32, tid: u32) {
+    for (var x = tid; x < 2u * BR * 16u; x += NT) {
+        let op = select(ops.x, ops.y, x >= BR * 16u);
+        let row = first + x / 16u % BR;
+        let d = c0 + x % 16u;
+        var value = f16(0.0);
+        if row < stop && d < operand_len(op) {
+            value = operand_element(op, operand_row(op, hd, row) + d);
+        }
+        tiles[x] = value;
+    }
+}
+
 // The band's 16 x BC products of its A fragments `own` with the walked operand staged
 // at `tiles[at ..]` (read column-major as B), to its rows of `sx` from `out`. Macros,
 // written out where they run: the fragments may be named values (the `named` form),
@@ -221,14 +249,14 @@ fn stage(ops: vec2<u32>, both: bool, hd: Head, first: u32, rows: u32, stop: u32,
     }
 //@endmacro
 
-// acc += X·W for the band: X its 16 x BC rows of `px` from `x_at`, W the walked
-// operand staged at `tiles[at ..]` (row-major), each X fragment loaded once for all
-// DMAX/16 accumulator tiles.
-//@macro ACCUMULATE(acc, x_at, at)
+// acc += X·W for the band: X its 16 x BC rows of `px` from `x_at`, W the n 16-column
+// tiles of the walked operand staged at `tiles[at ..]` (row-major), each X fragment
+// loaded once for all n accumulator tiles.
+//@macro ACCUMULATE(acc, n, x_at, at)
     for (var wc = 0u; wc < WC; wc++) {
         let ia = $x_at + band * LDP + wc * 16u;
         let a = coopLoadT<coop_mat16x16<f16, A>>(&px[ia], LDP);
-        //@each c < D16
+        //@each c < $n
         let ib = $at + wc * 16u * LDT + c * 16u;
         let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDT);
         $acc@{c} = coopMultiplyAdd(a, b, $acc@{c});
@@ -236,20 +264,26 @@ fn stage(ops: vec2<u32>, both: bool, hd: Head, first: u32, rows: u32, stop: u32,
     }
 //@endmacro
 
-// The band's A fragments `own` of the rows staged at the start of `tiles`.
-//@macro BAND_FRAGMENTS(own)
+// The half's A fragments `own` of rows first .. first + BR of operand ops.x (half 0) or
+// ops.y (half 1), `stop` as stage_columns', 16 columns per round.
+//@macro OWN_FRAGMENTS(ops, hd, first, stop)
+    //@array own D16 coop_mat16x16<f16, A>
     //@each dc < D16
-    let ia = band * LDT + dc * 16u;
-    $own@{dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDT);
+    workgroupBarrier();
+    stage_columns($ops, $hd, $first, dc * 16u, $stop, tid);
+    workgroupBarrier();
+    let ia = (half * BR + band) * 16u;
+    own@{dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], 16u);
     //@end
 //@endmacro
 
-// Puts the band's gradient tiles g WC .. g WC + WC - 1 (of 16 columns each) in its rows
-// of `sx`, on the way out: a lane's elements are then at element_at's places. Inside
-// `//@each g < NG`, so that no tile's index is known only at run time.
-//@macro SPILL(acc)
-    //@each u < WC while g * WC + u < D16
-    let is = band * LDS + u * 16u;
+// Puts the half's gradient tiles g WC .. g WC + WC - 1 (of 16 columns each, n in all)
+// in its band's rows of `sx` from `s_at`, on the way out: a lane's elements are then
+// at element_at's places. Inside `//@each g < ..`, so that no tile's index is known
+// only at run time.
+//@macro SPILL(acc, n)
+    //@each u < WC while g * WC + u < $n
+    let is = s_at + band * LDS + u * 16u;
     coopStoreT($acc@{g * WC + u}, &sx[is], LDS);
     //@end
 //@endmacro
@@ -262,34 +296,6 @@ fn element_at(lane: u32, n: u32) -> vec2<u32> {
     return vec2<u32>(lane / LPR + rr * ROW_STEP, 4u * (lane % LPR + LPR * u) + n % 4u);
 }
 
-// Writes the band's dK (is_k) or dV tiles `acc` for keys key0 + band .. + 15 of the
-// (batch, kv head) pair of `owner`, WC tiles (BC columns) at a time through its rows
-// of `sx`.
-//@macro STORE_KEY_BAND(acc, is_k)
-    //@each g < NG
-        workgroupBarrier();
-        //@each u < WC while g * WC + u < D16
-        let is = band * LDS + u * 16u;
-        coopStoreT($acc@{g * WC + u}, &sx[is], LDS);
-        //@end
-        workgroupBarrier();
-        let op = select(OP_V, OP_K, $is_k);
-        for (var n = 0u; n < RPL * QPL * 4u; n++) {
-            let at = element_at(lane, n);
-            let j = key0 + band + at.x;
-            let col = g * WC * 16u + at.y;
-            if j < p.len_k && col < operand_len(op) {
-                let value = sx[(band + at.x) * LDS + at.y];
-                if $is_k {
-                    store_dk_element(operand_row(op, owner, j) + col, value);
-                } else {
-                    store_dv_element(operand_row(op, owner, j) + col, value);
-                }
-            }
-        }
-    //@end
-//@endmacro
-
 @compute @workgroup_size(NT, 1, 1)
 fn bwd_dq_coop(
     @builtin(local_invocation_index) tid: u32,
@@ -300,20 +306,19 @@ fn bwd_dq_coop(
     let hd = head_of(p.bh_start + wid.y);
     let row0 = wid.x * BR;
     let last_q = p.len_q - 1u;
-    let band = sg * 16u;
+    let band = sg / 2u * 16u;
+    let half = sg % 2u;
     let quad0 = lane % LPR;
     let limit = key_limit(hd.b);
+    // Where the half's walked operand starts in `tiles` (K, or V), its products go in
+    // `sx` (scores, or dP) and its dQ tiles' columns start.
+    let b_at = half * B_AT;
+    let s_at = half * SD_AT;
+    let c_at = half * DH * 16u;
 
-    // The owned rows' fragments: Q, then dO, through `tiles` (BR <= 2 BC rows).
-    //@array qf D16 coop_mat16x16<f16, A>
-    //@array dof D16 coop_mat16x16<f16, A>
-    stage(vec2<u32>(OP_Q), false, hd, row0, BR, p.len_q, tid);
-    workgroupBarrier();
-    //@expand BAND_FRAGMENTS(qf)
-    workgroupBarrier();
-    stage(vec2<u32>(OP_DO), false, hd, row0, BR, p.len_q, tid);
-    workgroupBarrier();
-    //@expand BAND_FRAGMENTS(dof)
+    // The owned rows' fragments: Q (half 0) or dO (half 1).
+    let own_ops = vec2<u32>(OP_Q, OP_DO);
+    //@expand OWN_FRAGMENTS(own_ops, hd, row0, p.len_q)
 
     // This lane's rows: their log-sum-exp and D.
     var row_lse: array<f32, RPL>;
@@ -323,8 +328,9 @@ fn bwd_dq_coop(
         row_lse[rr] = lse_at(hd, i);
         row_delta[rr] = delta_at(hd, i);
     }
-    //@array acc D16 coop_mat16x16<f32, C>
-    //@each c < D16
+    // The half's dQ tiles.
+    //@array acc DH coop_mat16x16<f32, C>
+    //@each c < DH
     acc@{c} = coop_mat16x16<f32, C>();
     //@end
 
@@ -335,17 +341,16 @@ fn bwd_dq_coop(
         // 1. K (zeros past the key length) and V of keys j0 .. j0 + BC.
         stage(vec2<u32>(OP_K, OP_V), true, hd, j0, BC, limit, tid);
         workgroupBarrier();
-        // 2. Scores and dP of the band.
-        //@expand BAND_PRODUCTS(qf, 0u, 0u)
-        //@expand BAND_PRODUCTS(dof, B_AT, SD_AT)
+        // 2. Scores (half 0) and dP (half 1) of the band.
+        //@expand BAND_PRODUCTS(own, b_at, s_at)
         workgroupBarrier();
-        // 3. dX of this lane's rows and column quads, as f16.
+        // 3. dX of this lane's rows and column quads (the half's), as f16.
         for (var rr = 0u; rr < RPL; rr++) {
             let r = lane / LPR + rr * ROW_STEP;
             let i = min(row0 + band + r, last_q);
             let start = vec4<u32>(key_start(hd.b, i));
             let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
-            for (var u = 0u; u < QPL; u++) {
+            for (var u = half; u < QPL; u += 2u) {
                 let j = 4u * (quad0 + LPR * u);
                 let at = (band + r) * LDS + j;
                 let x = vec4<f32>(sx[at], sx[at + 1u], sx[at + 2u], sx[at + 3u]) * p.scale;
@@ -363,20 +368,20 @@ fn bwd_dq_coop(
             }
         }
         workgroupBarrier();
-        // 4. dQ += dX·K.
-        //@expand ACCUMULATE(acc, 0u, 0u)
+        // 4. dQ += dX·K, the half's columns.
+        //@expand ACCUMULATE(acc, DH, 0u, c_at)
     }
-    // dQ of the owned rows, BC columns at a time through `sx`.
-    //@each g < NG
+    // The half's dQ columns of the owned rows, BC columns at a time through `sx`.
+    //@each g < NGH
         workgroupBarrier();
-        //@expand SPILL(acc)
+        //@expand SPILL(acc, DH)
         workgroupBarrier();
         for (var n = 0u; n < RPL * QPL * 4u; n++) {
             let at = element_at(lane, n);
             let row = row0 + band + at.x;
-            let col = g * WC * 16u + at.y;
-            if row < p.len_q && col < p.head_dim {
-                store_dq_element(q_base(hd, row) + col, sx[(band + at.x) * LDS + at.y]);
+            let col = c_at + g * WC * 16u + at.y;
+            if row < p.len_q && at.y < (DH - g * WC) * 16u && col < p.head_dim {
+                store_dq_element(q_base(hd, row) + col, sx[s_at + (band + at.x) * LDS + at.y]);
             }
         }
     //@end
@@ -395,28 +400,26 @@ fn bwd_dkdv_coop(
     let b = pair / p.heads_kv;
     let hk = pair % p.heads_kv;
     let key0 = wid.x * BR;
-    let band = sg * 16u;
+    let band = sg / 2u * 16u;
+    let half = sg % 2u;
     let quad0 = lane % LPR;
     let limit = key_limit(b);
+    // Where the half's walked operand starts in `tiles` (Q, or dO) and its products go
+    // in `sx` (scores, or dP); where its X of step 4 starts in `px` (dX, or P).
+    let b_at = half * B_AT;
+    let s_at = half * SD_AT;
+    let x_at = (1u - half) * PD_AT;
 
-    // The owned keys' fragments: K, then V (zeros past the key length: their gradients
-    // are 0, and their rows may hold anything).
-    //@array kf D16 coop_mat16x16<f16, A>
-    //@array vf D16 coop_mat16x16<f16, A>
+    // The owned keys' fragments: K (half 0) or V (half 1) (zeros past the key length:
+    // their gradients are 0, and their rows may hold anything).
     let owner = Head(b, hk * (p.heads_q / p.heads_kv), hk);
-    stage(vec2<u32>(OP_K), false, owner, key0, BR, limit, tid);
-    workgroupBarrier();
-    //@expand BAND_FRAGMENTS(kf)
-    workgroupBarrier();
-    stage(vec2<u32>(OP_V), false, owner, key0, BR, limit, tid);
-    workgroupBarrier();
-    //@expand BAND_FRAGMENTS(vf)
+    let own_ops = vec2<u32>(OP_K, OP_V);
+    //@expand OWN_FRAGMENTS(own_ops, owner, key0, limit)
 
-    //@array acc_k D16 coop_mat16x16<f32, C>
-    //@array acc_v D16 coop_mat16x16<f32, C>
+    // dK (half 0) or dV (half 1).
+    //@array acc D16 coop_mat16x16<f32, C>
     //@each c < D16
-    acc_k@{c} = coop_mat16x16<f32, C>();
-    acc_v@{c} = coop_mat16x16<f32, C>();
+    acc@{c} = coop_mat16x16<f32, C>();
     //@end
     let group = p.heads_q / p.heads_kv;
     let rows = rows_seeing(b, key0, min(key0 + BR, p.len_k) - 1u);
@@ -428,15 +431,15 @@ fn bwd_dkdv_coop(
             // 1. Q and dO of rows i0 .. i0 + BC.
             stage(vec2<u32>(OP_Q, OP_DO), true, hd, i0, BC, p.len_q, tid);
             workgroupBarrier();
-            // 2. Scores and dP of the band's keys (transposed: keys x rows).
-            //@expand BAND_PRODUCTS(kf, 0u, 0u)
-            //@expand BAND_PRODUCTS(vf, B_AT, SD_AT)
+            // 2. Scores (half 0) and dP (half 1) of the band's keys (transposed: keys x
+            // rows).
+            //@expand BAND_PRODUCTS(own, b_at, s_at)
             workgroupBarrier();
-            // 3. P and dX of this lane's keys and row quads, as f16.
+            // 3. P and dX of this lane's keys and row quads (the half's), as f16.
             for (var rr = 0u; rr < RPL; rr++) {
                 let r = lane / LPR + rr * ROW_STEP;
                 let j = key0 + band + r;
-                for (var u = 0u; u < QPL; u++) {
+                for (var u = half; u < QPL; u += 2u) {
                     let c = 4u * (quad0 + LPR * u);
                     let at = (band + r) * LDS + c;
                     let x = vec4<f32>(sx[at], sx[at + 1u], sx[at + 2u], sx[at + 3u]) * p.scale;
@@ -462,12 +465,29 @@ fn bwd_dkdv_coop(
                 }
             }
             workgroupBarrier();
-            // 4. dV += Pᵀ·dO, dK += dXᵀ·Q.
-            //@expand ACCUMULATE(acc_v, 0u, B_AT)
-            //@expand ACCUMULATE(acc_k, PD_AT, 0u)
+            // 4. dK += dXᵀ·Q (half 0), dV += Pᵀ·dO (half 1).
+            //@expand ACCUMULATE(acc, D16, x_at, b_at)
         }
     }
-    // dK and dV of the owned keys.
-    //@expand STORE_KEY_BAND(acc_k, true)
-    //@expand STORE_KEY_BAND(acc_v, false)
+    // dK (half 0) or dV (half 1) of the owned keys, BC columns at a time through `sx`.
+    let is_k = half == 0u;
+    let op = select(OP_V, OP_K, is_k);
+    //@each g < NG
+        workgroupBarrier();
+        //@expand SPILL(acc, D16)
+        workgroupBarrier();
+        for (var n = 0u; n < RPL * QPL * 4u; n++) {
+            let at = element_at(lane, n);
+            let j = key0 + band + at.x;
+            let col = g * WC * 16u + at.y;
+            if j < p.len_k && col < operand_len(op) {
+                let value = sx[s_at + (band + at.x) * LDS + at.y];
+                if is_k {
+                    store_dk_element(operand_row(op, owner, j) + col, value);
+                } else {
+                    store_dv_element(operand_row(op, owner, j) + col, value);
+                }
+            }
+        }
+    //@end
 }

@@ -30,9 +30,9 @@ enable wgpu_cooperative_matrix;
 // edge blocks check each word (one compare per 16 bytes) and stage zeros past M, N or
 // K. When the words do not line up with rows (K or X's row stride not a multiple of
 // the elements per word), every slab is staged element by element instead, with
-// checks. Then a barrier, and each subgroup does 2 steps of 16 along the slab: 4 A
-// fragments (X rows, row-major) and 4 B fragments (Wᵀ, read column-major from W's
-// rows), 16 multiply-adds. Barrier, next slab.
+// checks. Then a barrier, and each subgroup does 2 steps of 16 along the slab (written
+// out, not a loop): 4 A fragments (X rows, row-major) and 4 B fragments (Wᵀ, read
+// column-major from W's rows), 16 multiply-adds. Barrier, next slab.
 //
 // Epilogue: the accumulators' element-to-lane layout is opaque and the output needs
 // the bias, the split into up to three buffers and (for f16 storage) a conversion a
@@ -244,22 +244,58 @@ fn linear_coop(
             stage_edge(m0, n0, k0, tid, rows_in && k_in, cols_in && k_in);
         }
         workgroupBarrier();
-        for (var ks = 0u; ks < SLAB; ks += 16u) {
-            let ia0 = (qr + 0u) * LD + ks;
+        // The slab's two steps of 16, written out: wgpu's loop counter keeps a loop
+        // over them rolled, and then RDNA3 spilled 19 VGPRs (isa --radv-null navi31).
+        {
+            let ia0 = (qr + 0u) * LD;
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia0], LD);
-            let ia1 = (qr + 16u) * LD + ks;
+            let ia1 = (qr + 16u) * LD;
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia1], LD);
-            let ia2 = (qr + 32u) * LD + ks;
+            let ia2 = (qr + 32u) * LD;
             let a2 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia2], LD);
-            let ia3 = (qr + 48u) * LD + ks;
+            let ia3 = (qr + 48u) * LD;
             let a3 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia3], LD);
-            let ib0 = (qc + 0u) * LD + ks;
+            let ib0 = (qc + 0u) * LD;
             let b0 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib0], LD);
-            let ib1 = (qc + 16u) * LD + ks;
+            let ib1 = (qc + 16u) * LD;
             let b1 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib1], LD);
-            let ib2 = (qc + 32u) * LD + ks;
+            let ib2 = (qc + 32u) * LD;
             let b2 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib2], LD);
-            let ib3 = (qc + 48u) * LD + ks;
+            let ib3 = (qc + 48u) * LD;
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib3], LD);
+            acc00 = coopMultiplyAdd(a0, b0, acc00);
+            acc01 = coopMultiplyAdd(a0, b1, acc01);
+            acc02 = coopMultiplyAdd(a0, b2, acc02);
+            acc03 = coopMultiplyAdd(a0, b3, acc03);
+            acc10 = coopMultiplyAdd(a1, b0, acc10);
+            acc11 = coopMultiplyAdd(a1, b1, acc11);
+            acc12 = coopMultiplyAdd(a1, b2, acc12);
+            acc13 = coopMultiplyAdd(a1, b3, acc13);
+            acc20 = coopMultiplyAdd(a2, b0, acc20);
+            acc21 = coopMultiplyAdd(a2, b1, acc21);
+            acc22 = coopMultiplyAdd(a2, b2, acc22);
+            acc23 = coopMultiplyAdd(a2, b3, acc23);
+            acc30 = coopMultiplyAdd(a3, b0, acc30);
+            acc31 = coopMultiplyAdd(a3, b1, acc31);
+            acc32 = coopMultiplyAdd(a3, b2, acc32);
+            acc33 = coopMultiplyAdd(a3, b3, acc33);
+        }
+        {
+            let ia0 = (qr + 0u) * LD + 16u;
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia0], LD);
+            let ia1 = (qr + 16u) * LD + 16u;
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia1], LD);
+            let ia2 = (qr + 32u) * LD + 16u;
+            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia2], LD);
+            let ia3 = (qr + 48u) * LD + 16u;
+            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&xs[ia3], LD);
+            let ib0 = (qc + 0u) * LD + 16u;
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib0], LD);
+            let ib1 = (qc + 16u) * LD + 16u;
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib1], LD);
+            let ib2 = (qc + 32u) * LD + 16u;
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib2], LD);
+            let ib3 = (qc + 48u) * LD + 16u;
             let b3 = coopLoad<coop_mat16x16<f16, B>>(&ws[ib3], LD);
             acc00 = coopMultiplyAdd(a0, b0, acc00);
             acc01 = coopMultiplyAdd(a0, b1, acc01);

@@ -52,9 +52,11 @@ pub const DKDV_SLOTS: &[Slot] = &[
 /// One variant of `flash_backward_coop.wgsl`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CoopBackwardVariant {
-    /// Head dims up to this (a multiple of 16).
+    /// Head dims up to this (a multiple of 32: a band's two subgroups take half of dQ's
+    /// 16-column tiles each).
     pub dmax: u32,
-    /// Query rows (dQ) or keys (dK/dV) per workgroup: one 16-row band per subgroup.
+    /// Query rows (dQ) or keys (dK/dV) per workgroup: one 16-row band per two
+    /// subgroups (each holding half of the band's operands and gradients).
     pub br: u32,
     /// Keys (dQ) or query rows (dK/dV) per walked tile (a multiple of 16).
     pub bc: u32,
@@ -126,7 +128,13 @@ impl CoopBackwardVariant {
     /// for every subgroup size).
     fn source(&self) -> &'static str {
         let (d16, wc) = (self.dmax / 16, (self.bc / 16).max(1));
-        let consts = [("D16", d16), ("WC", wc), ("NG", d16.div_ceil(wc))];
+        let consts = [
+            ("D16", d16),
+            ("WC", wc),
+            ("NG", d16.div_ceil(wc)),
+            ("DH", d16 / 2),
+            ("NGH", (d16 / 2).div_ceil(wc)),
+        ];
         // The file's directives are tested (shader_validation, the backward tests): an
         // error here is a bug in the file, not in anything a user gave.
         let source = super::unroll::expand(SOURCE, self.named, &consts)
@@ -142,14 +150,15 @@ impl CoopBackwardVariant {
     }
 
     /// Whether the WGSL holds together for subgroups of `sg` lanes: the forward's band
-    /// layout (`flash::band_layout_holds`) at head dims up to 128.
+    /// layout (`flash::band_layout_holds`) at head dims up to 128, in an even number of
+    /// 16-column tiles (dQ's are split between a band's two subgroups).
     pub fn valid_for(&self, sg: u32) -> bool {
-        self.dmax <= 128 && flash::band_layout_holds(self.dmax, self.br, self.bc, sg)
+        self.dmax <= 128 && self.dmax.is_multiple_of(32) && flash::band_layout_holds(self.dmax, self.br, self.bc, sg)
     }
 
-    /// Invocations per workgroup with subgroups of `sg` lanes.
+    /// Invocations per workgroup with subgroups of `sg` lanes: two subgroups per band.
     pub fn invocations(&self, sg: u32) -> u32 {
-        self.br / 16 * sg
+        2 * (self.br / 16) * sg
     }
 
     /// The dQ pass for subgroups of `sg` lanes.
@@ -223,13 +232,15 @@ pub fn candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<CoopB
 /// other side (the dQ pass's keys; the dK/dV pass's rows, times the query heads of a
 /// group) each cost a stage, the band's two products, the element-wise step and the
 /// gradient products (`per_tile`); around them, the owned rows' fragments and the
-/// gradients' stores.
+/// gradients' stores. Counted as if each subgroup did both halves' work (both
+/// products, every gradient tile, the band's two operands staged in full): an upper
+/// bound on what one half does.
 fn iterations(v: &CoopBackwardVariant, sg: u32, walked: u64, gradients: u64) -> u64 {
     let sg = u64::from(sg.clamp(1, 16));
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
     let looped = |n: u64| n + 1;
     let slots = 256 / sg;
-    let nt = (br / 16 * sg).max(1);
+    let nt = (2 * br / 16 * sg).max(1); // two subgroups per band
     let (d16, wc) = (dmax / 16, bc / 16);
     let rows = (16 / sg).max(1);
     let quads = bc / 4;
