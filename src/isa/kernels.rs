@@ -130,6 +130,20 @@ const GPU_INVOCATIONS: u32 = 1024;
 
 const BOTH: [DType; 2] = [DType::F32, DType::F16];
 
+/// A kernel with a `WORDS` override as both pipelines the host makes of it: WORDS 0
+/// (staging element by element) and 1 (`... words`, 16 bytes per load, wherever head
+/// dims and strides are whole words: the common case), whose registers differ.
+fn with_words(kernel: IsaKernel) -> Vec<IsaKernel> {
+    if !kernel.source.contains("override WORDS") {
+        return vec![kernel];
+    }
+    let (name, dtype) = kernel.label.rsplit_once(' ').unwrap_or((&kernel.label, ""));
+    let mut words = kernel.clone();
+    words.label = format!("{name} words {dtype}");
+    words.constants.push(("WORDS".to_string(), 1));
+    vec![kernel, words]
+}
+
 /// Every kernel a GPU-class adapter (no CPU driver) can run from the pickers, or that
 /// `tune` and `tune --backward` time on one: the fused tilings meant for GPUs (`shared`,
 /// `coop` with the picker's variants and the tuner's candidates, `micro`), split-K decode
@@ -172,7 +186,9 @@ pub fn gpu() -> Vec<IsaKernel> {
             continue;
         }
         let label = format!("fused/coop {} {}", v.label(), dtype.name());
-        out.push(IsaKernel::new(label, v.kernel(GPU_SUBGROUP), dtype).with_subgroup(GPU_SUBGROUP));
+        out.extend(with_words(
+            IsaKernel::new(label, v.kernel(GPU_SUBGROUP), dtype).with_subgroup(GPU_SUBGROUP),
+        ));
     }
     for v in flash::MICRO {
         for dtype in BOTH {
@@ -237,14 +253,14 @@ pub fn gpu() -> Vec<IsaKernel> {
         }
         for v in backward_coop::VARIANTS {
             for kernel in [v.dq(GPU_SUBGROUP), v.dkdv(GPU_SUBGROUP)] {
-                out.push(
+                out.extend(with_words(
                     IsaKernel::new(
                         format!("backward/coop {} {} {}", v.label(), kernel.entry, dtype.name()),
                         kernel,
                         dtype,
                     )
                     .with_subgroup(GPU_SUBGROUP),
-                );
+                ));
             }
         }
     }
