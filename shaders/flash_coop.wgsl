@@ -49,7 +49,9 @@ enable wgpu_cooperative_matrix;
 // 8-row phases of a fragment load hit distinct banks). With WORDS (head dims and K/V
 // strides whole 16-byte words, set by the host) every invocation fetches its share of
 // the next K tile's and this V tile's words into registers at the start of round t,
-// and writes them (as f16) in step B, so the loads overlap step A. Without WORDS the
+// and writes them (as f16) in step B, so the loads overlap step A (f16 up to DMAX
+// 128; f32 words, twice as many, and DMAX 256 fetch them in step B: EARLY_FETCH).
+// Without WORDS the
 // tiles are staged element by element with checks in step B. Rows past a key range's
 // end are staged as zeros. Before the loop, `tiles` holds the first K tile and a zero V
 // tile, `ps` zeros: round 0's P·V adds nothing.
@@ -95,6 +97,10 @@ const TAU: f32 = 8.0; // how far a row's maximum may run ahead of its reference
 const WPR: u32 = DMAX / VE; // words per staged row
 const TILE_WORDS: u32 = BC * WPR; // words of one K (or V) tile
 const NPRE: u32 = (TILE_WORDS + NT - 1u) / NT; // of them per invocation
+// Whether the words are fetched at the start of a round, their loads overlapping step
+// A's products, or in step B just before they are written: held across the products,
+// f32 words at DMAX 128 (twice f16's) and any at DMAX 256 spilled on RDNA3 (docs/isa.md).
+const EARLY_FETCH: bool = ELEMS_PER_WORD == 2u && DMAX <= 128u;
 
 //@if DIRECT
 var<workgroup> tiles: array<f16, BR * LDQ>; // Q's staging only
@@ -351,7 +357,7 @@ fn flash_coop(
         // V of the previous tile (round 0: of this one, times a zero P).
         let pv0 = select(tile0 - BC, tile0, tile0 == block_begin);
         //@else
-        if WORDS {
+        if WORDS && EARLY_FETCH {
             if has_next {
                 fetch_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
             }
@@ -448,7 +454,13 @@ fn flash_coop(
         //@if STAGED
         if WORDS {
             if has_next {
+                if !EARLY_FETCH {
+                    fetch_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
+                }
                 put_words(true, tid);
+            }
+            if !EARLY_FETCH {
+                fetch_words(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
             }
             put_words(false, tid);
         } else {

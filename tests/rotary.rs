@@ -166,6 +166,7 @@ fn embeddings_that_do_not_fit_are_refused() {
 fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
     use wgpu_attention::{
         AttentionOptions, AttentionShape, CausalAlignment, KvCache, KvCacheConfig, PagedKvCache, PagedKvConfig,
+        QuantizedKvCache,
     };
     let Some(ctx) = common::ctx() else { return };
     let (b, hkv, hq, d, cap) = (2, 2, 4, 16, 24);
@@ -188,6 +189,9 @@ fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
         };
         let mut cache = KvCache::new(ctx, config).expect("cache");
         cache.set_rotary(Some(rotary)).expect("rotary");
+        // The same rows through an int8 cache, which rotates keys before it quantizes.
+        let mut int8 = QuantizedKvCache::new(ctx, config).expect("int8 cache");
+        int8.set_rotary(Some(rotary)).expect("int8 rotary");
         // The same rows through a paged cache (pages of 4 rows), which must attend alike.
         let mut paged = PagedKvCache::new(
             ctx,
@@ -217,6 +221,7 @@ fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
                 Tensor::from_f32(ctx, shape, Layout::Bhsd, &v).expect("v"),
             );
             cache.append_rows(ctx, &kt, &vt, &counts).expect("append");
+            int8.append_rows(ctx, &kt, &vt, &counts).expect("int8 append");
             paged.append_rows(ctx, &ids, &kt, &vt, &counts).expect("paged append");
             for bi in 0..b {
                 for h in 0..hkv {
@@ -283,7 +288,7 @@ fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
             &AttentionOptions {
                 key_lengths: Some(cache.lengths().to_vec()),
                 align_to_key_lengths: true,
-                ..options
+                ..options.clone()
             },
         )
         .expect("reference");
@@ -299,5 +304,53 @@ fn kv_caches_rotate_keys_as_they_append_and_queries_as_they_attend() {
                 "seed {seed} {style:?}: {name} attention off by {err:.3e} (bound {bound:.3e})"
             );
         }
+
+        // The int8 cache: its keys are the rotated rows within half a quantization step
+        // (a key quantized unrotated, or rotated at another position, is far off), and
+        // its attention is the reference's over the values its codes stand for.
+        assert_eq!(int8.lengths(), cache.lengths());
+        let codes = int8.quantized().read(ctx).expect("read codes");
+        let values = |codes: &[i8], scales: &[f32]| {
+            let all = wgpu_attention::reference::int8::dequantize_rows(codes, scales, d);
+            relayout(&all, [b, hkv, cap, d], Layout::Bshd, Layout::Bhsd)
+        };
+        let (k8, v8) = (
+            values(&codes.k_codes, &codes.k_scales),
+            values(&codes.v_codes, &codes.v_scales),
+        );
+        for bi in 0..b {
+            for h in 0..hkv {
+                for s in 0..cache.lengths()[bi] as usize {
+                    let row = ((bi * hkv + h) * cap + s) * d;
+                    let step = codes.k_scales[(bi * cap + s) * hkv + h]; // BSHD rows
+                    let worst = (0..d)
+                        .map(|e| (k8[row + e] - k_host[row + e]).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        worst <= step / 2.0 * (1.0 + 1e-5) + 1e-7,
+                        "seed {seed} {style:?}: int8 key ({bi}, {h}, {s}) off the rotated row by {worst} (step {step})"
+                    );
+                }
+            }
+        }
+        let got8 = read(int8.attend(ctx, &qt, &options).expect("int8 attend").out);
+        let want8 = wgpu_attention::reference::attention(
+            &q_rot,
+            &k8,
+            &v8,
+            &shape,
+            &AttentionOptions {
+                key_lengths: Some(cache.lengths().to_vec()),
+                align_to_key_lengths: true,
+                ..options.clone()
+            },
+        )
+        .expect("int8 reference");
+        let stats = wgpu_attention::check::ErrorStats::of(&got8, &want8.out);
+        let bound8 = wgpu_attention::check::Tolerance::F32.bound(&shape, &want8, 0.0) + 1e-6;
+        assert!(
+            stats.passes(bound8),
+            "seed {seed} {style:?}: int8 cache attention {stats:?} (bound {bound8:.3e})"
+        );
     }
 }

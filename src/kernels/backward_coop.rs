@@ -290,8 +290,10 @@ mod tests {
         }
         assert_eq!(variant_for(129, 32, 1 << 20, 1024), None);
         assert_eq!(variant_for(40, 8, 32 * 1024, 1024).map(|v| v.dmax), Some(64));
-        // 4 subgroups of 64 lanes pass a 128-invocation limit: the 2-band one is taken.
-        assert_eq!(variant_for(64, 64, 48 * 1024, 128).map(|v| v.br), Some(32));
+        // Two subgroups per band: 8 of 64 lanes pass no 256-invocation limit, 4 do (the
+        // 32-row variant is taken); at 128 invocations none fits.
+        assert_eq!(variant_for(64, 64, 48 * 1024, 256).map(|v| v.br), Some(32));
+        assert_eq!(variant_for(64, 64, 48 * 1024, 128), None);
     }
 
     #[test]

@@ -589,10 +589,11 @@ mod tests {
         for gone in ["acc02", "acc20", "acc33", "let a2 ", "let ib3 ", "acc13"] {
             assert!(!code.contains(gone), "{gone} in\n{two}");
         }
-        // 4 accumulators declared, 4 fragment loads, 4 multiply-adds, 4 stores.
+        // 4 accumulators declared, 4 fragment loads and 4 multiply-adds in each of the
+        // slab's two steps (written out), 4 stores.
         assert_eq!(two.matches("= coop_mat16x16<f32, C>();").count(), 4);
-        assert_eq!(two.matches("= coopLoad").count(), 4);
-        assert_eq!(two.matches("coopMultiplyAdd(").count(), 4);
+        assert_eq!(two.matches("= coopLoad").count(), 8);
+        assert_eq!(two.matches("coopMultiplyAdd(").count(), 8);
         assert_eq!(two.matches("coopStoreT(").count(), 4);
         assert_eq!(coop_block(2), 64);
         assert_eq!(coop_workgroup_bytes(4), 28 * 1024);
