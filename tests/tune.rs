@@ -250,7 +250,8 @@ fn tune_merges_its_winner_into_the_table_as_it_is_when_written() {
 #[test]
 fn tune_refuses_tables_that_are_no_regular_file_before_measuring() {
     // Issue 55: /dev/zero grew without bound, a FIFO hung, a dangling link failed only
-    // after measuring; impossible variants were accepted.
+    // after measuring; impossible variants were accepted. Issue 64: a table in a
+    // directory the user cannot write in failed only after measuring.
     let Some(_) = common::ctx() else { return };
     let dir = scratch("tune-hostile");
     let dangling = dir.join("dangling.tsv");
@@ -271,6 +272,12 @@ fn tune_refuses_tables_that_are_no_regular_file_before_measuring() {
         (
             vec!["tune".into(), "--table".into(), big.display().to_string()],
             "larger than",
+        ),
+        // A directory no one may write in, root included (CI runs as root, to whom
+        // permission bits are no bar): refused before measuring, not after.
+        (
+            vec!["tune".into(), "--table".into(), "/proc/wgpu-attention/t.tsv".into()],
+            "cannot write /proc/wgpu-attention/t.tsv: /proc",
         ),
         (vec!["tune".into(), "--variants".into(), "0x0x0".into()], "--variants"),
         (

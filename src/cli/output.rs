@@ -157,6 +157,13 @@ fn check_writable(path: &Path, makes_dirs: bool) -> Result<(), CliError> {
                 parent.display()
             )));
         }
+        // The output is written as a file staged beside it (stage): one that cannot be
+        // made there (permissions, a read-only mount) is said now, before a command
+        // measures anything, not after. The probe is deleted at once.
+        tempfile::Builder::new()
+            .prefix(".wgpu-attention-probe.")
+            .tempfile_in(&parent)
+            .map_err(|e| CliError::bad(format!("cannot write {}: {}: {e}", path.display(), parent.display())))?;
     }
     Ok(())
 }
