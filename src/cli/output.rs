@@ -162,8 +162,11 @@ fn check_writable(path: &Path, makes_dirs: bool) -> Result<(), CliError> {
         // measures anything, not after. The probe is deleted at once.
         tempfile::Builder::new()
             .prefix(".wgpu-attention-probe.")
-            .tempfile_in(&parent)
-            .map_err(|e| CliError::bad(format!("cannot write {}: {}: {e}", path.display(), parent.display())))?;
+            .tempfile_in(parent.as_path())
+            .map_err(|e| {
+                let why = std::io::Error::from(e.kind()); // without the probe's own name
+                CliError::bad(format!("cannot write {}: {}: {why}", path.display(), parent.display()))
+            })?;
     }
     Ok(())
 }
