@@ -162,7 +162,7 @@ fn check_writable(path: &Path, makes_dirs: bool) -> Result<(), CliError> {
         // measures anything, not after. The probe is deleted at once.
         tempfile::Builder::new()
             .prefix(".wgpu-attention-probe.")
-            .tempfile_in(parent.as_path())
+            .tempfile_in(parent)
             .map_err(|e| {
                 let why = std::io::Error::from(e.kind()); // without the probe's own name
                 CliError::bad(format!("cannot write {}: {}: {why}", path.display(), parent.display()))
