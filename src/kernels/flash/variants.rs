@@ -64,7 +64,7 @@ pub const SHARED_256: Kernel = Kernel {
 /// row. On a GPU, the head-dim classes keep the row's state in registers: D ≤ 64 one
 /// lane per row, 128 and 256 two and four (subgroup shuffles; a GPU whose subgroups
 /// cannot take them keeps the run-time kernel). CPU adapters run the run-time
-/// head-dim kernel: the class's constant 16 vec4s per row cost SwiftShader 1.8x at
+/// head-dim kernel: the class's constant 16 vec4s per row cost lavapipe 1.8x at
 /// D 32, and a CPU's register file buys nothing. (A D ≤ 128 class with Q in workgroup
 /// memory kept its accumulator in scratch under wgpu's bounds checks and ran one wave
 /// per SIMD: docs/isa.md.)
