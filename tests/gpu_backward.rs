@@ -464,7 +464,8 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
     // a head-dim class whose arrays live in registers (backward::rows_for): each row or
     // key over 1, 2, 4 or 8 lanes whose partial dot products subgroup shuffles sum; a
     // CPU adapter the run-time kernels, which the tests above run. Here the GPU classes
-    // on lavapipe (8-lane subgroups take them all), every class in both dtypes, with
+    // on lavapipe (8-lane subgroups take them all), every class (f32 at 1 and 4 lanes,
+    // f16 at 2 and 8), with
     // masks reaching every rule, and (under a low loop cap) walks split across
     // dispatches that add to what the previous left.
     use wgpu_attention::{rows_for, ROWS_128, ROWS_256, ROWS_32, ROWS_64};
@@ -520,10 +521,15 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
             };
             let tiling = backward_tiling(&ctx, DType::F32, &options, &s).expect("a tiling");
             assert_eq!(tiling, BackwardTiling::Rows);
-            for dtype in common::dtypes(&ctx) {
-                let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
-                assert_passes(&ctx, case(s, options.clone(), dtype, layout, seed));
-            }
+            // One dtype per class, alternating (each class's pipelines compile cold in
+            // CI: both dtypes doubled the test's minutes on Mesa 25).
+            let dtype = if lanes.ilog2() % 2 == 1 && ctx.capabilities().f16 {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+            assert_passes(&ctx, case(s, options.clone(), dtype, layout, seed));
         }
     }
     // Both walks split into dispatches of a few blocks (the class's loop counts,
