@@ -27,7 +27,9 @@ use wgpu_attention::{merge_attentions as library_merge, Layout, Tensor};
 ///     outputs: one or more arrays of one shape ``(..., Hq, Lq, Ev)`` (``(..., Lq, Hq,
 ///         Ev)`` with ``layout="bshd"``) and one dtype, float32 or float16; any strides.
 ///     lses: as many float arrays ``(..., Hq, Lq)``, the outputs' rows (the shape
-///         ``return_lse=True`` gives, in either layout); NaN and ``+inf`` are refused.
+///         ``return_lse=True`` gives, in either layout); ``+inf`` is refused, and NaN
+///         but where the output's row holds NaN too (a forward over NaN inputs gives
+///         both; the merged row is then NaN).
 ///     layout: the outputs' axis order, ``"bhsd"`` or ``"bshd"``.
 ///     context: the ``Context`` to run on; default ``default_context()``.
 ///
@@ -36,7 +38,7 @@ use wgpu_attention::{merge_attentions as library_merge, Layout, Tensor};
 ///
 /// Raises:
 ///     TypeError: an item is not an array. ValueError: no outputs, counts, shapes or
-///     dtypes that disagree, or NaN/+inf in an lse.
+///     dtypes that disagree, or +inf (or NaN beside a row without NaN) in an lse.
 #[pyfunction]
 #[pyo3(signature = (outputs, lses, *, layout="bhsd", context=None))]
 pub fn merge_attentions<'py>(
@@ -102,7 +104,15 @@ pub fn merge_attentions<'py>(
             .cast_into::<PyArrayDyn<f32>>()?;
         let contiguous = contiguous.readonly();
         let values = contiguous.as_slice().map_err(|e| value_error("lses", e))?;
-        check_lse("lses", &format!("lses[{n}]"), values, |_| Ok(false), "")?;
+        // NaN where a forward gave it, over NaN inputs: that output row is NaN too,
+        // and so is the merged row (as sdpa_backward takes it).
+        check_lse(
+            "lses",
+            &format!("lses[{n}]"),
+            values,
+            |row| parts[n].row_has_nan(row),
+            &format!(", where outputs[{n}]'s row holds no NaN"),
+        )?;
         lse_tensors.push(Tensor::from_f32(&ctx, [b, h, lq, 1], Layout::Bhsd, values).py_err()?);
     }
     let out_tensors = parts.iter().map(|p| p.upload(&ctx)).collect::<PyResult<Vec<_>>>()?;

@@ -169,3 +169,25 @@ def test_merge_bad_inputs(ctx):
         sdpa(q, k, v, position_offset=2**31)
     with pytest.raises((ValueError, OverflowError)):
         sdpa(q, k, v, position_offset=2**70)
+
+
+def test_merging_a_forward_over_nan_inputs_gives_nan_rows(ctx):
+    # A NaN in a query row: each block's forward gives that row NaN, its lse NaN too;
+    # the merge takes them (as sdpa_backward does) and gives the row NaN, the others
+    # the one-call answer. NaN beside a row without NaN is still refused.
+    q, k, v = randn(4190, 1, 2, 5, 16), randn(4191, 1, 2, 12, 16), randn(4192, 1, 2, 12, 8)
+    q[0, 1, 3, 7] = np.nan
+    one, one_lse = sdpa(q, k, v, return_lse=True)
+    parts = [sdpa(q, k[:, :, a:b], v[:, :, a:b], return_lse=True) for a, b in [(0, 5), (5, 12)]]
+    out, lse = wa.merge_attentions([p[0] for p in parts], [p[1] for p in parts])
+    assert np.all(np.isnan(out[0, 1, 3])) and np.isnan(lse[0, 1, 3])
+    finite = np.ones(lse.shape, bool)
+    finite[0, 1, 3] = False
+    rows = np.broadcast_to(finite[..., None], out.shape)
+    assert np.isfinite(lse[finite]).all() and np.isfinite(out[rows]).all()
+    assert_close(out[rows], one[rows], 4190, "merged out")
+    assert_close(lse[finite], one_lse[finite], 4190, "merged lse")
+    poisoned = parts[0][1].copy()
+    poisoned[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="holds no NaN"):
+        wa.merge_attentions([parts[0][0], parts[1][0]], [poisoned, parts[1][1]])
