@@ -54,8 +54,9 @@ fn flash_registers(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgr
     finish_row(s);
 }
 
-// 16 KiB of workgroup memory, shared by the K tile and the V tile.
-const TILE_VEC4: u32 = 1024u;
+// 16 KiB of workgroup memory, shared by the K tile and the V tile and, on GPUs without
+// subgroups, the row lanes' sums (LANE_SLOTS, row_lanes.wgsl).
+const TILE_VEC4: u32 = 1024u - LANE_SLOTS;
 var<workgroup> kv_tile: array<vec4<f32>, TILE_VEC4>;
 
 @compute @workgroup_size(ROWS, 1, 1)
@@ -64,7 +65,8 @@ fn flash_shared(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     // A staged key's K row and V row: every lane's share, vec4 by vec4 (row_vec4).
     let d4 = row_vec4s(p.head_dim) * ROW_LANES;
     let dv4 = row_vec4s(p.head_dim_v) * ROW_LANES;
-    // Keys per tile: as many as fit, a multiple of 4 (at least 8 since d4 + dv4 <= 128).
+    // Keys per tile: as many as fit, a multiple of 4 (at least 4 since d4 + dv4 <= 128
+    // and TILE_VEC4 >= 768).
     let tile_keys = (TILE_VEC4 / (d4 + dv4)) / 4u * 4u;
     let v_off = tile_keys * d4; // V rows follow the K rows in kv_tile
     let last_k = last_read_key(s.hd.b); // keys past it are masked; their rows may hold anything

@@ -9,7 +9,9 @@
 //              in scratch memory: docs/isa.md);
 //   ROW_LANES  consecutive invocations per row (1, or a power of two no larger than
 //              the subgroup: then FIXED_ROW);
-//   row_sum_lanes(x)  the sum of x over the row's lanes, the same on every lane.
+//   row_sum_lanes(x)  the sum of x over the row's lanes, the same on every lane
+//              (subgroup shuffles, or workgroup memory on GPUs without subgroups);
+//   LANE_SLOTS the vec4s of workgroup memory row_sum_lanes takes (0 but without subgroups).
 // Lane `l` of a row holds the row's vec4s l, l + ROW_LANES, l + 2 ROW_LANES, ...; past
 // the head dims the loads give zeros, so the extra products add nothing and nothing
 // past them is stored.
@@ -17,10 +19,12 @@
 override ROWS: u32 = 32u; // invocations per workgroup: ROWS / ROW_LANES rows
 
 var<private> lane: u32; // this invocation's lane of its row
+var<private> lane_slot: u32; // its index in the workgroup (row_sum_lanes' slot)
 
 // Sets `lane` for invocation `lid` and returns its row's index within the workgroup.
 fn enter_row(lid: u32) -> u32 {
     lane = lid % ROW_LANES;
+    lane_slot = lid;
     return lid / ROW_LANES;
 }
 

@@ -21,8 +21,8 @@ use crate::kernels::backward_texel::{self, BackwardTexelVariant};
 use crate::kernels::kv_texels::{self, KvTexels, TexelGrid};
 use crate::kernels::{
     dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Kernel, Slot, BACKWARD_PRELUDE,
-    BACKWARD_ROWS_128, BACKWARD_ROWS_256, BACKWARD_ROWS_32, BACKWARD_ROWS_64, BACKWARD_ROWS_PRELUDE,
-    BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
+    BACKWARD_ROWS_128, BACKWARD_ROWS_128_WG, BACKWARD_ROWS_256, BACKWARD_ROWS_256_WG, BACKWARD_ROWS_32,
+    BACKWARD_ROWS_64, BACKWARD_ROWS_64_WG, BACKWARD_ROWS_PRELUDE, BACKWARD_SUBGROUP_128, BACKWARD_SUBGROUP_64,
 };
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, Precision};
 use crate::problem::AttentionShape;
@@ -77,26 +77,30 @@ pub const ROWS_64: PassKernels = rows_class(BACKWARD_ROWS_64, "[64]");
 pub const ROWS_128: PassKernels = rows_class(BACKWARD_ROWS_128, "[128]");
 /// Up to D 256: eight lanes per row (key).
 pub const ROWS_256: PassKernels = rows_class(BACKWARD_ROWS_256, "[256]");
+/// [`ROWS_64`], [`ROWS_128`] and [`ROWS_256`] on GPUs without subgroups: the lanes'
+/// partial sums through workgroup memory.
+pub const ROWS_64_WG: PassKernels = rows_class(BACKWARD_ROWS_64_WG, "[64 wg]");
+/// [`ROWS_128`] without subgroups.
+pub const ROWS_128_WG: PassKernels = rows_class(BACKWARD_ROWS_128_WG, "[128 wg]");
+/// [`ROWS_256`] without subgroups.
+pub const ROWS_256_WG: PassKernels = rows_class(BACKWARD_ROWS_256_WG, "[256 wg]");
 
 /// The `rows` passes for head dims up to `dims` on an adapter, and the lanes per row
-/// (key). On a GPU, the head-dim class (a GPU whose subgroups cannot take its lanes
-/// keeps the run-time kernels, in scratch memory there); on CPU adapters the run-time
-/// kernels, whose loops walk only the head dims (a register file buys a CPU nothing).
+/// (key). On a GPU, the head-dim class (its lanes' sums through workgroup memory where
+/// the subgroups cannot take them); on CPU adapters the run-time kernels, whose loops
+/// walk only the head dims (a register file buys a CPU nothing).
 pub fn rows_for(dims: usize, caps: &Capabilities) -> (PassKernels, u32) {
-    let lanes_fit = |lanes: u32| caps.subgroups.is_some_and(|(min, _)| min >= lanes);
-    let run_time = (PassKernels { dq: DQ, dkdv: DKDV }, 1);
-    let (class, lanes) = match dims {
-        _ if caps.cpu => return run_time,
-        0..=32 => (ROWS_32, 1),
-        33..=64 => (ROWS_64, 2),
-        65..=128 => (ROWS_128, 4),
-        _ => (ROWS_256, 8),
-    };
-    if lanes == 1 || lanes_fit(lanes) {
-        (class, lanes)
-    } else {
-        run_time
+    if caps.cpu {
+        return (PassKernels { dq: DQ, dkdv: DKDV }, 1);
     }
+    let lanes_fit = |lanes: u32| caps.subgroups.is_some_and(|(min, _)| min >= lanes);
+    let (shuffled, in_workgroup, lanes) = match dims {
+        0..=32 => return (ROWS_32, 1),
+        33..=64 => (ROWS_64, ROWS_64_WG, 2),
+        65..=128 => (ROWS_128, ROWS_128_WG, 4),
+        _ => (ROWS_256, ROWS_256_WG, 8),
+    };
+    (if lanes_fit(lanes) { shuffled } else { in_workgroup }, lanes)
 }
 
 /// `D_i = dO_i · O_i`.

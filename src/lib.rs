@@ -118,7 +118,7 @@ pub use backward::{
 /// The `rows` backward's kernels by head-dim class, for the tests that run a GPU's on
 /// a CPU adapter.
 #[doc(hidden)]
-pub use backward::{rows_for, PassKernels, ROWS_128, ROWS_256, ROWS_32, ROWS_64};
+pub use backward::{rows_for, PassKernels, ROWS_128, ROWS_128_WG, ROWS_256, ROWS_256_WG, ROWS_32, ROWS_64, ROWS_64_WG};
 #[doc(hidden)]
 pub use context::MAX_INDEXED_BINDING;
 #[cfg(not(target_arch = "wasm32"))]

@@ -458,6 +458,64 @@ fn keys_past_a_key_length_may_hold_nan_without_spreading_it() {
     }
 }
 
+/// The options of `rows_gpu_classes`' `variant`: masks reaching every rule between
+/// them (causal and key lengths; a bool mask, soft cap and ALiBi; a window and an
+/// additive mask), with the forward's registers tiling, which gets the `rows` backward.
+fn rows_class_options(rng: &mut Rng, s: &AttentionShape, variant: usize) -> AttentionOptions {
+    let [b, hq, lq, lk] = [s.batch, s.heads_q, s.len_q, s.len_k];
+    let options = match variant {
+        0 => AttentionOptions {
+            causal: Some(CausalAlignment::BottomRight),
+            key_lengths: Some((0..b).map(|i| (lk - 3 * i) as u32).collect()),
+            ..Default::default()
+        },
+        1 => AttentionOptions {
+            mask: Some(random_bool_mask(rng, [b, hq, lq, lk])),
+            softcap: Some(2.0),
+            alibi_slopes: Some((0..hq).map(|h| 0.25 / (h + 1) as f32).collect()),
+            ..Default::default()
+        },
+        _ => AttentionOptions {
+            window: Some(Window {
+                left: Some(5),
+                right: Some(2),
+            }),
+            mask: Some(random_additive_mask(rng, [1, 1, lq, lk])),
+            ..Default::default()
+        },
+    };
+    AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling: FusedTiling::Registers,
+        ..options
+    }
+}
+
+/// One shape per `rows` head-dim class (D <= 32, 64, 128, 256) and the class and lanes
+/// `rows_for` must give it on a GPU with subgroups (`subgroups`) or without.
+fn rows_class_shapes(subgroups: bool) -> [(AttentionShape, wgpu_attention::PassKernels, u32); 4] {
+    use wgpu_attention::{ROWS_128, ROWS_128_WG, ROWS_256, ROWS_256_WG, ROWS_32, ROWS_64, ROWS_64_WG};
+    let pick = |shuffled, in_workgroup| if subgroups { shuffled } else { in_workgroup };
+    [
+        (AttentionShape::new(2, 4, 2, 13, 21, 8, 20), ROWS_32, 1),
+        (
+            AttentionShape::new(1, 2, 1, 37, 45, 24, 40),
+            pick(ROWS_64, ROWS_64_WG),
+            2,
+        ),
+        (
+            AttentionShape::new(1, 2, 2, 21, 70, 100, 72),
+            pick(ROWS_128, ROWS_128_WG),
+            4,
+        ),
+        (
+            AttentionShape::new(1, 2, 1, 19, 33, 136, 256),
+            pick(ROWS_256, ROWS_256_WG),
+            8,
+        ),
+    ]
+}
+
 #[test]
 fn rows_in_its_gpu_classes_matches_the_reference() {
     // A GPU's `rows` backward (forced here through the forward's registers tiling) runs
@@ -465,10 +523,9 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
     // key over 1, 2, 4 or 8 lanes whose partial dot products subgroup shuffles sum; a
     // CPU adapter the run-time kernels, which the tests above run. Here the GPU classes
     // on lavapipe (8-lane subgroups take them all), every class (f32 at 1 and 4 lanes,
-    // f16 at 2 and 8), with
-    // masks reaching every rule, and (under a low loop cap) walks split across
-    // dispatches that add to what the previous left.
-    use wgpu_attention::{rows_for, ROWS_128, ROWS_256, ROWS_32, ROWS_64};
+    // f16 at 2 and 8), with masks reaching every rule, and (under a low loop cap) walks
+    // split across dispatches that add to what the previous left.
+    use wgpu_attention::rows_for;
     let Some(mut ctx) = common::own_ctx() else { return };
     if ctx.capabilities().subgroups.is_none_or(|(min, _)| min < 8) {
         common::skip_lacking(&ctx, "SUBGROUP with 8 lanes (rows' GPU classes)", true);
@@ -476,14 +533,8 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
     }
     ctx.use_gpu_variants();
     let mut rng = Rng::new(3995);
-    let shapes = [
-        (AttentionShape::new(2, 4, 2, 13, 21, 8, 20), ROWS_32, 1),
-        (AttentionShape::new(1, 2, 1, 37, 45, 24, 40), ROWS_64, 2),
-        (AttentionShape::new(1, 2, 2, 21, 70, 100, 72), ROWS_128, 4),
-        (AttentionShape::new(1, 2, 1, 19, 33, 136, 256), ROWS_256, 8),
-    ];
     let mut seed = 39950;
-    for (s, class, lanes) in shapes {
+    for (s, class, lanes) in rows_class_shapes(true) {
         let (kernels, got_lanes) = rows_for(s.head_dim.max(s.head_dim_v), ctx.capabilities());
         assert_eq!(
             (kernels.dq, kernels.dkdv, got_lanes),
@@ -492,33 +543,7 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
         );
         for variant in 0..3 {
             seed += 1;
-            let [b, hq, lq, lk] = [s.batch, s.heads_q, s.len_q, s.len_k];
-            let options = match variant {
-                0 => AttentionOptions {
-                    causal: Some(CausalAlignment::BottomRight),
-                    key_lengths: Some((0..b).map(|i| (lk - 3 * i) as u32).collect()),
-                    ..Default::default()
-                },
-                1 => AttentionOptions {
-                    mask: Some(random_bool_mask(&mut rng, [b, hq, lq, lk])),
-                    softcap: Some(2.0),
-                    alibi_slopes: Some((0..hq).map(|h| 0.25 / (h + 1) as f32).collect()),
-                    ..Default::default()
-                },
-                _ => AttentionOptions {
-                    window: Some(Window {
-                        left: Some(5),
-                        right: Some(2),
-                    }),
-                    mask: Some(random_additive_mask(&mut rng, [1, 1, lq, lk])),
-                    ..Default::default()
-                },
-            };
-            let options = AttentionOptions {
-                kernel: KernelChoice::Fused,
-                tiling: FusedTiling::Registers,
-                ..options
-            };
+            let options = rows_class_options(&mut rng, &s, variant);
             let tiling = backward_tiling(&ctx, DType::F32, &options, &s).expect("a tiling");
             assert_eq!(tiling, BackwardTiling::Rows);
             // One dtype per class, alternating (each class's pipelines compile cold in
@@ -543,4 +568,46 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
         ..Default::default()
     };
     assert_passes(&ctx, case(s, options, DType::F32, Layout::Bhsd, 39959));
+}
+
+#[test]
+fn rows_on_a_gpu_without_subgroups_matches_the_reference() {
+    // A GPU without subgroups (WebGPU without the `subgroups` feature, GL) gets the
+    // `rows` classes past one lane with the lanes' sums through workgroup memory
+    // (backward::rows_for). Here on lavapipe with its subgroups forgotten: each such
+    // class once, the mask variants and dtypes rotating, and a walk split under a loop
+    // cap.
+    use wgpu_attention::rows_for;
+    let Some(mut ctx) = common::own_ctx() else { return };
+    ctx.use_gpu_variants();
+    ctx.use_no_subgroups();
+    let f16 = ctx.capabilities().f16;
+    let mut rng = Rng::new(3996);
+    let mut seed = 39960;
+    for (variant, (s, class, lanes)) in rows_class_shapes(false).into_iter().enumerate().skip(1) {
+        let (kernels, got_lanes) = rows_for(s.head_dim.max(s.head_dim_v), ctx.capabilities());
+        assert_eq!(
+            (kernels.dq, kernels.dkdv, got_lanes),
+            (class.dq, class.dkdv, lanes),
+            "{s:?}"
+        );
+        seed += 1;
+        let options = rows_class_options(&mut rng, &s, variant % 3);
+        assert_eq!(
+            backward_tiling(&ctx, DType::F32, &options, &s).expect("a tiling"),
+            BackwardTiling::Rows
+        );
+        let dtype = if variant == 2 && f16 { DType::F16 } else { DType::F32 };
+        let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
+        assert_passes(&ctx, case(s, options, dtype, layout, seed));
+    }
+    ctx.limit_loop_iterations(2_000);
+    let s = AttentionShape::new(1, 2, 1, 90, 80, 100, 100);
+    let options = AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling: FusedTiling::Registers,
+        causal: Some(CausalAlignment::TopLeft),
+        ..Default::default()
+    };
+    assert_passes(&ctx, case(s, options, DType::F32, Layout::Bhsd, 39969));
 }

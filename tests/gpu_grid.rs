@@ -90,3 +90,37 @@ fn shared_in_its_gpu_variants_f32_and_f16() {
         assert!(served.iter().all(|&n| n >= 1), "grid cases per class: {served:?}");
     }
 }
+
+#[test]
+fn shared_on_a_gpu_without_subgroups() {
+    // A GPU without subgroups (WebGPU without the `subgroups` feature, GL) gets
+    // `shared`'s 128 and 256 classes with the row lanes' sums through workgroup memory
+    // (kernels::flash::shared_for), taken from the K/V tile. Here on lavapipe with its
+    // subgroups forgotten: every grid case of those classes, one dtype per class
+    // (alternating, as each class compiles cold in CI).
+    use wgpu_attention::kernels::flash::{shared_for, SHARED_128_WG, SHARED_256_WG, SHARED_64};
+    let Some(mut ctx) = common::own_ctx() else { return };
+    ctx.use_gpu_variants();
+    ctx.use_no_subgroups();
+    let f16 = ctx.capabilities().f16;
+    let mut served = [0; 2];
+    for mut case in standard_grid(wgpu_attention::check::DEFAULT_SEED) {
+        let (d, dv) = (case.shape.head_dim as u32, case.shape.head_dim_v as u32);
+        let (kernel, lanes) = shared_for(d, dv, ctx.capabilities());
+        let (expected, class) = match d.max(dv) {
+            0..=64 => {
+                assert_eq!((kernel, lanes), (SHARED_64, 1), "D {d}, Dv {dv}");
+                continue;
+            }
+            65..=128 => ((SHARED_128_WG, 2), 0),
+            _ => ((SHARED_256_WG, 4), 1),
+        };
+        assert_eq!((kernel, lanes), expected, "D {d}, Dv {dv}");
+        served[class] += 1;
+        case.options.kernel = KernelChoice::Fused;
+        case.options.tiling = FusedTiling::Shared;
+        case.dtype = if class == 1 && f16 { DType::F16 } else { DType::F32 };
+        common::assert_case(&ctx, &case);
+    }
+    assert!(served.iter().all(|&n| n >= 1), "grid cases per class: {served:?}");
+}

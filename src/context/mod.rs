@@ -365,6 +365,14 @@ impl Context {
         self.caps.cpu = false;
     }
 
+    /// Picks kernels as on an adapter without subgroups (WebGPU without the `subgroups`
+    /// feature, GL): with [`Context::use_gpu_variants`], a GPU's variants that sum a
+    /// row's lanes through workgroup memory. For tests, which run them on lavapipe.
+    #[doc(hidden)]
+    pub fn use_no_subgroups(&mut self) {
+        self.caps.subgroups = None;
+    }
+
     /// Compiles kernels from now on with these of wgpu's runtime checks (what
     /// `WGPU_ATTENTION_RUNTIME_CHECKS` does for contexts made by [`Context::new`]):
     /// `WGPU_DEFAULT` keeps wgpu's loop counter and bounds checks; dropping them is safe

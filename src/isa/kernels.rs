@@ -154,12 +154,15 @@ fn with_words(kernel: IsaKernel) -> Vec<IsaKernel> {
 pub fn gpu() -> Vec<IsaKernel> {
     let mut out = Vec::new();
     for dtype in BOTH {
-        // 64 rows per workgroup, over 1, 2 and 4 lanes each (flash::shared_for).
+        // 64 rows per workgroup, over 1, 2 and 4 lanes each, summed by subgroup shuffles
+        // or through workgroup memory (flash::shared_for; the run-time kernel is for CPU
+        // adapters).
         for (class, kernel, invocations) in [
-            ("", flash::SHARED, 64),
             (" 64", flash::SHARED_64, 64),
             (" 128", flash::SHARED_128, 128),
             (" 256", flash::SHARED_256, 256),
+            (" 128 wg", flash::SHARED_128_WG, 128),
+            (" 256 wg", flash::SHARED_256_WG, 256),
         ] {
             out.push(
                 IsaKernel::new(format!("fused/shared{class} {}", dtype.name()), kernel, dtype)
@@ -228,16 +231,18 @@ pub fn gpu() -> Vec<IsaKernel> {
         }
     }
     for dtype in BOTH {
-        for kernel in [crate::backward::DELTA, crate::backward::DQ, crate::backward::DKDV] {
-            out.push(IsaKernel::plain(kernel, dtype));
-        }
+        out.push(IsaKernel::plain(crate::backward::DELTA, dtype));
         // `rows`' head-dim classes: 32 rows (keys) per workgroup, over 1, 2, 4 and 8
-        // lanes each (backward::rows_for).
+        // lanes each, summed by subgroup shuffles or through workgroup memory
+        // (backward::rows_for; the run-time kernels are for CPU adapters).
         for (class, lanes) in [
             (crate::backward::ROWS_32, 1),
             (crate::backward::ROWS_64, 2),
             (crate::backward::ROWS_128, 4),
             (crate::backward::ROWS_256, 8),
+            (crate::backward::ROWS_64_WG, 2),
+            (crate::backward::ROWS_128_WG, 4),
+            (crate::backward::ROWS_256_WG, 8),
         ] {
             for kernel in [class.dq, class.dkdv] {
                 out.push(IsaKernel::plain(kernel, dtype).with_constants(&[("ROWS", 32 * lanes)]));

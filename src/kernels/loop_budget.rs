@@ -90,14 +90,24 @@ pub fn shared_iterations(s: &AttentionShape) -> u64 {
         65..=128 => 2,
         _ => 4,
     };
-    let class = shared_loops(s, (16, 16), 32 * lanes, 64 * lanes);
+    // The class's row_sum_lanes per block of 4 keys: a loop of log2(lanes) shuffles or
+    // lanes - 1 workgroup-memory reads (the larger), and its exit check.
+    let sums = if lanes > 1 {
+        s.len_k.div_ceil(4) as u64 * lanes
+    } else {
+        0
+    };
+    let class = shared_loops(s, (16, 16), 32 * lanes, 64 * lanes) + sums;
     class.max(shared_loops(s, run_time, run_time.0 + run_time.1, 64))
 }
 
 /// The shared entry's loop trips for a lane walking (d4, dv4) vec4s of its row, with
 /// `staged` vec4s of K and V per key in the tile and `invocations` in the workgroup.
 fn shared_loops(s: &AttentionShape, (d4, dv4): (u64, u64), staged: u64, invocations: u64) -> u64 {
-    let tile_keys = (1024 / staged) / 4 * 4;
+    // The tile's vec4s less the lanes' sums where they take workgroup memory (at most
+    // one slot per invocation past the first 64 rows' single lanes).
+    let tile_vec4 = if invocations > 64 { 1024 - invocations } else { 1024 };
+    let tile_keys = (tile_vec4 / staged) / 4 * 4;
     let tiles = (s.len_k as u64).div_ceil(tile_keys);
     let load_trips = (tile_keys * staged).div_ceil(invocations);
     let blocks = s.len_k.div_ceil(4) as u64;
@@ -290,11 +300,12 @@ pub fn backward_dkdv_iterations((d4, dv4): (u64, u64), lanes: u32, rows: usize, 
     1 + searches + group * (2 + blocks * per_block) + 6 * d4 + 6 * dv4 + 5 * (d4 + dv4) + 4
 }
 
-/// Two row_sum_lanes over `lanes` lanes: each a loop of log2(lanes) shuffles and its
-/// exit check (none with one lane).
+/// Two row_sum_lanes over `lanes` lanes: each a loop of log2(lanes) shuffles, or of
+/// `lanes - 1` workgroup-memory reads without subgroups, and its exit check (none with
+/// one lane). The larger: `lanes` trips each.
 fn butterflies(lanes: u32) -> u64 {
     if lanes > 1 {
-        2 * (u64::from(lanes.ilog2()) + 1)
+        2 * u64::from(lanes)
     } else {
         0
     }

@@ -95,16 +95,39 @@ const ROW_LANES: &str = include_str!("../../shaders/row_lanes.wgsl");
 /// One lane per row, its loops to the run-time head dims (up to 256): CPU adapters,
 /// and GPUs without subgroups (where a GPU keeps the row's arrays in scratch memory).
 const RUN_TIME_ROW: &str = "const ROW_VEC4: u32 = 64u;\nconst FIXED_ROW: bool = false;\nconst ROW_LANES: u32 = 1u;\n";
-/// One lane per row: the row's sums are the lane's own.
-const SUM_OF_ONE_LANE: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {\n    return x;\n}\n";
+/// One lane per row: the row's sums are the lane's own (no workgroup memory for them:
+/// `LANE_SLOTS` 0).
+const SUM_OF_ONE_LANE: &str =
+    "const LANE_SLOTS: u32 = 0u;\nfn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {\n    return x;\n}\n";
 /// A row split over ROW_LANES consecutive lanes (a power of two no larger than the
 /// subgroup): the sum of the lanes' partial sums, by a butterfly of subgroup shuffles
 /// that leaves every lane with the same sum (a + b = b + a in floating point, so the
 /// row's lanes agree on whatever they compute from it).
-const SUM_OVER_LANES: &str = "fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
+const SUM_OVER_LANES: &str = "const LANE_SLOTS: u32 = 0u;
+fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
     var s = x;
     for (var m = 1u; m < ROW_LANES; m *= 2u) {
         s += subgroupShuffleXor(s, m);
+    }
+    return s;
+}
+";
+/// A row split over ROW_LANES consecutive lanes on a GPU without subgroups (WebGPU
+/// without the `subgroups` feature, GL): each lane's partial sum through workgroup
+/// memory, one slot per invocation (`LANE_SLOTS`, from the class's prelude, at least
+/// the workgroup's invocations), then every lane of the row adds its row's slots in
+/// lane order (the same sum on every lane). Two barriers: the slots are free again,
+/// then written. Called in uniform control flow only (the kernels' walks have bounds
+/// from the workgroup id and the parameters alone).
+const SUM_IN_WORKGROUP: &str = "var<workgroup> lane_sums: array<vec4<f32>, LANE_SLOTS>;
+fn row_sum_lanes(x: vec4<f32>) -> vec4<f32> {
+    workgroupBarrier();
+    lane_sums[lane_slot] = x;
+    workgroupBarrier();
+    let first = lane_slot - lane;
+    var s = lane_sums[first];
+    for (var l = 1u; l < ROW_LANES; l++) {
+        s += lane_sums[first + l];
     }
     return s;
 }
@@ -140,6 +163,23 @@ pub const FLASH_PRELUDE_256: &[&str] = &[
     ROW_LANES,
     FLASH_COMMON,
 ];
+/// [`FLASH_PRELUDE_128`] and [`FLASH_PRELUDE_256`] on GPUs without subgroups: the
+/// lanes' sums through workgroup memory, one slot per invocation (64 rows of 2 and 4
+/// lanes), carved from the K/V tile's 16 KiB (`flash_attention.wgsl`'s TILE_VEC4).
+pub const FLASH_PRELUDE_128_WG: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 2u;\nconst LANE_SLOTS: u32 = 128u;\n",
+    SUM_IN_WORKGROUP,
+    ROW_LANES,
+    FLASH_COMMON,
+];
+pub const FLASH_PRELUDE_256_WG: &[&str] = &[
+    COMMON,
+    "const ROW_VEC4: u32 = 16u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 4u;\nconst LANE_SLOTS: u32 = 256u;\n",
+    SUM_IN_WORKGROUP,
+    ROW_LANES,
+    FLASH_COMMON,
+];
 /// Prelude of `flash_backward.wgsl` (the `rows` backward): one row or key per
 /// invocation, loops to the run-time head dims.
 pub const BACKWARD_ROWS_PRELUDE: &[&str] = &[COMMON, BACKWARD_COMMON, RUN_TIME_ROW, SUM_OF_ONE_LANE, ROW_LANES];
@@ -172,6 +212,30 @@ pub const BACKWARD_ROWS_256: &[&str] = &[
     BACKWARD_COMMON,
     "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 8u;\n",
     SUM_OVER_LANES,
+    ROW_LANES,
+];
+/// [`BACKWARD_ROWS_64`], [`BACKWARD_ROWS_128`] and [`BACKWARD_ROWS_256`] on GPUs
+/// without subgroups: the lanes' sums through workgroup memory, one slot per
+/// invocation (32 rows or keys of 2, 4 and 8 lanes).
+pub const BACKWARD_ROWS_64_WG: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 2u;\nconst LANE_SLOTS: u32 = 64u;\n",
+    SUM_IN_WORKGROUP,
+    ROW_LANES,
+];
+pub const BACKWARD_ROWS_128_WG: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 4u;\nconst LANE_SLOTS: u32 = 128u;\n",
+    SUM_IN_WORKGROUP,
+    ROW_LANES,
+];
+pub const BACKWARD_ROWS_256_WG: &[&str] = &[
+    COMMON,
+    BACKWARD_COMMON,
+    "const ROW_VEC4: u32 = 8u;\nconst FIXED_ROW: bool = true;\nconst ROW_LANES: u32 = 8u;\nconst LANE_SLOTS: u32 = 256u;\n",
+    SUM_IN_WORKGROUP,
     ROW_LANES,
 ];
 
@@ -211,7 +275,7 @@ pub fn every_kernel() -> Vec<Kernel> {
 }
 
 /// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 73] = [
+pub const ALL_KERNELS: [Kernel; 81] = [
     copy_probe::KERNEL,
     kv_append::QUANTIZE,
     crate::quantized_kv::DEQUANTIZE,
@@ -232,6 +296,12 @@ pub const ALL_KERNELS: [Kernel; 73] = [
     crate::backward::ROWS_128.dkdv,
     crate::backward::ROWS_256.dq,
     crate::backward::ROWS_256.dkdv,
+    crate::backward::ROWS_64_WG.dq,
+    crate::backward::ROWS_64_WG.dkdv,
+    crate::backward::ROWS_128_WG.dq,
+    crate::backward::ROWS_128_WG.dkdv,
+    crate::backward::ROWS_256_WG.dq,
+    crate::backward::ROWS_256_WG.dkdv,
     crate::backward::SUBGROUP_64.dq,
     crate::backward::SUBGROUP_64.dkdv,
     crate::backward::SUBGROUP_128.dq,
@@ -265,6 +335,8 @@ pub const ALL_KERNELS: [Kernel; 73] = [
     flash::SHARED_64,
     flash::SHARED_128,
     flash::SHARED_256,
+    flash::SHARED_128_WG,
+    flash::SHARED_256_WG,
     flash::SUBGROUP_64,
     flash::SUBGROUP_128,
     flash::SUBGROUP_256,

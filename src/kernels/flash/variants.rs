@@ -60,10 +60,27 @@ pub const SHARED_256: Kernel = Kernel {
     ..SHARED
 };
 
+/// [`SHARED_128`] and [`SHARED_256`] on GPUs without subgroups (WebGPU without the
+/// `subgroups` feature, GL): the lanes' partial sums through workgroup memory, taken
+/// from the K/V tile ([`super::super::FLASH_PRELUDE_128_WG`]; 4 KiB at 256, so 4 keys
+/// per tile instead of 8).
+pub const SHARED_128_WG: Kernel = Kernel {
+    preludes: super::super::FLASH_PRELUDE_128_WG,
+    variant: "[128 wg]",
+    ..SHARED
+};
+/// [`SHARED_128_WG`]'s split for head dims up to 256: four lanes per row.
+pub const SHARED_256_WG: Kernel = Kernel {
+    preludes: super::super::FLASH_PRELUDE_256_WG,
+    variant: "[256 wg]",
+    ..SHARED
+};
+
 /// The `shared` variant for head dims (D, Dv) on an adapter, and its lanes per query
 /// row. On a GPU, the head-dim classes keep the row's state in registers: D ≤ 64 one
-/// lane per row, 128 and 256 two and four (subgroup shuffles; a GPU whose subgroups
-/// cannot take them keeps the run-time kernel). CPU adapters run the run-time
+/// lane per row, 128 and 256 two and four (subgroup shuffles; through workgroup memory
+/// where the subgroups cannot take them: RDNA3 compiles either without scratch,
+/// docs/isa.md). CPU adapters run the run-time
 /// head-dim kernel: the class's constant 16 vec4s per row cost lavapipe 1.8x at
 /// D 32, and a CPU's register file buys nothing. (A D ≤ 128 class with Q in workgroup
 /// memory kept its accumulator in scratch under wgpu's bounds checks and ran one wave
@@ -74,7 +91,9 @@ pub fn shared_for(d: u32, dv: u32, caps: &Capabilities) -> (Kernel, u32) {
         _ if caps.cpu => (SHARED, 1),
         0..=64 => (SHARED_64, 1),
         65..=128 if lanes_fit(2) => (SHARED_128, 2),
+        65..=128 => (SHARED_128_WG, 2),
         129..=256 if lanes_fit(4) => (SHARED_256, 4),
+        129..=256 => (SHARED_256_WG, 4),
         _ => (SHARED, 1),
     }
 }
