@@ -70,9 +70,13 @@ fn bwd_mat_dq(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_
         var sum = 0.0;
         for (var j = 0u; j < p.len_k; j++) {
             let ds = d_scores[score_index(bh, i, j)];
-            if ds != 0.0 {
-                sum += ds * f32(k[k_head + kv_offset(true, hd.b, j) + c]);
+            // Masked: nothing from its K row, whatever it holds. `== 0.0`, never
+            // `!= 0.0`: naga compiles a float `!=` to an ordered compare, false for
+            // NaN, which would drop a NaN dX (issue 64).
+            if ds == 0.0 {
+                continue;
             }
+            sum += ds * f32(k[k_head + kv_offset(true, hd.b, j) + c]);
         }
         dq[qb + c] = elem(sum * p.scale);
     }
@@ -98,6 +102,11 @@ fn bwd_mat_dkdv(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgrou
             let bh = b * p.heads_q + hd.h;
             for (var i = 0u; i < p.len_q; i++) {
                 let at = score_index(bh, i, j);
+                // A pair of weight 0 (masked) adds nothing, whatever the row's Q and dO
+                // hold (0 x NaN), as dX is 0 there (bwd_mat_ds).
+                if probs[at] == 0.0 {
+                    continue;
+                }
                 if c < p.head_dim {
                     dk_sum += d_scores[at] * f32(q[q_base(hd, i) + c]);
                 }

@@ -105,10 +105,12 @@ fn bwd_dq(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         // length may hold anything, NaN included: 0 x NaN would spread it).
         let dx = select(pr * (dp - vec4<f32>(delta)) * cap_slope(x) * p.scale, vec4<f32>(0.0), pr == vec4<f32>(0.0));
         for (var t = 0u; t < d4; t++) {
-            acc_a[t] += select(vec4<f32>(0.0), dx.x * load4(true, kr.x, row_vec4(t), p.head_dim), dx.x != 0.0)
-                + select(vec4<f32>(0.0), dx.y * load4(true, kr.y, row_vec4(t), p.head_dim), dx.y != 0.0)
-                + select(vec4<f32>(0.0), dx.z * load4(true, kr.z, row_vec4(t), p.head_dim), dx.z != 0.0)
-                + select(vec4<f32>(0.0), dx.w * load4(true, kr.w, row_vec4(t), p.head_dim), dx.w != 0.0);
+            // `== 0.0`, never `!= 0.0`: naga compiles a float `!=` to an ordered compare,
+            // false for NaN, which would drop a NaN dX (issue 64).
+            acc_a[t] += select(dx.x * load4(true, kr.x, row_vec4(t), p.head_dim), vec4<f32>(0.0), dx.x == 0.0)
+                + select(dx.y * load4(true, kr.y, row_vec4(t), p.head_dim), vec4<f32>(0.0), dx.y == 0.0)
+                + select(dx.z * load4(true, kr.z, row_vec4(t), p.head_dim), vec4<f32>(0.0), dx.z == 0.0)
+                + select(dx.w * load4(true, kr.w, row_vec4(t), p.head_dim), vec4<f32>(0.0), dx.w == 0.0);
         }
     }
     if row >= p.len_q {
@@ -199,11 +201,12 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     if key >= p.len_k {
         return;
     }
+    let seen = key < key_limit(b); // else 0 (backward_common.wgsl, key_limit)
     for (var t = 0u; t < d4; t++) {
         for (var c = 0u; c < 4u; c++) {
             let d = row_vec4(t) * 4u + c;
             if d < p.head_dim {
-                store_dk_element(kb + d, acc_a[t][c]);
+                store_dk_element(kb + d, select(0.0, acc_a[t][c], seen));
             }
         }
     }
@@ -211,7 +214,7 @@ fn bwd_dkdv(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
         for (var c = 0u; c < 4u; c++) {
             let d = row_vec4(t) * 4u + c;
             if d < p.head_dim_v {
-                store_dv_element(vb + d, acc_b[t][c]);
+                store_dv_element(vb + d, select(0.0, acc_b[t][c], seen));
             }
         }
     }

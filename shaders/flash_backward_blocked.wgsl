@@ -376,13 +376,14 @@ fn bwd_dkdv_blocked(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         if key < p.len_k {
             let kb = k_base + kv_offset(true, b, key);
             let vb = v_base + kv_offset(false, b, key);
+            let seen = key < key_limit(b); // else 0 (backward_common.wgsl, key_limit)
             for (var c = 0u; c < 4u; c++) {
                 let d = col * 4u + c;
                 if d < p.head_dim {
-                    store_dk_element(kb + d, acc_k[u][c]);
+                    store_dk_element(kb + d, select(0.0, acc_k[u][c], seen));
                 }
                 if d < p.head_dim_v {
-                    store_dv_element(vb + d, acc_v[u][c]);
+                    store_dv_element(vb + d, select(0.0, acc_v[u][c], seen));
                 }
             }
         }

@@ -481,7 +481,8 @@ fn bwd_dkdv_coop(
             let j = key0 + band + at.x;
             let col = g * WC * 16u + at.y;
             if j < p.len_k && col < operand_len(op) {
-                let value = sx[s_at + (band + at.x) * LDS + at.y];
+                // 0 past the key length (backward_common.wgsl, key_limit).
+                let value = select(0.0, sx[s_at + (band + at.x) * LDS + at.y], j < key_limit(b));
                 if is_k {
                     store_dk_element(operand_row(op, owner, j) + col, value);
                 } else {

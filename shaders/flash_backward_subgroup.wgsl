@@ -459,13 +459,14 @@ fn bwd_dkdv_subgroup(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
         if key >= p.len_k {
             continue;
         }
+        let seen = key < key_limit(b); // else 0 (backward_common.wgsl, key_limit)
         let kb = in_a_rows[r];
         for (var d = 0u; d < p.head_dim; d++) {
-            store_dk_element(kb + d, element(ACC_A, d)[r]);
+            store_dk_element(kb + d, select(0.0, element(ACC_A, d)[r], seen));
         }
         let vb = in_b_rows[r];
         for (var d = 0u; d < p.head_dim_v; d++) {
-            store_dv_element(vb + d, element(ACC_B, d)[r]);
+            store_dv_element(vb + d, select(0.0, element(ACC_B, d)[r], seen));
         }
     }
 }

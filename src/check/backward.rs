@@ -61,15 +61,19 @@ pub fn backward_rel_bound(
     arithmetic + probabilities + output
 }
 
+/// The largest finite |x| (bounds scale with the finite values; non-finite results are
+/// compared exactly, `ErrorStats`).
 fn max_abs(x: &[f32]) -> f64 {
-    x.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
+    x.iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, |m, v| m.max(f64::from(v.abs())))
 }
 
 /// The magnitudes the gradients' rounding errors scale with: the terms before they
 /// cancel (`dS = P (dP − D)` cancels exactly where one key takes all the weight). With
 /// A = Dv·max|dO|·max|v| (bounding |dP| and |D|) and c the largest column sum of P over
 /// the rows and heads that see a key: dQ ~ scale·max|k|·2A, dK ~ scale·max|q|·2A·c,
-/// dV ~ max|dO|·c.
+/// dV ~ max|dO|·c. Over the finite values only (NaN and infinities are compared exactly).
 pub fn backward_magnitudes(
     [q, k, v, d_out]: [&[f32]; 4],
     s: &AttentionShape,
@@ -79,6 +83,9 @@ pub fn backward_magnitudes(
     let group = s.heads_q / s.heads_kv;
     let mut column = vec![0.0f64; s.batch * s.heads_kv * s.len_k];
     for (at, p) in forward.weights.iter().enumerate() {
+        if !p.is_finite() {
+            continue; // a NaN row's
+        }
         let j = at % s.len_k;
         let h = at / (s.len_q * s.len_k) % s.heads_q;
         let b = at / (s.heads_q * s.len_q * s.len_k);

@@ -362,12 +362,20 @@ impl Shape {
 
     /// `{store}({rows}_{c}[r], element, {name}_..{scale})` for every word of owned row
     /// r of quad c.
-    fn store(&self, w: &mut String, store: &str, rows: &str, name: &str, (c, r): (u32, u32), scale: &str) {
+    /// `seen`: 0 where a `seen` the caller defines is false.
+    #[allow(clippy::too_many_arguments)]
+    fn store(&self, w: &mut String, store: &str, rows: &str, name: &str, (c, r): (u32, u32), scale: &str, seen: bool) {
         for ch in 0..self.v.groups {
             for h in 0..self.halves {
+                let value = format!("{name}_{ch}_{c}_{r}_{h}{scale}");
+                let value = if seen {
+                    format!("select(vec4<f32>(0.0), {value}, seen)")
+                } else {
+                    value
+                };
                 let _ = writeln!(
                     w,
-                    "        {store}({rows}_{c}[{r}], {}, {name}_{ch}_{c}_{r}_{h}{scale});",
+                    "        {store}({rows}_{c}[{r}], {}, {value});",
                     lane_element(ch, self.elems, 4 * h)
                 );
             }
@@ -494,7 +502,7 @@ fn dq_body(w: &mut String, sh: &Shape) {
     for c in 0..quads {
         for r in 0..4 {
             let _ = writeln!(w, "    if row0 + {}u < p.key_stop {{", 4 * c + r);
-            sh.store(w, "store_dq", "q_rows", "acc", (c, r), " * p.scale");
+            sh.store(w, "store_dq", "q_rows", "acc", (c, r), " * p.scale", false);
             let _ = writeln!(w, "    }}");
         }
     }
@@ -616,8 +624,10 @@ fn dkdv_body(w: &mut String, sh: &Shape) {
     for c in 0..quads {
         for r in 0..4 {
             let _ = writeln!(w, "    if key0 + {}u < p.len_k {{", 4 * c + r);
-            sh.store(w, "store_dk", "k_rows", "dk", (c, r), " * p.scale");
-            sh.store(w, "store_dv", "v_rows", "dv", (c, r), "");
+            // 0 past the key length (backward_common.wgsl, key_limit).
+            let _ = writeln!(w, "        let seen = key0 + {}u < key_limit(b);", 4 * c + r);
+            sh.store(w, "store_dk", "k_rows", "dk", (c, r), " * p.scale", true);
+            sh.store(w, "store_dv", "v_rows", "dv", (c, r), "", true);
             let _ = writeln!(w, "    }}");
         }
     }

@@ -82,6 +82,8 @@ mod mha;
 mod mha_torch;
 #[path = "../mha_weights.rs"]
 mod mha_weights;
+#[path = "../nonfinite_backward.rs"]
+mod nonfinite_backward;
 #[path = "../nonfinite_paths.rs"]
 mod nonfinite_paths;
 #[path = "../paged_kv.rs"]
