@@ -438,8 +438,11 @@ impl Plan {
         let rows = shape.batch_heads() * shape.len_q;
         let merge_fits = rows.div_ceil(64) <= max_groups && (4 * rows * shape.head_dim_v) as u64 <= binding;
         let (key_splits, keys_per_split) = match kernel {
-            ResolvedKernel::Fused(_) if !needs_scores && caps.key_splits > 1 && merge_fits => {
-                let per = shape.len_k.div_ceil(caps.key_splits as usize).next_multiple_of(64);
+            ResolvedKernel::Fused(_) if !needs_scores && ctx.policy().key_splits > 1 && merge_fits => {
+                let per = shape
+                    .len_k
+                    .div_ceil(ctx.policy().key_splits as usize)
+                    .next_multiple_of(64);
                 (shape.len_k.div_ceil(per).max(1), per)
             }
             _ => (1, shape.len_k.max(1)),
@@ -950,19 +953,25 @@ fn key_range_per_dispatch(
             // A window bounded on both sides bounds the keys any block walks, whatever
             // Lk: one dispatch then suffices (splitting it anyway halved the speed of a
             // 1024-key window at Lk = 8192 on Mesa 22.3's lavapipe).
-            if let Some(walk) = window_walk(options, config.rows(shape, ctx.capabilities())) {
+            if let Some(walk) = window_walk(options, config.rows(shape, ctx.capabilities(), ctx.policy())) {
                 let walked = AttentionShape {
                     len_k: walk.min(shape.len_k),
                     ..*shape
                 };
-                if loop_budget::fused_iterations(config, &walked, ctx.capabilities()) <= cap {
+                if loop_budget::fused_iterations(config, &walked, ctx.capabilities(), ctx.policy()) <= cap {
                     return Ok(all);
                 }
             }
-            let most = loop_budget::keys_per_dispatch(config, shape, cap, ctx.capabilities()).ok_or_else(|| {
-                let one_block = AttentionShape { len_k: 4, ..*shape };
-                refuse(loop_budget::fused_iterations(config, &one_block, ctx.capabilities()))
-            })?;
+            let most = loop_budget::keys_per_dispatch(config, shape, cap, ctx.capabilities(), ctx.policy())
+                .ok_or_else(|| {
+                    let one_block = AttentionShape { len_k: 4, ..*shape };
+                    refuse(loop_budget::fused_iterations(
+                        config,
+                        &one_block,
+                        ctx.capabilities(),
+                        ctx.policy(),
+                    ))
+                })?;
             // As few dispatches as the cap allows, with equal key ranges.
             let dispatches = shape.len_k.div_ceil(most).max(1);
             Ok(shape.len_k.div_ceil(dispatches).next_multiple_of(4).min(all))

@@ -287,13 +287,14 @@ impl BackwardTiling {
             let coop = caps.coop_subgroup_size().and_then(|sg| {
                 let dims = u32::try_from(dims).ok()?;
                 let (bytes, invocations) = (caps.max_workgroup_storage, caps.max_invocations);
-                let pinned = caps
+                let pinned = ctx
+                    .policy()
                     .coop_backward_pinned
                     .filter(|v| v.fits(dims, sg, bytes, invocations));
                 pinned
                     .or_else(|| {
                         backward_coop::variant_for(dims, sg, bytes, invocations)
-                            .map(|v| v.with_named(caps.coop_backward_named))
+                            .map(|v| v.with_named(ctx.policy().coop_backward_named))
                     })
                     .map(|v| (v, sg))
             });

@@ -123,7 +123,7 @@ pub use backward::{rows_for, PassKernels, ROWS_128, ROWS_128_WG, ROWS_256, ROWS_
 pub use context::MAX_INDEXED_BINDING;
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{enumerate_adapters, quiet_headless_vulkan};
-pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig};
+pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig, Policy};
 pub use context::{COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS};
 #[doc(hidden)]
 pub use error::checked_product;

@@ -67,7 +67,8 @@ fn every_tiling_is_exact_at_its_loop_budget() {
         // D 16: the texel kernel's own model bounds the subgroup tiling there.
         for d in [16, 64, 256] {
             let unbounded = AttentionShape::new(1, 2, 1, 33, 1 << 20, d, d);
-            let most = keys_per_dispatch(&config, &unbounded, cap, ctx.capabilities()).expect("a block of keys fits");
+            let most = keys_per_dispatch(&config, &unbounded, cap, ctx.capabilities(), ctx.policy())
+                .expect("a block of keys fits");
             let at = AttentionShape {
                 len_k: most,
                 ..unbounded
@@ -76,8 +77,11 @@ fn every_tiling_is_exact_at_its_loop_budget() {
                 len_k: most + 4,
                 ..unbounded
             };
-            let caps = ctx.capabilities();
-            assert!(fused_iterations(&config, &at, caps) <= cap && fused_iterations(&config, &past, caps) > cap);
+            let (caps, policy) = (ctx.capabilities(), ctx.policy());
+            assert!(
+                fused_iterations(&config, &at, caps, policy) <= cap
+                    && fused_iterations(&config, &past, caps, policy) > cap
+            );
             let case = CheckCase {
                 shape: at,
                 options: AttentionOptions {

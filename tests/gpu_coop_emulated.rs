@@ -414,6 +414,7 @@ fn the_emulated_kernel_splits_long_key_ranges_under_a_loop_cap() {
         &AttentionShape::new(1, 2, 2, 33, 130, 80, 36),
         LLVMPIPE_LOOP_CAP,
         ctx.capabilities(),
+        ctx.policy(),
     );
     assert!(keys.is_some_and(|k| k < 130 && k % 4 == 0), "{keys:?}");
 }
@@ -443,7 +444,7 @@ fn every_variant_the_picker_can_choose_runs_at_constants_lavapipe_allows() {
         // Head dims in the variant's class (f16 words, and elements at D = dmax - 4),
         // keys over several tiles ending mid-tile, causal and a bool mask.
         for (d, dv) in [(small.dmax, small.dmax), (small.dmax - 4, small.dmax / 2 + 4)] {
-            assert_eq!(coop_variant_for(d, dv, ctx.capabilities()), small);
+            assert_eq!(coop_variant_for(d, dv, ctx.capabilities(), ctx.policy()), small);
             {
                 seed += 1;
                 let shape = AttentionShape::new(
@@ -509,7 +510,8 @@ fn assert_forms_agree_bit_for_bit(
     for &form in forms {
         ctx.use_coop_variants(vec![form]);
         // Pinned, not passed over for the rule (which would compare a kernel with itself).
-        let runs = wgpu_attention::kernels::flash::coop_variant_for(d as u32, d as u32, ctx.capabilities());
+        let runs =
+            wgpu_attention::kernels::flash::coop_variant_for(d as u32, d as u32, ctx.capabilities(), ctx.policy());
         assert_eq!(runs, form);
         let out = sdpa(ctx, &q, &k, &v, &options).expect("runs");
         let lse = out.lse.expect("lse").to_f32_vec(ctx).expect("lse");

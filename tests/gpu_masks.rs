@@ -79,7 +79,7 @@ fn windows_alibi_and_softcap_survive_resumed_dispatches() {
     for spec in FUSED_TILINGS.iter().filter(|s| ctx.fused_config(s.tiling).is_ok()) {
         let config = ctx.fused_config(spec.tiling).expect("filtered");
         let cap = ctx.loop_cap().expect("capped_ctx has a loop cap");
-        let per_dispatch = loop_budget::keys_per_dispatch(&config, &shape, cap, ctx.capabilities());
+        let per_dispatch = loop_budget::keys_per_dispatch(&config, &shape, cap, ctx.capabilities(), ctx.policy());
         // Rows see keys from about 1560 (window) to 2900 (key length): a range boundary
         // must fall inside.
         assert!(

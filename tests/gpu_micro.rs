@@ -33,7 +33,7 @@ fn micro_tiles_match_the_reference_at_every_lane_count() {
         common::skip_lacking(shared, &format!("the micro tiling ({e})"), true);
         return;
     }
-    let most = micro_lanes(shared.capabilities());
+    let most = micro_lanes(shared.capabilities(), shared.policy());
     // Only counts the kernel has a variant for are taken.
     for bad in [0, 2, 4, 32] {
         assert!(

@@ -303,7 +303,7 @@ fn key_ranges_split_across_dispatches_keep_every_mask() {
     for (kernel, tiling) in paths(ctx).into_iter().filter(|&(k, _)| k == KernelChoice::Fused) {
         let config = ctx.fused_config(tiling).expect("listed by paths");
         let cap = ctx.loop_cap().expect("capped_ctx has a loop cap");
-        let per_dispatch = loop_budget::keys_per_dispatch(&config, &shape, cap, ctx.capabilities());
+        let per_dispatch = loop_budget::keys_per_dispatch(&config, &shape, cap, ctx.capabilities(), ctx.policy());
         assert!(
             per_dispatch.is_some_and(|keys| keys < shape.len_k),
             "{tiling:?}: {per_dispatch:?} keys per dispatch would not split {} keys",

@@ -74,11 +74,11 @@ fn tune_writes_a_table_that_later_contexts_follow() {
     std::fs::write(&table, pinned.to_text()).expect("write");
     std::env::set_var(TUNE_FILE_VAR, &table);
     let mut ctx = Context::new().expect("a context");
-    assert_eq!(ctx.capabilities().coop_tuned, vec![other]);
+    assert_eq!(ctx.policy().coop_tuned, vec![other]);
     ctx.emulate_cooperative_matrix().expect("emulates");
-    assert_eq!(coop_variant_for(16, 16, ctx.capabilities()), other);
+    assert_eq!(coop_variant_for(16, 16, ctx.capabilities(), ctx.policy()), other);
     // Head dims past the tuned class take the rule.
-    assert_ne!(coop_variant_for(100, 100, ctx.capabilities()).dmax, 64);
+    assert_ne!(coop_variant_for(100, 100, ctx.capabilities(), ctx.policy()).dmax, 64);
 
     // A bad table is refused, naming the file and line.
     std::fs::write(&table, "coop\t0x1\tX\tY\t64x64\n").expect("write");

@@ -43,7 +43,7 @@ impl Probe {
             let tiling = match ctx.linear_tiling_for(DType::F16, Precision::Highest) {
                 // The probe's 8192 (or any n >= 16 in sixteens) is what the direct
                 // design serves.
-                LinearTiling::Coop if ctx.capabilities().coop_gemm_direct && gemm_n.is_multiple_of(16) => "coop-direct",
+                LinearTiling::Coop if ctx.policy().coop_gemm_direct && gemm_n.is_multiple_of(16) => "coop-direct",
                 other => other.name(),
             };
             Some((tiling, timing.clone(), gflops(flops, timing.median)))

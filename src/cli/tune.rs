@@ -262,7 +262,7 @@ pub fn run(adapter: &AdapterArgs, args: &TuneArgs) -> Result<(), CliError> {
         key_splits: &key_splits,
     };
     let (jobs, notes) = plan(&ctx, &shapes, &dtypes, &asked)?;
-    let pinned = ctx.capabilities().coop_tuned.clone();
+    let pinned = ctx.policy().coop_tuned.clone();
     let mut rows = Vec::new();
     for note in &notes {
         write_stdout(format_args!("{note}"))?;
@@ -430,10 +430,7 @@ fn candidates(ctx: &Context, shape: &AttentionShape) -> Vec<(FusedTiling, Option
     for s in FUSED_TILINGS.iter().filter(|s| s.unmet("", caps).is_none()) {
         if s.tiling == FusedTiling::Micro {
             // The most lanes the adapter allows, ignoring a pin.
-            let most = micro_lanes(&wgpu_attention::Capabilities {
-                micro_lanes: None,
-                ..caps.clone()
-            });
+            let most = micro_lanes(caps, &wgpu_attention::Policy::default());
             for lanes in [1, 8, 16].into_iter().filter(|&l| l <= most) {
                 out.push((s.tiling, Some(Pin::MicroLanes(lanes))));
             }

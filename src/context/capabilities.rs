@@ -51,32 +51,6 @@ pub struct Capabilities {
     /// The adapter is a CPU driver (lavapipe, llvmpipe, SwiftShader, WARP): register
     /// pressure and unrolled loops cost there what they save on a GPU.
     pub cpu: bool,
-    /// Tensor-core variants a tuning table measured fastest on this adapter, one per
-    /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
-    pub coop_tuned: Vec<crate::kernels::flash::CoopVariant>,
-    /// Lanes the micro-tile tiling reduces a row over with subgroup shuffles, where
-    /// pinned ([`crate::Context::use_micro_lanes`]; `tune` times each); else the most the
-    /// adapter's subgroups hold ([`crate::kernels::flash::micro_lanes`]).
-    pub micro_lanes: Option<u32>,
-    /// Disjoint key ranges a fused attention is split into, each in its own dispatches
-    /// with outputs of its own, merged by log-sum-exp ([`crate::merge`]): more
-    /// workgroups where B·H·(Lq/rows) leaves a GPU's cores idle (issue 52). 1 (no split)
-    /// unless pinned ([`crate::Context::use_key_splits`], `WGPU_ATTENTION_KEY_SPLITS`).
-    pub key_splits: u32,
-    /// The tensor-core backward's fragments and gradient tiles as named values, its
-    /// loops over them unrolled (the forward's `named` axis, issue 52), where pinned
-    /// ([`crate::Context::use_named_coop_backward`], `WGPU_ATTENTION_COOP_BACKWARD`);
-    /// arrays by default.
-    pub coop_backward_named: bool,
-    /// The tensor-core backward's variant, where pinned and it fits a problem
-    /// ([`crate::Context::use_coop_backward_variant`]; `tune --backward` times each);
-    /// else the picker's (`kernels::backward_coop::variant_for`).
-    pub coop_backward_pinned: Option<crate::kernels::backward_coop::CoopBackwardVariant>,
-    /// The coop GEMM in its `direct` design (fragments loaded straight from X and W,
-    /// nothing staged) where it serves a layer, where pinned
-    /// ([`crate::Context::use_direct_coop_gemm`], `WGPU_ATTENTION_COOP_GEMM`); staged by
-    /// default.
-    pub coop_gemm_direct: bool,
 }
 
 #[cfg(test)]
@@ -105,12 +79,6 @@ impl Capabilities {
             loop_cap: None,
             mesa_version,
             cpu: false,
-            coop_tuned: Vec::new(),
-            micro_lanes: None,
-            key_splits: 1,
-            coop_backward_named: false,
-            coop_backward_pinned: None,
-            coop_gemm_direct: false,
         }
     }
 }
@@ -193,19 +161,6 @@ impl Capabilities {
         }
     }
 
-    /// The tuned tensor-core variant for head dims up to `need`: the smallest tuned one
-    /// that holds them within their head-dim class (the smallest of 64, 128, 256 that
-    /// holds them), if any; a class without one takes the picker's rule.
-    pub fn tuned_coop(&self, need: u32) -> Option<crate::kernels::flash::CoopVariant> {
-        let class_of = |d: u32| [64, 128, 256].into_iter().find(|&c| d <= c);
-        let class = class_of(need)?;
-        self.coop_tuned
-            .iter()
-            .filter(|v| v.dmax >= need && class_of(v.dmax) == Some(class))
-            .min_by_key(|v| v.dmax)
-            .copied()
-    }
-
     pub(super) fn detect(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Self {
         Self::of(info, device.features(), &device.limits())
     }
@@ -232,12 +187,6 @@ impl Capabilities {
             loop_cap: None,
             mesa_version: mesa_version(&info.driver_info),
             cpu: super::is_cpu_adapter(info),
-            coop_tuned: Vec::new(),
-            micro_lanes: None,
-            key_splits: 1,
-            coop_backward_named: false,
-            coop_backward_pinned: None,
-            coop_gemm_direct: false,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! The GPU context: adapter, device, queue, detected capabilities and the pipeline cache.
 //!
-//! Rooms: `adapter` (choosing one), `capabilities` (what it can do), `device_watch`
+//! Rooms: `adapter` (choosing one), `capabilities` (what it can do), `policy` (what
+//! the user, the environment or a tuning table chose), `device_watch`
 //! (device loss and escaped errors), `submit` (error scopes, submission, readback) and
 //! `resources` (buffers, textures, pipelines); this file makes contexts.
 
 mod adapter;
 mod capabilities;
 mod device_watch;
+mod policy;
 mod resources;
 mod submit;
 
@@ -16,6 +18,8 @@ pub use adapter::mesa_version;
 pub use adapter::{enumerate_adapters, quiet_headless_vulkan};
 pub use adapter::{enumerate_adapters_async, is_cpu_adapter, AdapterSelector};
 pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
+pub(crate) use policy::{env_path, env_value};
+pub use policy::{Policy, COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS};
 pub(crate) use resources::{CompiledPipeline, PipelineKey};
 
 use crate::error::{Error, Result};
@@ -45,117 +49,11 @@ pub struct Context {
     watch: Arc<DeviceWatch>,
     /// Unique per context in this process (tensors remember the one that made them).
     id: u64,
-    /// `WGPU_ATTENTION_TILING` as read when the context was made (`Auto` when unset),
-    /// or why it could not be parsed.
-    env_tiling: std::result::Result<FusedTiling, String>,
-    /// The split-K decode design `WGPU_ATTENTION_DECODE` or
-    /// [`Context::use_decode_design`] pins (`None`: the adapter's), or why the
-    /// variable could not be parsed.
-    decode_design: std::result::Result<Option<crate::kernels::decode::DecodeDesign>, String>,
-    /// Bytes the texel backward's dX scratch may take (`crate::backward`).
-    backward_scratch_bytes: u64,
-    /// wgpu's runtime checks the kernels are compiled with.
-    runtime_checks: crate::kernels::runtime_checks::RuntimeChecks,
+    /// Pins, tuning and runtime checks: what was chosen, beside what the adapter can do.
+    policy: Policy,
 }
 
 static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// The environment variable that names the fused tiling when none is asked for.
-pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
-
-/// The environment variable that pins the key splits of fused attention
-/// ([`Context::use_key_splits`]).
-pub const KEY_SPLITS_VAR: &str = "WGPU_ATTENTION_KEY_SPLITS";
-
-/// The environment variable that picks the tensor-core backward's form, `arrayed`
-/// (the default) or `named` ([`Context::use_named_coop_backward`]).
-pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
-
-/// The environment variable that picks the tensor-core GEMM's design, `staged` (the
-/// default) or `direct` ([`Context::use_direct_coop_gemm`]).
-pub const COOP_GEMM_VAR: &str = "WGPU_ATTENTION_COOP_GEMM";
-
-/// The value of the environment variable `var`, the one rule every variable this crate
-/// reads follows: `None` where unset; refused where set but empty (or only spaces: an
-/// empty value is an accident, e.g. `VAR=$UNSET_SHELL_VARIABLE`, never a choice) or not
-/// UTF-8. Each variable's own parser then reads the value.
-pub(crate) fn env_value(var: &str) -> Result<Option<String>> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(var, "is not UTF-8")),
-        Ok(value) if value.trim().is_empty() => Err(empty_env(var)),
-        Ok(value) => Ok(Some(value)),
-    }
-}
-
-/// [`env_value`] for a variable that names a path: any bytes, but not empty.
-pub(crate) fn env_path(var: &str) -> Result<Option<std::path::PathBuf>> {
-    match std::env::var_os(var) {
-        None => Ok(None),
-        Some(value) if value.to_string_lossy().trim().is_empty() => Err(empty_env(var)),
-        Some(value) => Ok(Some(value.into())),
-    }
-}
-
-/// The error for a variable set to nothing.
-fn empty_env(var: &str) -> Error {
-    Error::invalid(var, "is set but empty (unset it for the default)")
-}
-
-/// An environment variable that picks one of two forms, parsed: `Ok(false)` where unset
-/// or `off`, `Ok(true)` for `on`.
-fn form_from_env(var: &str, off: &str, on: &str) -> Result<bool> {
-    match env_value(var)? {
-        None => Ok(false),
-        Some(text) => match text.trim() {
-            t if t == off => Ok(false),
-            t if t == on => Ok(true),
-            other => Err(Error::invalid(var, format!("'{other}' is neither '{off}' nor '{on}'"))),
-        },
-    }
-}
-
-/// Most key splits one attention takes.
-pub const MAX_KEY_SPLITS: u32 = 16;
-
-/// [`KEY_SPLITS_VAR`], parsed (1 where unset).
-fn key_splits_from_env() -> Result<u32> {
-    match env_value(KEY_SPLITS_VAR)? {
-        None => Ok(1),
-        Some(text) => crate::tune::parse_key_splits(KEY_SPLITS_VAR, &text),
-    }
-}
-
-/// [`TILING_VAR`], parsed: read once per context, so a typo is one clear error when
-/// the context is made rather than a surprise at some later call.
-fn tiling_from_env() -> std::result::Result<FusedTiling, String> {
-    let reason = |e: Error| match e {
-        Error::Invalid { reason, .. } => reason,
-        e => e.to_string(),
-    };
-    match env_value(TILING_VAR).map_err(reason)? {
-        None => Ok(FusedTiling::Auto),
-        Some(name) => crate::kernels::flash::parse_tiling(TILING_VAR, &name).map_err(reason),
-    }
-}
-
-/// `WGPU_ATTENTION_DECODE`, parsed (`None` where unset or `auto`), or why not.
-fn decode_design_from_env() -> std::result::Result<Option<crate::kernels::decode::DecodeDesign>, String> {
-    match env_value(crate::kernels::decode::DECODE_VAR) {
-        Err(Error::Invalid { reason, .. }) => Err(reason),
-        Err(e) => Err(e.to_string()),
-        Ok(_) => crate::kernels::decode::DecodeDesign::from_env(),
-    }
-}
-
-/// `WGPU_ATTENTION_RUNTIME_CHECKS`, parsed (wgpu's default where unset).
-fn runtime_checks_from_env() -> Result<crate::kernels::runtime_checks::RuntimeChecks> {
-    use crate::kernels::runtime_checks::{RuntimeChecks, RUNTIME_CHECKS_VAR};
-    match env_value(RUNTIME_CHECKS_VAR)? {
-        None => Ok(RuntimeChecks::WGPU_DEFAULT),
-        Some(value) => RuntimeChecks::parse(RUNTIME_CHECKS_VAR, &value),
-    }
-}
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -163,6 +61,7 @@ impl std::fmt::Debug for Context {
             .field("adapter", &self.info.name)
             .field("backend", &self.info.backend)
             .field("caps", &self.caps)
+            .field("policy", &self.policy)
             .finish()
     }
 }
@@ -284,13 +183,7 @@ impl Context {
             }
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
-        ctx.env_tiling()?;
-        ctx.decode_design()?;
-        ctx.caps.key_splits = key_splits_from_env()?;
-        ctx.caps.coop_backward_named = form_from_env(COOP_BACKWARD_VAR, "arrayed", "named")?;
-        ctx.caps.coop_gemm_direct = form_from_env(COOP_GEMM_VAR, "staged", "direct")?;
-        ctx.runtime_checks = runtime_checks_from_env()?;
-        ctx.caps.coop_tuned = crate::tune::TuneTable::load()?.coop_variants_for(&ctx.info);
+        ctx.policy = Policy::from_env(&ctx.info)?;
         Ok(ctx)
     }
 
@@ -300,7 +193,7 @@ impl Context {
     /// which read no table, and for `wgpu-attention tune`. A variant that does not fit
     /// the adapter is passed over for the picker's rule.
     pub fn use_coop_variants(&mut self, variants: Vec<crate::kernels::flash::CoopVariant>) {
-        self.caps.coop_tuned = variants;
+        self.policy.coop_tuned = variants;
     }
 
     /// Pins the lanes over which the micro-tile tiling reduces a row with subgroup
@@ -311,7 +204,7 @@ impl Context {
         if let Some(l) = lanes.filter(|l| !matches!(l, 1 | 8 | 16)) {
             return Err(Error::invalid("micro lanes", format!("{l} is not 1, 8 or 16")));
         }
-        self.caps.micro_lanes = lanes;
+        self.policy.micro_lanes = lanes;
         Ok(())
     }
 
@@ -328,7 +221,7 @@ impl Context {
                 format!("{splits} is not a count of 1 to {MAX_KEY_SPLITS}"),
             ));
         }
-        self.caps.key_splits = splits;
+        self.policy.key_splits = splits;
         Ok(())
     }
 
@@ -338,14 +231,14 @@ impl Context {
     /// time (what `WGPU_ATTENTION_COOP_BACKWARD=named` does for contexts made by
     /// [`Context::new`]; docs/design.md, "Tensor cores").
     pub fn use_named_coop_backward(&mut self, named: bool) {
-        self.caps.coop_backward_named = named;
+        self.policy.coop_backward_named = named;
     }
 
     /// Pins the tensor-core backward's variant (its own form, arrayed or named) for every
     /// problem it fits; `None` restores the picker's. For `tune --backward`, which times
     /// each.
     pub fn use_coop_backward_variant(&mut self, variant: Option<crate::kernels::backward_coop::CoopBackwardVariant>) {
-        self.caps.coop_backward_pinned = variant;
+        self.policy.coop_backward_pinned = variant;
     }
 
     /// Runs the tensor-core GEMM (the linear layers and the benchmark's probe) in its
@@ -355,7 +248,7 @@ impl Context {
     /// side (what `WGPU_ATTENTION_COOP_GEMM=direct` does for contexts made by
     /// [`Context::new`]; docs/design.md, "Tensor cores").
     pub fn use_direct_coop_gemm(&mut self, direct: bool) {
-        self.caps.coop_gemm_direct = direct;
+        self.policy.coop_gemm_direct = direct;
     }
 
     /// Picks the kernel variants a GPU-class adapter gets (`shared`'s D ≤ 64 class) on a
@@ -380,12 +273,12 @@ impl Context {
     /// index checked by the host's guards: docs/design.md, "Runtime checks") and is for
     /// timing them side by side on a GPU, where the counters cost instructions.
     pub fn use_runtime_checks(&mut self, checks: crate::kernels::runtime_checks::RuntimeChecks) {
-        self.runtime_checks = checks;
+        self.policy.runtime_checks = checks;
     }
 
     /// The runtime checks kernels are compiled with ([`Context::use_runtime_checks`]).
     pub fn runtime_checks(&self) -> crate::kernels::runtime_checks::RuntimeChecks {
-        self.runtime_checks
+        self.policy.runtime_checks
     }
 
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
@@ -394,11 +287,11 @@ impl Context {
     /// default is [`crate::backward::SCRATCH_BYTES`].
     #[doc(hidden)]
     pub fn limit_backward_scratch(&mut self, bytes: u64) {
-        self.backward_scratch_bytes = bytes;
+        self.policy.backward_scratch_bytes = bytes;
     }
 
     pub(crate) fn backward_scratch_bytes(&self) -> u64 {
-        self.backward_scratch_bytes
+        self.policy.backward_scratch_bytes
     }
 
     /// Records the cooperative-matrix configurations of the adapter this context's
@@ -487,34 +380,27 @@ impl Context {
             allocated: AtomicU64::new(0),
             watch,
             id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
-            env_tiling: tiling_from_env(),
-            decode_design: decode_design_from_env(),
-            backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
-            runtime_checks: crate::kernels::runtime_checks::RuntimeChecks::WGPU_DEFAULT,
+            policy: Policy::deferred(),
         }
     }
 
     /// The tiling `WGPU_ATTENTION_TILING` named when this context was made (`Auto` when unset),
     /// or the error it gave.
     pub fn env_tiling(&self) -> Result<FusedTiling> {
-        self.env_tiling
-            .clone()
-            .map_err(|reason| Error::invalid(TILING_VAR, reason))
+        self.policy.tiling()
     }
 
     /// The split-K decode design pinned for this context (`None`: the adapter's own
     /// pick), or the error `WGPU_ATTENTION_DECODE` gave.
     pub(crate) fn decode_design(&self) -> Result<Option<crate::kernels::decode::DecodeDesign>> {
-        self.decode_design
-            .clone()
-            .map_err(|reason| Error::invalid(crate::kernels::decode::DECODE_VAR, reason))
+        self.policy.decode_design()
     }
 
     /// Pins the split-K decode design (what `WGPU_ATTENTION_DECODE` does for contexts
     /// made by [`Context::new`]): for tests and for timing the designs side by side.
     #[doc(hidden)]
     pub fn use_decode_design(&mut self, design: Option<crate::kernels::decode::DecodeDesign>) {
-        self.decode_design = Ok(design);
+        self.policy.decode_design = Ok(design);
     }
 
     /// This context's identity within the process.
@@ -541,6 +427,12 @@ impl Context {
     /// What the device can do, as detected when the context was made.
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
+    }
+
+    /// What was chosen for this context beside what the adapter can do: pins, key
+    /// splits, the tuned tensor-core variants, runtime checks ([`Policy`]).
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     /// True for CPU adapters such as lavapipe and llvmpipe.

@@ -11,7 +11,7 @@
 
 use super::flash::FlashConfig;
 use super::matmul::LinearTiling;
-use crate::context::{Capabilities, Context};
+use crate::context::{Capabilities, Context, Policy};
 use crate::error::{Error, Result};
 use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
@@ -29,11 +29,11 @@ pub const LLVMPIPE_LOOP_CAP: u64 = 65535;
 /// picker's, or one a tuning table or `tune` pins): the registry's model counts the
 /// one-band forms only, since the two-band ones count twice the rows and would refuse
 /// the picker's variants at D 256 for no reason.
-pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape, caps: &Capabilities) -> u64 {
+pub fn fused_iterations(config: &FlashConfig, s: &AttentionShape, caps: &Capabilities, policy: &Policy) -> u64 {
     let model = (config.spec().iterations)(s);
     match caps.coop_subgroup_size() {
         Some(sg) if config.tiling == FusedTiling::Coop => {
-            let v = super::flash::coop_variant_for(s.head_dim as u32, s.head_dim_v as u32, caps);
+            let v = super::flash::coop_variant_for(s.head_dim as u32, s.head_dim_v as u32, caps, policy);
             model.max(coop_variant_iterations(s, v, sg))
         }
         _ => model,
@@ -353,10 +353,16 @@ pub fn backward_materialized_iterations(s: &AttentionShape) -> u64 {
 
 /// The most keys (a multiple of 4) one dispatch of the fused kernel may walk within
 /// a loop cap of `cap` iterations, or `None` if not even one block of 4 fits.
-pub fn keys_per_dispatch(config: &FlashConfig, s: &AttentionShape, cap: u64, caps: &Capabilities) -> Option<usize> {
+pub fn keys_per_dispatch(
+    config: &FlashConfig,
+    s: &AttentionShape,
+    cap: u64,
+    caps: &Capabilities,
+    policy: &Policy,
+) -> Option<usize> {
     let fits = |keys: usize| {
         let part = AttentionShape { len_k: keys, ..*s };
-        fused_iterations(config, &part, caps) <= cap
+        fused_iterations(config, &part, caps, policy) <= cap
     };
     // Iterations grow with the keys: binary search for the last block count that fits.
     let (mut lo, mut hi) = (0usize, s.len_k.div_ceil(4));

@@ -459,7 +459,7 @@ pub fn encode_linear(
             max: max.into(),
         });
     }
-    let direct = tiling == LinearTiling::Coop && ctx.capabilities().coop_gemm_direct && direct_serves(dtype, linear);
+    let direct = tiling == LinearTiling::Coop && ctx.policy().coop_gemm_direct && direct_serves(dtype, linear);
     let constants = match (tiling, coop_subgroup_size(ctx)) {
         (LinearTiling::Coop, Some(sg)) => vec![("SG", sg)],
         (LinearTiling::Texture, _) => vec![("ROW_GROUPS", texture_row_groups(m))],

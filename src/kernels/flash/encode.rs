@@ -24,7 +24,7 @@ pub(crate) fn encode(
             return Ok(());
         }
     }
-    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities());
+    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities(), ctx.policy());
     let mut kernel = match blocked_words(&launch.kernel) {
         Some(words) if kv_in_words(params, bindings) => words,
         _ => launch.kernel,
@@ -43,7 +43,7 @@ pub(crate) fn encode(
         }
         let words = bindings_here.words_stand_in.is_none() && coop_words(dtype, params);
         let caps = ctx.capabilities();
-        let variant = super::coop_variant_for(params.head_dim, params.head_dim_v, caps);
+        let variant = super::coop_variant_for(params.head_dim, params.head_dim_v, caps, ctx.policy());
         if super::coop::direct_serves(&variant, dtype == DType::F16, words, params) {
             // Nothing staged: the WORDS paths are not in its source.
         } else {

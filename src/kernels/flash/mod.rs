@@ -23,7 +23,7 @@ pub use variants::*;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::Capabilities;
+    use crate::context::{Capabilities, Policy};
     use crate::error::Error;
     use crate::kernels::{flash_texel, loop_budget};
     use crate::options::FusedTiling;
@@ -46,11 +46,11 @@ mod tests {
         assert_eq!(subgroup_keys_per_block(&c), 16);
         c.mesa_version = Some((22, 3));
         assert_eq!(subgroup_keys_per_block(&c), 32);
-        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(64, 64, &c);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(64, 64, &c, &Policy::default());
         assert_eq!(launch.kernel, SUBGROUP_WIDE_64);
         c.mesa_version = Some((25, 0));
         assert_eq!(subgroup_keys_per_block(&c), 16);
-        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(200, 64, &c);
+        let launch = (spec(FusedTiling::Subgroup).expect("registered").launch)(200, 64, &c, &Policy::default());
         assert_eq!(launch.kernel, SUBGROUP_256);
     }
 

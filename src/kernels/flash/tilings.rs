@@ -5,7 +5,7 @@
 use super::super::{loop_budget, Kernel};
 use super::coop::*;
 use super::variants::*;
-use crate::context::Capabilities;
+use crate::context::{Capabilities, Policy};
 use crate::error::{Error, Result};
 use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
@@ -86,8 +86,9 @@ pub struct TilingSpec {
     /// Computes the products in f16 (tensor cores): used for f16 inputs, and for f32
     /// inputs only at `Precision::Medium` (docs/design.md, "Precision").
     pub f16_products: bool,
-    /// The launch for head dims (D, Dv) on an adapter with these capabilities.
-    pub(super) launch: fn(u32, u32, &Capabilities) -> Launch,
+    /// The launch for head dims (D, Dv) on an adapter with these capabilities, under
+    /// this policy (pins, tuned variants).
+    pub(super) launch: fn(u32, u32, &Capabilities, &Policy) -> Launch,
     /// Worst-case loop iterations of one invocation (see `kernels::loop_budget`).
     pub iterations: fn(&AttentionShape) -> u64,
 }
@@ -101,10 +102,10 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Gpu],
         needs: Needs::CooperativeMatrix(COOP_MIN_BYTES),
         f16_products: true,
-        launch: |d, dv, caps| {
+        launch: |d, dv, caps, policy| {
             // The needs check guarantees a fixed subgroup size and a fit.
             let sg = caps.coop_subgroup_size().unwrap_or(32);
-            let v = coop_variant_for(d, dv, caps);
+            let v = coop_variant_for(d, dv, caps, policy);
             Launch {
                 kernel: v.kernel(sg),
                 rows: v.br,
@@ -123,7 +124,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
             workgroup_bytes: SUBGROUP_WORKGROUP_BYTES,
         },
         f16_products: false,
-        launch: |d, dv, caps| {
+        launch: |d, dv, caps, _| {
             let wide = subgroup_keys_per_block(caps) == 32;
             let kernel = match (d.max(dv).next_multiple_of(SUBGROUP_LANES), wide) {
                 (0..=64, false) => SUBGROUP_64,
@@ -147,7 +148,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Cpu],
         needs: Needs::WorkgroupBytes(BLOCKED_MIN_BYTES),
         f16_products: false,
-        launch: |d, dv, caps| {
+        launch: |d, dv, caps, _| {
             // The needs check guarantees a fit; the narrowest variant otherwise.
             let v = blocked_for(d, dv, caps.max_workgroup_storage)
                 .or_else(|| blocked_for(d, dv, u32::MAX))
@@ -169,8 +170,8 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[],
         needs: Needs::WorkgroupBytes(MICRO_BYTES),
         f16_products: false,
-        launch: |d, dv, caps| {
-            let v = micro_for(d, dv, micro_lanes(caps)).unwrap_or(MICRO[MICRO.len() - 1]);
+        launch: |d, dv, caps, policy| {
+            let v = micro_for(d, dv, micro_lanes(caps, policy)).unwrap_or(MICRO[MICRO.len() - 1]);
             Launch {
                 kernel: v.kernel,
                 rows: MICRO_ROWS,
@@ -186,7 +187,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Cpu],
         needs: Needs::Nothing,
         f16_products: false,
-        launch: |_, _, _| Launch::rows_override(REGISTERS, 16),
+        launch: |_, _, _, _| Launch::rows_override(REGISTERS, 16),
         iterations: loop_budget::registers_iterations,
     },
     TilingSpec {
@@ -199,7 +200,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         default_on: &[AdapterClass::Gpu, AdapterClass::BrowserCpu],
         needs: Needs::WorkgroupBytes(SHARED_TILE_BYTES),
         f16_products: false,
-        launch: |d, dv, caps| {
+        launch: |d, dv, caps, _| {
             // 64 rows per workgroup, each over `lanes` invocations.
             let (kernel, lanes) = shared_for(d, dv, caps);
             Launch {
@@ -215,7 +216,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
 /// The coop variant for head dims (D, Dv) on an adapter: a tuning table's pick for it
 /// ([`crate::tune`]) where one fits, else the first of [`COOP_VARIANTS`] that fits
 /// (the narrowest of the class where none does; the needs check refuses that case).
-pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities) -> CoopVariant {
+pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities, policy: &Policy) -> CoopVariant {
     let sg = caps.coop_subgroup_size().unwrap_or(32);
     let fits = |v: &CoopVariant| {
         v.dmax >= d.max(dv)
@@ -223,7 +224,8 @@ pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities) -> CoopVariant {
             && v.bytes_needed() <= caps.max_workgroup_storage
             && v.invocations(sg) <= caps.max_invocations
     };
-    caps.tuned_coop(d.max(dv))
+    policy
+        .tuned_coop(d.max(dv))
         .filter(fits)
         .or_else(|| coop_for(d, dv, caps.max_workgroup_storage).filter(fits))
         .or_else(|| {
@@ -333,7 +335,7 @@ impl FlashConfig {
     }
 
     /// Query rows one workgroup owns for this problem's head dims on this adapter.
-    pub fn rows(&self, s: &AttentionShape, caps: &Capabilities) -> usize {
-        (self.spec().launch)(s.head_dim as u32, s.head_dim_v as u32, caps).rows as usize
+    pub fn rows(&self, s: &AttentionShape, caps: &Capabilities, policy: &Policy) -> usize {
+        (self.spec().launch)(s.head_dim as u32, s.head_dim_v as u32, caps, policy).rows as usize
     }
 }

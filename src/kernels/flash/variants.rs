@@ -2,7 +2,7 @@
 //! preludes and workgroup-memory needs (registers, shared, subgroup, blocked, coop).
 
 use super::super::{Kernel, Slot, COMMON, SUBGROUP_QUADS};
-use crate::context::Capabilities;
+use crate::context::{Capabilities, Policy};
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
 pub(super) const SLOTS: &[Slot] = &[
@@ -543,14 +543,15 @@ pub const MICRO: [MicroVariant; 9] = [
 
 /// The lanes a micro-tile variant may reduce over on an adapter: the most of 16, 8 and
 /// 1 that its smallest subgroup holds (a pinned count where the adapter allows it:
-/// `Capabilities::micro_lanes`, set by `tune`).
-pub fn micro_lanes(caps: &Capabilities) -> u32 {
+/// `Policy::micro_lanes`, set by `tune`).
+pub fn micro_lanes(caps: &Capabilities, policy: &Policy) -> u32 {
     let most = match caps.subgroups {
         Some((min, _)) if min >= 16 => 16,
         Some((min, _)) if min >= 8 => 8,
         _ => 1,
     };
-    caps.micro_lanes
+    policy
+        .micro_lanes
         .filter(|&l| l <= most && matches!(l, 1 | 8 | 16))
         .unwrap_or(most)
 }
