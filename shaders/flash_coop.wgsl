@@ -14,9 +14,11 @@ enable wgpu_cooperative_matrix;
 // (head dims up to it), BR (query rows per workgroup), BANDS (16-row bands per
 // subgroup, 1 or 2), BC (keys per tile), DIRECT (K and V fragments loaded straight
 // from storage, below), SG (the adapter's fixed subgroup size, so that
-// subgroup_id runs 0 .. BR/(16 BANDS) - 1), and LPR / RPL, the lanes per row and rows
-// per lane of the softmax (SG/16 and BANDS on 32-lane subgroups; 1 and 16 BANDS/SG on
-// narrower ones). The source goes through kernels::unroll: the Q fragments (`qf`),
+// subgroup_id runs 0 .. SPLIT BR/(16 BANDS) - 1), SPLIT (subgroups per band, below),
+// QR (Q chunks in workgroup memory, below), and LPR / RPL, the lanes per row and rows
+// per lane of the softmax over a band's SPLIT SG lanes (SPLIT SG/16 and BANDS on
+// 32-lane subgroups; 1 and 16 BANDS/(SPLIT SG) on narrower ones). The source goes
+// through kernels::unroll: the Q fragments (`qf`),
 // output tiles (`o`) and the per-band score and P fragments are arrays indexed by loop
 // counters, or (the `named` axis) one named value each, their loops unrolled; the
 // tuner times both, and both band counts.
@@ -25,7 +27,26 @@ enable wgpu_cooperative_matrix;
 // rows from row 16 BANDS g and keeps, in registers, each band's Q as DMAX/16 A fragments
 // (loaded once) and its output as DMAX/16 f32 accumulator tiles. With two bands each
 // staged K and V fragment feeds two products (fragment loads per product halve; the
-// registers double). The key loop is software-pipelined
+// registers double).
+//
+// D 256 (docs/isa.md; 0 spilled registers and 0 scratch on RDNA3 since 2026-12-07, from
+// 9-42 spilled and 17-21 KiB of scratch): 16 Q fragments and 16 output tiles are 256
+// VGPRs before any temporary, so
+// - SPLIT = 2 (256x64x32): two subgroups share a band, subgroup half h holding output
+//   tiles h OH .. h OH + OH - 1 (OH = D16/2) and computing score chunks h KH .. (KH =
+//   KC/2) of each key tile over all of Q's chunks; the softmax's lanes per row span
+//   both. The output's passes through `ss` put half h's tiles in slots h KH + u
+//   (ss_col maps them back to output columns). 5 waves, was 3.
+// - QR = 8 (256x32x16): Q's last QR chunks stay in workgroup memory (`qs`), re-read for
+//   every score chunk after the D16 - QR in registers (the same sums in the same order),
+//   and the passes through `ss` are written out with the tiles rotating (PASS_ROTATE),
+//   so that `o` is only indexed by constants; a loop over the passes indexed it at run
+//   time, and RDNA3's compiler kept all of it in scratch (16 KiB per wave). 30 KiB of
+//   workgroup memory: 3 waves, was 4.
+// - Q's fragments are loaded after the resume and each used at once by a "warm" chain
+//   (LATE_Q, also in the named forms): loaded early, the compiler moved the assembly of
+//   every fragment from its 32-bit words to just before the key loop and spilled.
+// The key loop is software-pipelined
 // by half a tile; round t, over tile t of BC keys:
 //   A. O += P·V of tile t - 1 (P from the band's rows of `ps`, each P fragment loaded
 //      once for all DMAX/16 output tiles), then each band's 16 x BC scores S = Q·Kᵀ of
@@ -50,8 +71,9 @@ enable wgpu_cooperative_matrix;
 // strides whole 16-byte words, set by the host) every invocation fetches its share of
 // the next K tile's and this V tile's words into registers at the start of round t,
 // and writes them (as f16) in step B, so the loads overlap step A (f16 up to DMAX
-// 128; f32 words, twice as many, and DMAX 256 fetch them in step B: EARLY_FETCH).
-// Without WORDS the
+// 128: EARLY_FETCH). f32 words, twice as many, and DMAX 256 copy them in step B, CW = 4
+// words per invocation in flight at a time (copy_words; fetched all at once they were
+// held together, 216-256 VGPRs and spills). Without WORDS the
 // tiles are staged element by element with checks in step B. Rows past a key range's
 // end are staged as zeros. Before the loop, `tiles` holds the first K tile and a zero V
 // tile, `ps` zeros: round 0's P·V adds nothing.
@@ -82,17 +104,25 @@ enable wgpu_cooperative_matrix;
 override WORDS: bool = false; // K/V rows are whole words at word offsets (host)
 //@end
 
-const NSG: u32 = BR / (16u * BANDS); // subgroups, BANDS 16-row bands each
+// SPLIT (the prelude's; 1 or 2) subgroups share each BANDS bands: subgroup half h of
+// a band holds output tiles h OH .. h OH + OH - 1 and computes the score chunks
+// h KH .. h KH + KH - 1 of every key tile.
+const NSG: u32 = SPLIT * BR / (16u * BANDS); // subgroups
 const NT: u32 = NSG * SG; // invocations
 const D16: u32 = DMAX / 16u; // 16-wide chunks of the head dims
 const KC: u32 = BC / 16u; // 16-key chunks of a tile
-const NG: u32 = (D16 + KC - 1u) / KC; // groups of KC output tiles that go through `ss` at once
+const OH: u32 = D16 / SPLIT; // output tiles per subgroup and band
+const KH: u32 = KC / SPLIT; // score chunks per subgroup; `ss` slots per pass
+const NG: u32 = (D16 + KC - 1u) / KC; // passes of the output tiles through `ss`
+const OH_KH: u32 = max(OH, KH) - KH; // output tiles a rotating pass shifts down
+const QK: u32 = D16 - QR; // Q chunks held in registers (QR, the prelude's, in `qs`)
+const LDH: u32 = QR * 16u + 8u; // halves per row of `qs`
 const LDQ: u32 = DMAX + 8u; // halves per staged Q, K or V row
 const V_AT: u32 = BC * LDQ; // where the V tile starts in `tiles`
 const LDS: u32 = BC + 4u; // floats per row of `ss`
 const LDP: u32 = BC + 8u; // halves per row of `ps`
 const QPL: u32 = BC / (4u * LPR); // column quads per lane and row in the softmax
-const ROW_STEP: u32 = SG / LPR; // band rows between one lane's rows
+const ROW_STEP: u32 = SPLIT * SG / LPR; // band rows between one lane's rows
 const TAU: f32 = 8.0; // how far a row's maximum may run ahead of its reference
 const WPR: u32 = DMAX / VE; // words per staged row
 const TILE_WORDS: u32 = BC * WPR; // words of one K (or V) tile
@@ -109,6 +139,9 @@ var<workgroup> tiles: array<f16, 2u * BC * LDQ>;
 //@end
 var<workgroup> ss: array<f32, BR * LDS>;
 var<workgroup> ps: array<f16, BR * LDP>;
+//@if QR
+var<workgroup> qs: array<f16, BR * LDH>; // Q's last QR chunks, for the whole kernel
+//@end
 // Some row's reference maximum moved this tile (element 0); DIRECT: whether the key
 // loop ran (element 1, read once as a workgroup-uniform value). Four words, not one: every
 // workgroup variable of a coop kernel is a multiple of 16 bytes, because the driver
@@ -141,6 +174,36 @@ fn fetch_words(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u3
             pre_k[t] = word;
         } else {
             pre_v[t] = word;
+        }
+    }
+}
+
+// Fetches this invocation's words of the K (or V) tile at tile0 and writes each into
+// its place in `tiles` at once (the words of fetch_words, put where put_words puts
+// them), so that no word is held past its store: the late staging (!EARLY_FETCH).
+const CW: u32 = 4u; // words per invocation in flight
+fn copy_words(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop: u32, tid: u32) {
+    let interior = tile0 + BC <= stop;
+    let region = select(V_AT, 0u, src_is_k);
+    // CW words at a time: a loop from tid, which the compiler does not unroll (fully
+    // unrolled, every word's load was issued first and all were held at once).
+    for (var x0 = tid; x0 < TILE_WORDS; x0 += CW * NT) {
+        for (var i = 0u; i < CW; i++) {
+            let x = x0 + i * NT;
+            let j = x / WPR;
+            let d = (x % WPR) * VE;
+            if x < TILE_WORDS {
+                var word = vec4<u32>(0u);
+                if (interior || tile0 + j < stop) && d < len {
+                    let at = (base + kv_offset(src_is_k, b, tile0 + j) + d) / VE;
+                    if src_is_k {
+                        word = k4[at];
+                    } else {
+                        word = v4[at];
+                    }
+                }
+                put_word(region + j * LDQ + d, word);
+            }
         }
     }
 }
@@ -193,20 +256,74 @@ fn stage_elements(src_is_k: bool, b: u32, base: u32, tile0: u32, len: u32, stop:
         let ia = (band + 16u * bb) * LDP + kc * 16u;
         pf@{bb} = coopLoadT<coop_mat16x16<f16, A>>(&ps[ia], LDP);
         //@end
-        //@each c < D16
+        //@each c < OH
         //@if DIRECT
-        let ib = v_at + (pv0 + kc * 16u) * v_rows + c * 16u;
+        let ib = v_at + (pv0 + kc * 16u) * v_rows + (half * OH + c) * 16u;
         let b = coopLoadT<coop_mat16x16<f16, B>>(&v[ib], v_rows);
         //@else
-        let ib = V_AT + kc * 16u * LDQ + c * 16u;
+        let ib = V_AT + kc * 16u * LDQ + (half * OH + c) * 16u;
         let b = coopLoadT<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
         //@end
         //@each bb < BANDS
-        o@{bb * D16 + c} = coopMultiplyAdd(pf@{bb}, b, o@{bb * D16 + c});
+        o@{bb * OH + c} = coopMultiplyAdd(pf@{bb}, b, o@{bb * OH + c});
         //@end
         //@end
     }
 //@endmacro
+
+// The output tiles' passes through the band's rows of `ss`, KC slots per pass: slot
+// h KH + u holds tile g KH + u of subgroup half h in pass g. Written out with the
+// tiles rotating (ROTATE): every pass stores the first KH tiles and then shifts the tiles down
+// by KH, so that `o` is only ever indexed by constants, in the arrayed form too (a
+// loop over the passes otherwise indexes it at run time, and the compiler keeps it in
+// scratch: 16 KiB per wave at D 256). After NG passes the order is back.
+//@macro PASS_STORE
+        //@each bb < BANDS
+        //@if ROTATE
+        //@unroll u < KH
+        let is = (band + 16u * bb) * LDS + (half * KH + u) * 16u;
+        coopStoreT(o@{bb * OH + u}, &ss[is], LDS);
+        //@end
+        //@else
+        //@each u < KH while g * KH + u < OH
+        let is = (band + 16u * bb) * LDS + (half * KH + u) * 16u;
+        coopStoreT(o@{bb * OH + g * KH + u}, &ss[is], LDS);
+        //@end
+        //@end
+        //@end
+//@endmacro
+//@macro PASS_ROTATE
+        //@if ROTATE
+        //@each bb < BANDS
+        //@unroll i < OH_KH
+        o@{bb * OH + i} = o@{bb * OH + i + KH};
+        //@end
+        //@end
+        //@end
+//@endmacro
+//@macro PASS_LOAD
+        //@each bb < BANDS
+        //@if ROTATE
+        //@unroll u < KH
+        let is = (band + 16u * bb) * LDS + (half * KH + u) * 16u;
+        o@{bb * OH + OH_KH + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+        //@end
+        //@else
+        //@each u < KH while g * KH + u < OH
+        let is = (band + 16u * bb) * LDS + (half * KH + u) * 16u;
+        o@{bb * OH + g * KH + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
+        //@end
+        //@end
+        //@end
+//@endmacro
+
+// The output column of column x of the band's `ss` rows in pass g (PASS_STORE's slots).
+// Without a split (SPLIT_ON 0), column g KC 16 + x, written at the call (through the
+// function, 6-10 instructions more on RDNA3).
+fn ss_col(g: u32, x: u32) -> u32 {
+    let u = x / 16u;
+    return ((u / KH) * OH + g * KH + u % KH) * 16u + x % 16u;
+}
 
 @compute @workgroup_size(NT, 1, 1)
 fn flash_coop(
@@ -230,8 +347,10 @@ fn flash_coop(
     let k_rows = 8u * (p.k_stride_s / 8u);
     let v_rows = 8u * (p.v_stride_s / 8u);
     //@end
-    let band = sg * 16u * BANDS; // first row of this subgroup's bands, within the block
-    let quad0 = lane % LPR; // this lane's first column quad in the softmax
+    let band = (sg / SPLIT) * 16u * BANDS; // first row of this subgroup's bands, within the block
+    let half = sg % SPLIT; // which part of the bands' output tiles and score chunks
+    let rl = half * SG + lane; // this lane among its bands' SPLIT subgroups
+    let quad0 = rl % LPR; // this lane's first column quad in the softmax
     // Keys past the key length are never visible to any row: their V rows are staged
     // as zeros, so that 0 x (whatever the buffer holds there) cannot reach the output.
     var kv_stop = p.len_k;
@@ -250,16 +369,23 @@ fn flash_coop(
             value = f16(q[q_head + (row0 + r) * p.q_stride_s + d]);
         }
         tiles[r * LDQ + d] = value;
+        //@if QR
+        if d >= QK * 16u {
+            qs[r * LDH + d - QK * 16u] = value;
+        }
+        //@end
     }
     if tid == 0u {
         atomicStore(&moved[0], 0u);
     }
     workgroupBarrier();
-    //@array qf D16*BANDS coop_mat16x16<f16, A>
+    //@if EARLY_Q
+    //@array qf QK*BANDS coop_mat16x16<f16, A>
     //@each bb < BANDS
-    //@each dc < D16
+    //@each dc < QK
     let ia = (band + 16u * bb) * LDQ + dc * 16u;
-    qf@{bb * D16 + dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    qf@{bb * QK + dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    //@end
     //@end
     //@end
 
@@ -268,7 +394,7 @@ fn flash_coop(
     var row_sum: array<f32, RPL>;
     var row_alpha: array<f32, RPL>;
     for (var rr = 0u; rr < RPL; rr++) {
-        let r = lane / LPR + rr * ROW_STEP;
+        let r = rl / LPR + rr * ROW_STEP;
         row_max[rr] = resumed_max(hd, min(row0 + band + r, last_q));
         row_sum[rr] = resumed_sum(row_max[rr]);
         row_alpha[rr] = 1.0;
@@ -276,21 +402,24 @@ fn flash_coop(
 
     // Output tiles: zeros, or the rows an earlier key range left (through the band's
     // rows of `ss`, BC columns at a time).
-    //@array o D16*BANDS coop_mat16x16<f32, C>
-    //@each c < D16 * BANDS
+    //@array o OH*BANDS coop_mat16x16<f32, C>
+    //@each c < OH * BANDS
     o@{c} = coop_mat16x16<f32, C>();
     //@end
     if p.key_begin != 0u {
         //@each g < NG
-            let c0 = g * KC;
             for (var rr = 0u; rr < RPL; rr++) {
-                let r = lane / LPR + rr * ROW_STEP;
+                let r = rl / LPR + rr * ROW_STEP;
                 let row = row0 + band + r;
                 let seen = row < p.len_q && !is_neg_inf(row_max[rr]);
                 for (var u = 0u; u < QPL; u++) {
                     let j = 4u * (quad0 + LPR * u);
                     for (var e = 0u; e < 4u; e++) {
-                        let col = c0 * 16u + j + e;
+                        //@if SPLIT_ON
+                        let col = ss_col(g, j + e);
+                        //@else
+                        let col = g * KC * 16u + j + e;
+                        //@end
                         var value = 0.0;
                         if seen && col < p.head_dim_v {
                             value = f32(output[o_head + row * p.o_stride_s + col]);
@@ -300,12 +429,8 @@ fn flash_coop(
                 }
             }
             workgroupBarrier();
-            //@each bb < BANDS
-            //@each u < KC while g * KC + u < D16
-            let is = (band + 16u * bb) * LDS + u * 16u;
-            o@{bb * D16 + g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
-            //@end
-            //@end
+            //@expand PASS_ROTATE
+            //@expand PASS_LOAD
             workgroupBarrier();
         //@end
     }
@@ -320,10 +445,39 @@ fn flash_coop(
     let band_end = min(key_end(hd.b, band_first), p.key_stop);
     let plain = only_key_ranges();
 
+    //@if LATE_Q
+    // Q's fragments, from `tiles` (the resume above leaves it alone), loaded here and
+    // not before the resume: each is loaded as 32-bit words and assembled from halves,
+    // and given no use before the key loop the compiler moved that assembly of all of
+    // them to just before the loop, where RDNA3's compiler split them into 16-bit
+    // values and spilled (D 256, docs/isa.md). The "warm" chain uses each fragment at
+    // once; its result goes to the band's `ss` rows, which two barriers separate from
+    // the first scores stored there.
+    //@array qf QK*BANDS coop_mat16x16<f16, A>
+    //@each bb < BANDS
+    //@each dc < QK
+    let ia = (band + 16u * bb) * LDQ + dc * 16u;
+    qf@{bb * QK + dc} = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ia], LDQ);
+    //@end
+    //@end
+    //@each bb < BANDS
+    {
+        var warm = coop_mat16x16<f32, C>();
+        let zb = coop_mat16x16<f16, B>();
+        //@each dc < QK
+        warm = coopMultiplyAdd(qf@{bb * QK + dc}, zb, warm);
+        //@end
+        let is = (band + 16u * bb) * LDS + half * 16u;
+        coopStoreT(warm, &ss[is], LDS);
+    }
+    //@end
+
+    //@end
+
     // Every band has its Q fragments: `tiles` takes the first K tile and a zero V tile,
     // `ps` zeros (the first round's P·V below adds nothing).
     workgroupBarrier();
-    for (var x = lane; x < 16u * BANDS * LDP; x += SG) {
+    for (var x = rl; x < 16u * BANDS * LDP; x += SPLIT * SG) {
         ps[band * LDP + x] = f16(0.0);
     }
     //@if DIRECT
@@ -337,8 +491,12 @@ fn flash_coop(
         tiles[V_AT + x] = f16(0.0);
     }
     if WORDS {
-        fetch_words(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
-        put_words(true, tid);
+        if EARLY_FETCH {
+            fetch_words(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
+            put_words(true, tid);
+        } else {
+            copy_words(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
+        }
     } else {
         stage_elements(true, hd.b, k_base, block_begin, p.head_dim, p.len_k, tid);
     }
@@ -368,12 +526,13 @@ fn flash_coop(
         // P·V of the previous tile (P in `ps`, V in the V tile), then this tile's
         // scores, unscaled, to the band's rows of `ss`.
         //@expand PV_STEP
-        for (var kc = 0u; kc < KC; kc++) {
+        for (var kh = 0u; kh < KH; kh++) {
+            let kc = half * KH + kh;
             //@array s BANDS coop_mat16x16<f32, C>
             //@each bb < BANDS
             s@{bb} = coop_mat16x16<f32, C>();
             //@end
-            //@each dc < D16
+            //@each dc < QK
             //@if DIRECT
             let ib = k_at + (tile0 + kc * 16u) * k_rows + dc * 16u;
             let b = coopLoad<coop_mat16x16<f16, B>>(&k[ib], k_rows);
@@ -382,7 +541,25 @@ fn flash_coop(
             let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
             //@end
             //@each bb < BANDS
-            s@{bb} = coopMultiplyAdd(qf@{bb * D16 + dc}, b, s@{bb});
+            s@{bb} = coopMultiplyAdd(qf@{bb * QK + dc}, b, s@{bb});
+            //@end
+            //@end
+            // Q's chunks past QK, from `qs`, after those in registers (the same sums in
+            // the same order).
+            //@if QR
+            //@each dr < QR
+            //@if DIRECT
+            let ib = k_at + (tile0 + kc * 16u) * k_rows + (QK + dr) * 16u;
+            let b = coopLoad<coop_mat16x16<f16, B>>(&k[ib], k_rows);
+            //@else
+            let ib = kc * 16u * LDQ + (QK + dr) * 16u;
+            let b = coopLoad<coop_mat16x16<f16, B>>(&tiles[ib], LDQ);
+            //@end
+            //@each bb < BANDS
+            let ia = (band + 16u * bb) * LDH + dr * 16u;
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&qs[ia], LDH);
+            s@{bb} = coopMultiplyAdd(a, b, s@{bb});
+            //@end
             //@end
             //@end
             //@each bb < BANDS
@@ -396,7 +573,7 @@ fn flash_coop(
         // Softmax step of this lane's rows, over its column quads.
         let interior = plain && tile0 >= band_start && next <= band_end;
         for (var rr = 0u; rr < RPL; rr++) {
-            let r = lane / LPR + rr * ROW_STEP;
+            let r = rl / LPR + rr * ROW_STEP;
             let i = min(row0 + band + r, last_q);
             let start = vec4<u32>(key_start(hd.b, i));
             let end = vec4<u32>(min(key_end(hd.b, i), p.key_stop));
@@ -453,16 +630,17 @@ fn flash_coop(
         // The next K tile and this V tile go in.
         //@if STAGED
         if WORDS {
-            if has_next {
-                if !EARLY_FETCH {
-                    fetch_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
+            if EARLY_FETCH {
+                if has_next {
+                    put_words(true, tid);
                 }
-                put_words(true, tid);
+                put_words(false, tid);
+            } else {
+                if has_next {
+                    copy_words(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
+                }
+                copy_words(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
             }
-            if !EARLY_FETCH {
-                fetch_words(false, hd.b, v_base, tile0, p.head_dim_v, kv_stop, tid);
-            }
-            put_words(false, tid);
         } else {
             if has_next {
                 stage_elements(true, hd.b, k_base, next, p.head_dim, p.len_k, tid);
@@ -482,15 +660,10 @@ fn flash_coop(
         }
         if rescale {
             //@each g < NG
-                //@each bb < BANDS
-                //@each u < KC while g * KC + u < D16
-                let is = (band + 16u * bb) * LDS + u * 16u;
-                coopStoreT(o@{bb * D16 + g * KC + u}, &ss[is], LDS);
-                //@end
-                //@end
+                //@expand PASS_STORE
                 workgroupBarrier();
                 for (var rr = 0u; rr < RPL; rr++) {
-                    let at = (band + lane / LPR + rr * ROW_STEP) * LDS;
+                    let at = (band + rl / LPR + rr * ROW_STEP) * LDS;
                     for (var u = 0u; u < QPL; u++) {
                         let j = at + 4u * (quad0 + LPR * u);
                         ss[j] *= row_alpha[rr];
@@ -500,12 +673,8 @@ fn flash_coop(
                     }
                 }
                 workgroupBarrier();
-                //@each bb < BANDS
-                //@each u < KC while g * KC + u < D16
-                let is = (band + 16u * bb) * LDS + u * 16u;
-                o@{bb * D16 + g * KC + u} = coopLoadT<coop_mat16x16<f32, C>>(&ss[is], LDS);
-                //@end
-                //@end
+                //@expand PASS_ROTATE
+                //@expand PASS_LOAD
                 // Which lanes load which elements is the driver's choice: the next
                 // round's stores must not overtake this round's loads.
                 workgroupBarrier();
@@ -529,22 +698,21 @@ fn flash_coop(
     // on NVIDIA (docs/design.md, "Tensor cores"; tests/coop_patterns.wgsl's
     // accumulators_at_runtime_indices).
     //@each g < NG
-        let c0 = g * KC;
-        //@each bb < BANDS
-        //@each u < KC while g * KC + u < D16
-        let is = (band + 16u * bb) * LDS + u * 16u;
-        coopStoreT(o@{bb * D16 + g * KC + u}, &ss[is], LDS);
-        //@end
-        //@end
+        //@expand PASS_STORE
+        //@expand PASS_ROTATE
         workgroupBarrier();
         for (var rr = 0u; rr < RPL; rr++) {
-            let r = lane / LPR + rr * ROW_STEP;
+            let r = rl / LPR + rr * ROW_STEP;
             let row = row0 + band + r;
             let inv = row_inv_sum(row_sum[rr]);
             for (var u = 0u; u < QPL; u++) {
                 let j = 4u * (quad0 + LPR * u);
                 for (var e = 0u; e < 4u; e++) {
-                    let col = c0 * 16u + j + e;
+                    //@if SPLIT_ON
+                    let col = ss_col(g, j + e);
+                    //@else
+                    let col = g * KC * 16u + j + e;
+                    //@end
                     if row < p.len_q && col < p.head_dim_v {
                         output[o_head + row * p.o_stride_s + col] = elem(ss[(band + r) * LDS + j + e] * inv);
                     }
@@ -555,7 +723,7 @@ fn flash_coop(
     //@end
     if quad0 == 0u {
         for (var rr = 0u; rr < RPL; rr++) {
-            let row = row0 + band + lane / LPR + rr * ROW_STEP;
+            let row = row0 + band + rl / LPR + rr * ROW_STEP;
             if row < p.len_q {
                 lse[(hd.b * p.heads_q + hd.h) * p.len_q + row] = row_lse(row_max[rr], row_sum[rr]);
             }

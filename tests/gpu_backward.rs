@@ -516,6 +516,21 @@ fn rows_class_shapes(subgroups: bool) -> [(AttentionShape, wgpu_attention::PassK
     ]
 }
 
+/// Both `rows` walks split into dispatches of a few blocks (the D 128 class's loop
+/// counts, kernels::loop_budget, under a cap of 2000 iterations), adding to what the
+/// previous dispatch left.
+fn assert_split_walks_pass(ctx: &mut Context, seed: u64) {
+    ctx.limit_loop_iterations(2_000);
+    let s = AttentionShape::new(1, 2, 1, 90, 80, 100, 100);
+    let options = AttentionOptions {
+        kernel: KernelChoice::Fused,
+        tiling: FusedTiling::Registers,
+        causal: Some(CausalAlignment::TopLeft),
+        ..Default::default()
+    };
+    assert_passes(ctx, case(s, options, DType::F32, Layout::Bhsd, seed));
+}
+
 #[test]
 fn rows_in_its_gpu_classes_matches_the_reference() {
     // A GPU's `rows` backward (forced here through the forward's registers tiling) runs
@@ -557,17 +572,7 @@ fn rows_in_its_gpu_classes_matches_the_reference() {
             assert_passes(&ctx, case(s, options.clone(), dtype, layout, seed));
         }
     }
-    // Both walks split into dispatches of a few blocks (the class's loop counts,
-    // kernels::loop_budget, under a cap of 2000 iterations).
-    ctx.limit_loop_iterations(2_000);
-    let s = AttentionShape::new(1, 2, 1, 90, 80, 100, 100);
-    let options = AttentionOptions {
-        kernel: KernelChoice::Fused,
-        tiling: FusedTiling::Registers,
-        causal: Some(CausalAlignment::TopLeft),
-        ..Default::default()
-    };
-    assert_passes(&ctx, case(s, options, DType::F32, Layout::Bhsd, 39959));
+    assert_split_walks_pass(&mut ctx, 39959);
 }
 
 #[test]
@@ -601,13 +606,5 @@ fn rows_on_a_gpu_without_subgroups_matches_the_reference() {
         let layout = if seed % 2 == 0 { Layout::Bshd } else { Layout::Bhsd };
         assert_passes(&ctx, case(s, options, dtype, layout, seed));
     }
-    ctx.limit_loop_iterations(2_000);
-    let s = AttentionShape::new(1, 2, 1, 90, 80, 100, 100);
-    let options = AttentionOptions {
-        kernel: KernelChoice::Fused,
-        tiling: FusedTiling::Registers,
-        causal: Some(CausalAlignment::TopLeft),
-        ..Default::default()
-    };
-    assert_passes(&ctx, case(s, options, DType::F32, Layout::Bhsd, 39969));
+    assert_split_walks_pass(&mut ctx, 39969);
 }

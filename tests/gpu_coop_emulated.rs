@@ -826,3 +826,89 @@ fn coop_backward_in_the_128_class_matches_the_reference() {
         assert_backward_passes(&ctx, &case);
     }
 }
+
+#[test]
+fn head_dim_256_forms_match_the_reference_across_resumes_masks_and_staging() {
+    // The D 256 class's two forms as the picker runs them: 256x64x32 splits each band
+    // over two subgroups (on lavapipe's 32 KiB, its form at D 128 with the same
+    // split), 256x32x16 keeps 8 of Q's 16 chunks in workgroup memory and rotates the
+    // output tiles through `ss` (at D 256 itself). Key ranges short enough that every
+    // case resumes (key_begin != 0: output columns through ss_col and the rotation),
+    // per-batch key lengths, causal and left-window masks, Lq and Lk off the tiles,
+    // head dims in whole words or not (WORDS 1 and 0), f32 (precision medium) for one
+    // form and f16 for the other, and logits large enough to move row maxima past TAU mid-sequence (the rescale).
+    use wgpu_attention::kernels::flash::{coop_variant_for, FlashConfig, COOP_VARIANTS};
+    use wgpu_attention::kernels::loop_budget::keys_per_dispatch;
+    let Some(probe) = emulating() else { return };
+    let bytes = probe.capabilities().max_workgroup_storage;
+    let forms: Vec<_> = COOP_VARIANTS
+        .iter()
+        .filter(|v| v.dmax == 256)
+        .map(|v| v.shrunk_to(bytes).expect("an emulatable form"))
+        .collect();
+    assert!(
+        forms.iter().any(|v| v.split == 2) && forms.iter().any(|v| v.qr == 8 && v.dmax == 256),
+        "{forms:?}"
+    );
+    let mut rng = Rng::new(263);
+    let mut seed = 2600;
+    for form in forms {
+        let dmax = form.dmax as usize;
+        // (D, Dv, causal, left window, logit range): whole words at dmax and dmax - 64,
+        // not at dmax - 2.
+        let cases = [
+            (dmax, dmax, Some(CausalAlignment::BottomRight), None, 1.0),
+            (dmax - 64, dmax, None, Some(form.bc as usize + 3), 1.0),
+            (dmax - 2, dmax - 2, Some(CausalAlignment::TopLeft), None, 8.0),
+        ];
+        let (lq, lk) = (form.br as usize + 5, 4 * form.bc as usize + 7);
+        let mut ctx = emulating().expect("emulates");
+        ctx.use_coop_variants(vec![form]);
+        // A loop cap that cuts every case's keys into at least two ranges (one context
+        // per form: each emulated pipeline compiles once, cold, for minutes).
+        let config = FlashConfig {
+            tiling: FusedTiling::Coop,
+        };
+        let shape_of = |d: usize, dv: usize| AttentionShape::new(2, 2, 1, lq, lk, d, dv);
+        let keys = |cap: u64, d: usize, dv: usize| {
+            keys_per_dispatch(&config, &shape_of(d, dv), cap, ctx.capabilities(), ctx.policy())
+        };
+        let mut cap = wgpu_attention::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
+        while cases
+            .iter()
+            .any(|&(d, dv, ..)| keys(cap, d, dv).is_some_and(|k| k >= lk / 2))
+        {
+            cap = cap * 7 / 8;
+        }
+        assert!(
+            cases.iter().all(|&(d, dv, ..)| keys(cap, d, dv).is_some()),
+            "{}: no cap splits {lk} keys",
+            form.label()
+        );
+        ctx.limit_loop_iterations(cap);
+        // One dtype per form (each pipeline compiles cold for minutes in CI): f32 where
+        // the split form's class (D 128 here) would stage f16 early (EARLY_FETCH), so
+        // both forms run copy_words when staged in words.
+        let dtype = if form.split == 2 { DType::F32 } else { DType::F16 };
+        for &(d, dv, causal, left, range) in &cases {
+            seed += 1;
+            assert_eq!(
+                coop_variant_for(d as u32, dv as u32, ctx.capabilities(), ctx.policy()),
+                form
+            );
+            let options = AttentionOptions {
+                causal,
+                window: left.map(|l| Window {
+                    left: Some(l),
+                    right: None,
+                }),
+                key_lengths: Some(vec![lk as u32, (lk - 2 * form.bc as usize + 3) as u32]),
+                mask: (seed % 3 == 0).then(|| random_bool_mask(&mut rng, [2, 1, lq, lk])),
+                ..Default::default()
+            };
+            let mut case = coop_case(shape_of(d, dv), options, dtype, seed);
+            case.range = range;
+            assert_passes(&ctx, &case);
+        }
+    }
+}

@@ -180,7 +180,7 @@ impl CoopBackwardVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (preludes, variant, source) = *built.entry((*self, sg)).or_insert_with(|| {
-            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1);
+            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1, 1);
             let preludes: &'static [&'static str] =
                 Box::leak(Box::new([COMMON, BACKWARD_COMMON, COOP_STAGING, constants]));
             let label = flash::leak(format!("[{} sg{sg}]", self.label()));

@@ -224,26 +224,43 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
 /// dividing 16), every loop counted with its exit check, every tile assumed to rescale
 /// and to stage by elements or words, whichever loops more. Per tile: the P·V and score
 /// chunks (a fragment load or store is 256/sg trips, a multiply-add 256/sg times 16
-/// plus 2), the softmax over each lane's rows, the rescale through `ss`, the staging.
-/// Around it: Q staging and fragments, clears, the first tile, the last P·V, resume and
-/// store.
+/// plus 2; a split variant's subgroups each take their part of the output tiles and
+/// score chunks, Q's chunks in `qs` a load more each), the softmax over each lane's
+/// rows, the rescale through `ss`, the staging (by elements, by words fetched and put,
+/// or copied CW = 4 at a time). Around it: Q staging, fragments and their warm chain,
+/// clears, the first tile, the last P·V, resume and store.
 pub fn coop_variant_iterations(s: &AttentionShape, v: crate::kernels::flash::CoopVariant, sg: u32) -> u64 {
     let sg = u64::from(sg.clamp(1, 16));
     let (br, bc, dmax) = (u64::from(v.br), u64::from(v.bc), u64::from(v.dmax));
     let looped = |n: u64| n + 1;
     let slots = 256 / sg;
     let bands = u64::from(v.bands.max(1));
-    let rows = (16 / sg).max(1) * bands;
-    let nt = (br / (16 * bands) * sg).max(1);
+    let split = u64::from(v.split.max(1));
+    let rows = (16 / (sg * split)).max(1) * bands;
+    let nt = (br / (16 * bands) * sg * split).max(1);
     let (d16, kc) = (dmax / 16, bc / 16);
+    let (oh, kh) = (d16 / split, (kc / split).max(1));
+    let qr = u64::from(v.qr).min(d16);
+    let qk = d16 - qr;
     let quads = bc / 4;
     let (load, store, mma) = (looped(slots), looped(slots), slots * 18 + 1);
     let npre = (bc * dmax / 4).div_ceil(nt);
-    let stage_one = looped((bc * dmax).div_ceil(nt)).max(2 * looped(npre));
-    let pv =
-        looped(kc) + kc * (looped(bands) + bands * load + looped(d16) + d16 * (load + looped(bands) + bands * mma));
-    let scores = looped(kc)
-        + kc * (2 * looped(bands) + bands * (store + slots) + looped(d16) + d16 * (load + looped(bands) + bands * mma));
+    let copies = (bc * dmax / 4).div_ceil(4 * nt);
+    let stage_one = looped((bc * dmax).div_ceil(nt))
+        .max(2 * looped(npre))
+        .max(looped(copies) + copies * looped(4));
+    let pv = looped(kc) + kc * (looped(bands) + bands * load + looped(oh) + oh * (load + looped(bands) + bands * mma));
+    let from_qs = if qr > 0 {
+        looped(qr) + qr * (load + looped(bands) + bands * (load + mma))
+    } else {
+        0
+    };
+    let scores = looped(kh)
+        + kh * (2 * looped(bands)
+            + bands * (store + slots)
+            + looped(qk)
+            + qk * (load + looped(bands) + bands * mma)
+            + from_qs);
     let softmax = looped(rows) + rows * (2 * looped(quads) + 2 + 4);
     let rounds = d16.div_ceil(kc.max(1));
     let through_ss = looped(rounds)
@@ -261,7 +278,9 @@ pub fn coop_variant_iterations(s: &AttentionShape, v: crate::kernels::flash::Coo
                 + bands * (looped(kc) + kc * load));
     let around = looped((br * dmax).div_ceil(nt))
         + looped(bands)
-        + bands * (looped(d16) + d16 * load)
+        + bands * (looped(qk) + qk * load)
+        + looped(bands)
+        + bands * (looped(qk) + qk * mma + store)
         + looped(rows)
         + looped(d16 * bands)
         + looped((bc * (dmax + 8)).div_ceil(nt))

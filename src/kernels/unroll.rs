@@ -16,6 +16,10 @@
 //!   Arrayed, a `for` loop (the guard a `break`); named, one `{ .. }` block per value,
 //!   with VAR written as its value (`3u`). A loop of one trip, and an array of one, are
 //!   written out in both forms.
+//! - `//@unroll VAR < BOUND` .. `//@end` (same options as `//@each`): written out in both
+//!   forms, one `{ .. }` block per value, the arrays inside keeping their form (a loop
+//!   whose array indices must be constants even where the arrays are arrays, so that
+//!   the driver can keep them in registers).
 //! - `//@if EXPR` .. `//@end`, optionally with `//@else` between: the lines of the first
 //!   part where EXPR is not 0, else those of the second, in both forms (a variant's
 //!   design choice that changes declarations or types, which a WGSL `if` could not).
@@ -170,7 +174,7 @@ fn emit(
             return Err(format!("line {n}: {exact} without //@each or //@if"));
         }
         if directive.starts_with("//@")
-            && !["//@if ", "//@each ", "//@array "]
+            && !["//@if ", "//@each ", "//@unroll ", "//@array "]
                 .iter()
                 .any(|d| directive.starts_with(d))
         {
@@ -181,31 +185,31 @@ fn emit(
             let chosen = evaluate(expr.trim(), env).map_err(|e| format!("line {n}: {e}"))? != 0;
             let is = |at: usize, d: &str| lines.get(at).is_some_and(|(_, l)| l.trim() == d);
             // Both parts are read (for their errors and their end); one is kept, and the
-            // arrays the other declares are forgotten.
+            // arrays the other declares are forgotten. The part left out is read in the
+            // arrayed form with its indices unchecked: it may be written for constants
+            // other than these (elements past an array's end).
             let mut kept = String::new();
             let mut dropped = String::new();
             let before = arrays.clone();
-            emit(
-                lines,
-                at,
-                named,
-                env,
-                arrays,
-                if chosen { &mut kept } else { &mut dropped },
-                true,
-            )?;
+            let loose = |arrays: &HashMap<String, (u32, bool)>| -> HashMap<String, (u32, bool)> {
+                arrays
+                    .iter()
+                    .map(|(k, &(size, _))| (k.clone(), (size, false)))
+                    .collect()
+            };
+            if chosen {
+                emit(lines, at, named, env, arrays, &mut kept, true)?;
+            } else {
+                emit(lines, at, false, env, &mut loose(arrays), &mut dropped, true)?;
+            }
             let after_first = std::mem::replace(arrays, before);
             if is(*at, "//@else") {
                 *at += 1;
-                emit(
-                    lines,
-                    at,
-                    named,
-                    env,
-                    arrays,
-                    if chosen { &mut dropped } else { &mut kept },
-                    true,
-                )?;
+                if chosen {
+                    emit(lines, at, false, env, &mut loose(arrays), &mut dropped, true)?;
+                } else {
+                    emit(lines, at, named, env, arrays, &mut kept, true)?;
+                }
             }
             if chosen {
                 *arrays = after_first;
@@ -237,12 +241,16 @@ fn emit(
             } else {
                 out.push_str(&format!("{indent}var {name}: array<{ty}, {size}>;\n"));
             }
-        } else if let Some(rest) = directive.strip_prefix("//@each ") {
+        } else if let Some((rest, unroll)) = directive
+            .strip_prefix("//@each ")
+            .map(|r| (r, false))
+            .or_else(|| directive.strip_prefix("//@unroll ").map(|r| (r, true)))
+        {
             let each = Each::parse(rest).map_err(|e| format!("line {n}: {e}"))?;
             let body_start = *at;
             // A loop of one trip is written out in both forms, as arrays of one are named.
             let one_trip = each.guard.is_none() && evaluate(&each.bound, env).is_ok_and(|b| b == 1);
-            if named || one_trip {
+            if named || one_trip || unroll {
                 let bound = evaluate(&each.bound, env).map_err(|e| format!("line {n}: {e}"))?;
                 for value in 0..bound {
                     env.push((each.var.clone(), value));
@@ -264,11 +272,17 @@ fn emit(
                         break;
                     }
                 }
-                // The body once more, only to find its end when no copy was emitted.
+                // The body once more, only to find its end when no copy was emitted: in
+                // the arrayed form, its indices unchecked (a loop of no trips may name
+                // elements past an array's end at the value 0).
                 *at = body_start;
                 let mut sink = String::new();
+                let mut loose = arrays
+                    .iter()
+                    .map(|(k, &(size, _))| (k.clone(), (size, false)))
+                    .collect();
                 env.push((each.var.clone(), 0));
-                emit(lines, at, named, env, arrays, &mut sink, true)?;
+                emit(lines, at, false, env, &mut loose, &mut sink, true)?;
                 env.pop();
             } else {
                 let var = &each.var;
@@ -292,7 +306,7 @@ fn emit(
             match lines.get(*at) {
                 Some((_, l)) if l.trim() == "//@end" => *at += 1,
                 Some((m, _)) => return Err(format!("line {m}: //@else inside //@each without //@if")),
-                None => return Err(format!("line {n}: //@each without //@end")),
+                None => return Err(format!("line {n}: //@each or //@unroll without //@end")),
             }
         } else {
             let line = substitute(line, env, arrays).map_err(|e| format!("line {n}: {e}"))?;
@@ -502,6 +516,32 @@ mod tests {
         let dropped = "//@if 0\n//@array a 2 f32\n//@end\na@{0} = 1.0;\n";
         let e = expand(dropped, true, &[]).expect_err("a names no array");
         assert!(e.contains("names no //@array"), "{e}");
+    }
+
+    #[test]
+    fn unroll_writes_its_loop_out_in_both_forms() {
+        // Arrays keep their form; the indices are the written-out values either way.
+        let source = "//@array o N f32\n//@unroll i < N * 2 + 1 while i < N\no@{i} = o@{i + 1};\n//@end\nafter;\n";
+        let consts = [("N", 3)];
+        let arrayed = expand(source, false, &consts).expect("arrayed");
+        assert!(!arrayed.contains("for ("), "{arrayed}");
+        assert!(
+            arrayed.contains("o[0u] = o[0u + 1];") && arrayed.contains("o[2u] = o[2u + 1];"),
+            "{arrayed}"
+        );
+        assert_eq!(arrayed.matches("{\n").count(), 3, "{arrayed}");
+        let named = expand(source, true, &consts).expect_err("o_3 is past the array");
+        assert!(named.contains("element 3 of 3"), "{named}");
+        let named = expand(&source.replace("i + 1", "i"), true, &consts).expect("named");
+        assert!(named.contains("o_2 = o_2;") && named.ends_with("after;\n"), "{named}");
+        // A part an //@if leaves out may be written for other constants.
+        let other = "//@array o N f32\n//@if 0\n//@unroll i < 4\no@{i} = 1.0;\n//@end\n//@end\nafter;\n";
+        assert_eq!(
+            expand(other, true, &consts).expect("named"),
+            "var o_0: f32;\nvar o_1: f32;\nvar o_2: f32;\nafter;\n"
+        );
+        let e = expand("//@unroll i < 2\nx;\n", false, &consts).expect_err("no end");
+        assert!(e.contains("without //@end"), "{e}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 pub struct CoopVariant {
     /// Head dims up to this (a multiple of 16).
     pub dmax: u32,
-    /// Query rows per workgroup: one 16-row band per subgroup.
+    /// Query rows per workgroup: one 16-row band per subgroup (per `split` subgroups).
     pub br: u32,
     /// Keys per tile (a multiple of 16).
     pub bc: u32,
@@ -29,6 +29,15 @@ pub struct CoopVariant {
     /// (label suffix `d`, before any `n`). Runs only where [`direct_serves`] holds; its
     /// staged twin (the same variant without it) runs elsewhere.
     pub direct: bool,
+    /// Subgroups per band (1 or 2): with 2, each holds half the band's output tiles and
+    /// computes half of each key tile's score chunks (label `sN` where it differs from
+    /// [`CoopVariant::new`]'s default, 2 at DMAX 256 with an even number of 16-key chunks
+    /// that divides 16; else 1).
+    pub split: u32,
+    /// Q chunks kept in workgroup memory (`qs`) instead of registers, re-read every key
+    /// tile, with the output tiles' passes through `ss` written out rotating (label
+    /// `qN` where it differs from the default, 8 at DMAX 256 without a split; else 0).
+    pub qr: u32,
 }
 
 /// The picker's variants, by head-dim class; within a class the first that fits the
@@ -72,6 +81,7 @@ const SOURCE: &str = include_str!("../../../shaders/flash_coop.wgsl");
 
 impl CoopVariant {
     pub const fn new(dmax: u32, br: u32, bc: u32) -> Self {
+        let split = default_split(dmax, bc);
         CoopVariant {
             dmax,
             br,
@@ -79,7 +89,30 @@ impl CoopVariant {
             named: false,
             bands: 1,
             direct: false,
+            split,
+            qr: default_qr(dmax, bc, split),
         }
+    }
+
+    /// The same variant with `split` subgroups per band.
+    pub const fn with_split(self, split: u32) -> Self {
+        CoopVariant { split, ..self }
+    }
+
+    /// The same variant with `qr` of Q's chunks in workgroup memory.
+    pub const fn with_qr(self, qr: u32) -> Self {
+        CoopVariant { qr, ..self }
+    }
+
+    /// Whether its passes of the output tiles through `ss` are written out rotating
+    /// (`flash_coop.wgsl`, PASS_ROTATE): with Q chunks in workgroup memory, where every
+    /// pass takes whole groups of tiles.
+    fn rotates(&self) -> bool {
+        let (oh, kh) = (
+            self.dmax / 16 / self.split.max(1),
+            (self.bc / 16 / self.split.max(1)).max(1),
+        );
+        self.qr > 0 && oh.is_multiple_of(kh)
     }
 
     /// The same variant with K and V fragments loaded from storage, or staged.
@@ -100,10 +133,16 @@ impl CoopVariant {
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
     /// with naga's layout): the K and V tile (rows of DMAX + 8 halves; direct, Q's BR
     /// rows only), the f32 score rows (BC + 4), the f16 probability rows (BC + 8) and
-    /// the rescale flag (16 bytes, as every workgroup variable of a coop kernel).
+    /// the rescale flag (16 bytes, as every workgroup variable of a coop kernel), and Q's
+    /// last QR chunks (`qs`, rows of 16 QR + 8 halves) where it keeps them there.
     pub const fn workgroup_bytes(&self) -> u32 {
         let staged_rows = if self.direct { self.br } else { 2 * self.bc };
-        2 * staged_rows * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16
+        let qs = if self.qr > 0 {
+            2 * self.br * (16 * self.qr + 8)
+        } else {
+            0
+        };
+        2 * staged_rows * (self.dmax + 8) + 4 * self.br * (self.bc + 4) + 2 * self.br * (self.bc + 8) + 16 + qs
     }
 
     /// Workgroup memory the adapter must grant for the variant to be usable: its own,
@@ -122,14 +161,24 @@ impl CoopVariant {
     /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
     /// (`band_layout_holds`).
     pub fn valid_for(&self, sg: u32) -> bool {
+        let (d16, kc) = (self.dmax / 16, self.bc / 16);
         band_layout_holds(self.dmax, self.br, self.bc, sg)
             && matches!(self.bands, 1 | 2)
             && self.br.is_multiple_of(16 * self.bands)
+            // Split: each subgroup half the score chunks and output tiles, every pass
+            // through `ss` whole (its slots map to output columns by ss_col), and the
+            // softmax's lanes per row taken over both subgroups.
+            && match self.split {
+                1 => true,
+                2 => kc.is_multiple_of(2) && d16.is_multiple_of(kc) && self.bc.is_multiple_of(4 * lanes_per_row(2 * sg)),
+                _ => false,
+            }
+            && self.qr < d16
     }
 
     /// Invocations per workgroup with subgroups of `sg` lanes.
     pub fn invocations(&self, sg: u32) -> u32 {
-        self.br / (16 * self.bands.max(1)) * sg
+        self.br / (16 * self.bands.max(1)) * sg * self.split.max(1)
     }
 
     /// Its kernel for subgroups of `sg` lanes (built once per process and kept).
@@ -140,7 +189,8 @@ impl CoopVariant {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *built.entry((*self, sg)).or_insert_with(|| {
-            let constants = generator_prelude(self.dmax, self.br, self.bc, sg, self.bands);
+            let constants = generator_prelude(self.dmax, self.br, self.bc, sg, self.bands, self.split);
+            let constants = leak(format!("{constants}const QR: u32 = {}u;\n", self.qr));
             let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, COOP_STAGING, constants]));
             Kernel {
                 file: "flash_coop.wgsl",
@@ -158,6 +208,8 @@ impl CoopVariant {
     fn source(&self) -> &'static str {
         let d16 = self.dmax / 16;
         let kc = (self.bc / 16).max(1);
+        let split = self.split.max(1);
+        let (oh, kh) = (d16 / split, (kc / split).max(1));
         let consts = [
             ("D16", d16),
             ("KC", kc),
@@ -165,6 +217,15 @@ impl CoopVariant {
             ("BANDS", self.bands),
             ("DIRECT", u32::from(self.direct)),
             ("STAGED", u32::from(!self.direct)),
+            ("OH", oh),
+            ("KH", kh),
+            ("OH_KH", oh.saturating_sub(kh)),
+            ("QR", self.qr),
+            ("QK", d16 - self.qr.min(d16)),
+            ("ROTATE", u32::from(self.rotates())),
+            ("SPLIT_ON", u32::from(split > 1)),
+            ("LATE_Q", u32::from(late_q(self))),
+            ("EARLY_Q", u32::from(!late_q(self))),
         ];
         // The file's directives are tested (tests of this module, shader_validation):
         // an error here is a bug in the file, not in anything a user gave.
@@ -173,10 +234,22 @@ impl CoopVariant {
         leak(source)
     }
 
-    /// `DMAXxBRxBC`, with `r32` after it for two bands per subgroup, `d` for K and V
+    /// `DMAXxBRxBC`, with `sN` and `qN` after it for a split or Q chunks in workgroup
+    /// memory other than the default, `r32` for two bands per subgroup, `d` for K and V
     /// loaded from storage and `n` for named fragments, as `tune` and the tuning table
-    /// write it (`128x64x32r32dn`).
+    /// write it (`128x64x32r32dn`, `256x64x32s1`).
     pub fn label(&self) -> String {
+        let default = CoopVariant::new(self.dmax, self.br, self.bc);
+        let split = if self.split != default.split {
+            format!("s{}", self.split)
+        } else {
+            String::new()
+        };
+        let qr = if self.qr != default.qr {
+            format!("q{}", self.qr)
+        } else {
+            String::new()
+        };
         let named = if self.named { "n" } else { "" };
         let direct = if self.direct { "d" } else { "" };
         let rows = if self.bands != 1 {
@@ -184,7 +257,7 @@ impl CoopVariant {
         } else {
             String::new()
         };
-        format!("{}x{}x{}{rows}{direct}{named}", self.dmax, self.br, self.bc)
+        format!("{}x{}x{}{split}{qr}{rows}{direct}{named}", self.dmax, self.br, self.bc)
     }
 
     /// Parses [`CoopVariant::label`]'s form.
@@ -205,10 +278,20 @@ impl CoopVariant {
             }
             None => (label, 1),
         };
+        let (label, qr) = match label.split_once('q') {
+            Some((shape, qr)) => (shape, Some(qr.parse::<u32>().ok()?)),
+            None => (label, None),
+        };
+        let (label, split) = match label.split_once('s') {
+            Some((shape, split)) => (shape, Some(split.parse::<u32>().ok()?)),
+            None => (label, None),
+        };
         let mut parts = label.split('x').map(|n| n.parse::<u32>().ok());
         let (dmax, br, bc) = (parts.next()??, parts.next()??, parts.next()??);
+        let v = CoopVariant::new(dmax, br, bc);
         parts.next().is_none().then_some(
-            CoopVariant::new(dmax, br, bc)
+            v.with_split(split.unwrap_or(v.split))
+                .with_qr(qr.unwrap_or(v.qr))
                 .with_named(named)
                 .with_bands(bands)
                 .with_direct(direct),
@@ -228,7 +311,9 @@ impl CoopVariant {
         let mut v = *self;
         while v.workgroup_bytes() > bytes {
             if v.dmax > 16 {
+                // Q's chunks in workgroup memory in the same proportion.
                 v.dmax /= 2;
+                v.qr /= 2;
             } else if v.br > 16 * v.bands {
                 v.br /= 2;
             } else {
@@ -243,6 +328,36 @@ impl CoopVariant {
 /// a handful of variants are ever built).
 pub(crate) fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
+}
+
+/// Subgroups per band by default: 2 at DMAX 256 where a tile's 16-key chunks split
+/// evenly and every pass through `ss` is whole (256x64x32: 16 Q fragments and 16
+/// output tiles per subgroup spilled on RDNA3; docs/isa.md).
+const fn default_split(dmax: u32, bc: u32) -> u32 {
+    let (d16, kc) = (dmax / 16, bc / 16);
+    if dmax == 256 && kc > 0 && kc.is_multiple_of(2) && d16.is_multiple_of(kc) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Q chunks in workgroup memory by default: 8 at DMAX 256 without a split (256x32x16;
+/// docs/isa.md), where the passes through `ss` rotate.
+const fn default_qr(dmax: u32, bc: u32, split: u32) -> u32 {
+    if dmax == 256 && split == 1 && bc == 16 {
+        8
+    } else {
+        0
+    }
+}
+
+/// Whether the Q fragments are loaded after the resume, each used at once by the
+/// "warm" chain (`flash_coop.wgsl`, LATE_Q): at DMAX 256 (one band), where it takes RDNA3's
+/// spills away, and in the named forms (24-48 fewer VGPRs at D 64). Elsewhere it
+/// costs registers (128x64x48: 216 to 240 VGPRs) and is left out (docs/isa.md).
+fn late_q(v: &CoopVariant) -> bool {
+    (v.dmax == 256 && v.bands == 1) || (v.named && !v.direct)
 }
 
 /// Lanes per band row in the tensor-core kernels' element-wise steps (the forward's
@@ -281,14 +396,16 @@ pub(crate) fn band_layout_holds(dmax: u32, br: u32, bc: u32, sg: u32) -> bool {
 
 /// The one-line generator prelude of a tensor-core kernel (kept for the life of the
 /// process): DMAX, BR, BC, the subgroup size SG, LPR / RPL, the element-wise step's
-/// lanes per row and rows per lane, and BANDS, the 16-row bands per subgroup (the
-/// forward's axis; 1 for the backward).
-pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32) -> &'static str {
-    let lpr = lanes_per_row(sg);
-    let rpl = if sg < 16 { 16 / sg.max(1) } else { 1 } * bands;
+/// lanes per row and rows per lane, BANDS, the 16-row bands per subgroup, and SPLIT,
+/// the subgroups per band (the forward's axes; 1 for the backward). A band's rows are
+/// shared by its SPLIT subgroups' lanes.
+pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32, split: u32) -> &'static str {
+    let lanes = sg * split.max(1);
+    let lpr = lanes_per_row(lanes);
+    let rpl = if lanes < 16 { 16 / lanes.max(1) } else { 1 } * bands;
     leak(format!(
         "const DMAX: u32 = {dmax}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\nconst SG: u32 = {sg}u;\n\
-         const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\nconst BANDS: u32 = {bands}u;\n"
+         const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\nconst BANDS: u32 = {bands}u;\nconst SPLIT: u32 = {split}u;\n"
     ))
 }
 

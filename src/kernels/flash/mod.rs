@@ -358,19 +358,68 @@ mod tests {
     }
 
     #[test]
+    fn head_dim_256_variants_split_their_bands_or_keep_q_in_workgroup_memory() {
+        // 256x64x32: two subgroups per band, 256 invocations, 4 lanes per row at 32.
+        let split = CoopVariant::new(256, 64, 32);
+        assert_eq!((split.split, split.qr, split.label()), (2, 0, "256x64x32".to_string()));
+        assert_eq!(split.invocations(32), 256);
+        assert_eq!(split.workgroup_bytes(), 48_144);
+        assert!(split.valid_for(32) && split.valid_for(8));
+        let prelude = split.kernel(32).preludes.concat();
+        assert!(prelude
+            .contains("const LPR: u32 = 4u;\nconst RPL: u32 = 1u;\nconst BANDS: u32 = 1u;\nconst SPLIT: u32 = 2u;\n"));
+        assert!(split
+            .kernel(8)
+            .preludes
+            .concat()
+            .contains("const LPR: u32 = 1u;\nconst RPL: u32 = 1u;"));
+        // Its form on lavapipe's 32 KiB keeps the split (and so names it).
+        let small = split.shrunk_to(32 * 1024).expect("fits");
+        assert_eq!(
+            (small.dmax, small.split, small.label()),
+            (128, 2, "128x64x32s2".to_string())
+        );
+        assert_eq!(CoopVariant::parse("128x64x32s2"), Some(small));
+        assert_eq!(CoopVariant::parse("256x64x32s1"), Some(split.with_split(1)));
+        // A split needs an even number of key chunks that divides the head dims' chunks.
+        assert!(!CoopVariant::new(128, 64, 48).with_split(2).valid_for(32));
+        assert!(!CoopVariant::new(256, 64, 32).with_split(3).valid_for(32));
+        // 256x32x16: 8 of Q's 16 chunks in `qs`, passes through `ss` rotating.
+        let qr = CoopVariant::new(256, 32, 16);
+        assert_eq!((qr.split, qr.qr, qr.label()), (1, 8, "256x32x16".to_string()));
+        assert_eq!(qr.workgroup_bytes(), 21_008 + 2 * 32 * (8 * 16 + 8));
+        assert!(qr.workgroup_bytes() <= COOP_MIN_BYTES);
+        assert_eq!(CoopVariant::parse("256x32x16q6").map(|v| v.qr), Some(6));
+        assert_eq!(
+            CoopVariant::parse("256x32x16q0").map(|v| v.label()),
+            Some("256x32x16q0".to_string())
+        );
+        let source = qr.kernel(32).source;
+        assert!(source.contains("var<workgroup> qs: array<f16, BR * LDH>;"));
+        assert!(source.contains("var qf: array<coop_mat16x16<f16, A>, QK*BANDS>;"));
+        // Rotating: `o` indexed by constants only, also in the arrayed form.
+        assert!(source.contains("o[0u * OH + 14u] = o[0u * OH + 14u + KH];"));
+        assert!(!source.contains("o[0u * OH + g * KH + u]"));
+        assert!(!CoopVariant::new(128, 64, 32)
+            .kernel(32)
+            .source
+            .contains("var<workgroup> qs"));
+    }
+
+    #[test]
     fn named_coop_variants_name_every_fragment_and_unroll_every_loop_over_them() {
         // 128x64x48: 8 Q fragments and 8 output tiles, which go through `ss` in groups of
         // 3 (the last of 2).
         let v = CoopVariant::new(128, 64, 48);
         let arrayed = v.kernel(32).source;
         let named = v.with_named(true).kernel(32).source;
-        assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, D16*BANDS>;"));
+        assert!(arrayed.contains("var qf: array<coop_mat16x16<f16, A>, QK*BANDS>;"));
         // One band: its per-band fragments are single values, as before the band axis.
-        assert!(arrayed.contains("o[0u * D16 + g * KC + u]"));
+        assert!(arrayed.contains("o[0u * OH + g * KH + u]"));
         assert!(arrayed.contains("var pf_0: coop_mat16x16<f16, A>;") && arrayed.contains("var s_0:"));
         let two_arrayed = v.with_bands(2).kernel(32).source;
         assert!(two_arrayed.contains("var pf: array<coop_mat16x16<f16, A>, BANDS>;"));
-        assert!(two_arrayed.contains("o[bb * D16 + g * KC + u]"));
+        assert!(two_arrayed.contains("o[bb * OH + g * KH + u]"));
         for k in 0..8 {
             assert!(named.contains(&format!("var qf_{k}: coop_mat16x16<f16, A>;")), "qf_{k}");
             assert!(named.contains(&format!("var o_{k}: coop_mat16x16<f32, C>;")), "o_{k}");
