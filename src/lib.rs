@@ -124,7 +124,7 @@ pub use context::MAX_INDEXED_BINDING;
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{enumerate_adapters, quiet_headless_vulkan};
 pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig, Policy};
-pub use context::{COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS};
+pub use context::{COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS, SUBGROUPS_VAR};
 #[doc(hidden)]
 pub use error::checked_product;
 pub use error::{Error, Result};

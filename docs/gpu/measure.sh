@@ -36,7 +36,7 @@ case "${PLAN:-}" in
         TOTAL_SECONDS=${TOTAL_SECONDS:-290} STEP_SECONDS=${STEP_SECONDS:-75}
         ;;
     rest)
-        STEPS=${STEPS:-"check tune tune-f32 splits fused-medium fused-micro window mha mha-gemm-direct backward backward-rows backward-coop backward-coop-named tune-backward torch-backward"}
+        STEPS=${STEPS:-"check tune tune-f32 splits fused-medium fused-micro fused-no-subgroups window mha mha-gemm-direct backward backward-rows backward-rows-no-subgroups backward-coop backward-coop-named tune-backward torch-backward"}
         ;;
     "") ;;
     *)
@@ -147,6 +147,12 @@ step fused-medium "$bin" bench "${shape_args[@]}" --causal --dtype f32 --kernel 
 # tune's rows time it beside `shared` (the GPU's f32 pick) in one process.
 step fused-micro env WGPU_ATTENTION_TILING=micro "$bin" bench "${shape_args[@]}" --shape "$micro256" \
     --causal --dtype f32 --kernel fused --reps "$reps" --probe "$probe" --json "$out/fused-micro.json"
+# `shared` as a GPU without subgroups runs it (a browser without `subgroups`, GL): the
+# device made without them, each row's lanes summed through workgroup memory
+# (`shared 128 wg`, `256 wg`; docs/isa.md); compare its f32 rows with fused.json's.
+step fused-no-subgroups env WGPU_ATTENTION_SUBGROUPS=off WGPU_ATTENTION_TILING=shared "$bin" bench \
+    "${shape_args[@]}" --causal --dtype f32 --kernel fused --reps "$reps" --probe "$probe" \
+    --json "$out/fused-no-subgroups.json"
 # Decode in the adapter's design (lanes on GPUs), in the tiled one, fused, and from an
 # int8 KV cache, side by side in one process against one copy probe (docs/design.md,
 # "Decode", "int8 KV cache").
@@ -176,6 +182,11 @@ step backward "$bin" bench "${backward_args[@]}" --causal --dtype both --kernel 
     --reps 3 --probe "$probe" --json "$out/backward.json"
 step backward-rows env WGPU_ATTENTION_TILING=registers "$bin" bench "${backward_args[@]}" --dtype both \
     --kernel backward --reps 3 --probe "$probe" --json "$out/backward-rows.json"
+# The same without subgroups: the `rows` classes' `wg` forms (compare with
+# backward-rows.json).
+step backward-rows-no-subgroups env WGPU_ATTENTION_SUBGROUPS=off WGPU_ATTENTION_TILING=registers "$bin" \
+    bench "${backward_args[@]}" --dtype both --kernel backward --reps 3 --probe "$probe" \
+    --json "$out/backward-rows-no-subgroups.json"
 # The tensor-core backward (`coop`), through the forward's coop tiling (the GPU default
 # where tensor cores exist; pinned here so that the rows say if it is not taken): f16,
 # and f32 at precision medium; its rows name the tiling each pass ran. Needs tensor

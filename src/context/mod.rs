@@ -19,7 +19,7 @@ pub use adapter::{enumerate_adapters, quiet_headless_vulkan};
 pub use adapter::{enumerate_adapters_async, is_cpu_adapter, AdapterSelector};
 pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
 pub(crate) use policy::{env_path, env_value};
-pub use policy::{Policy, COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS};
+pub use policy::{Policy, COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS, SUBGROUPS_VAR};
 pub(crate) use resources::{CompiledPipeline, PipelineKey};
 
 use crate::error::{Error, Result};
@@ -151,12 +151,17 @@ impl Context {
     /// [`Context::from_adapter`], awaited.
     pub async fn from_adapter_async(adapter: &wgpu::Adapter) -> Result<Self> {
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16
+        // The environment, read before the device is made: it may keep subgroups off.
+        let policy = Policy::from_env(&info)?;
+        let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        if !policy.subgroups {
+            wanted.remove(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER);
+        }
         let features = adapter.features() & wanted;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
@@ -183,7 +188,7 @@ impl Context {
             }
         }));
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
-        ctx.policy = Policy::from_env(&ctx.info)?;
+        ctx.policy = policy;
         Ok(ctx)
     }
 

@@ -55,6 +55,11 @@ pub struct Policy {
     pub runtime_checks: RuntimeChecks,
     /// Bytes the texel backward's dX scratch may take (`crate::backward`).
     pub(crate) backward_scratch_bytes: u64,
+    /// Whether a device this crate makes asks for subgroups where the adapter has them
+    /// (`WGPU_ATTENTION_SUBGROUPS=off`: no, so every kernel takes the variant a GPU
+    /// without subgroups gets, as a browser without `subgroups` or wgpu's GL backend
+    /// would; for timing those variants on a GPU that has subgroups).
+    pub subgroups: bool,
 }
 
 impl Default for Policy {
@@ -71,6 +76,7 @@ impl Default for Policy {
             coop_gemm_direct: false,
             runtime_checks: RuntimeChecks::WGPU_DEFAULT,
             backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
+            subgroups: true,
         }
     }
 }
@@ -100,6 +106,7 @@ impl Policy {
             coop_gemm_direct: form_from_env(COOP_GEMM_VAR, "staged", "direct")?,
             runtime_checks: runtime_checks_from_env()?,
             coop_tuned: crate::tune::TuneTable::load()?.coop_variants_for(info),
+            subgroups: !form_from_env(SUBGROUPS_VAR, "on", "off")?,
             ..deferred
         })
     }
@@ -131,19 +138,23 @@ impl Policy {
     }
 }
 
+/// The environment variable that keeps subgroups off a device [`crate::Context::new`]
+/// makes, `on` (the default) or `off` ([`Policy::subgroups`]).
+pub const SUBGROUPS_VAR: &str = "WGPU_ATTENTION_SUBGROUPS";
+
 /// The environment variable that names the fused tiling when none is asked for.
 pub const TILING_VAR: &str = "WGPU_ATTENTION_TILING";
 
 /// The environment variable that pins the key splits of fused attention
-/// ([`Context::use_key_splits`]).
+/// ([`crate::Context::use_key_splits`]).
 pub const KEY_SPLITS_VAR: &str = "WGPU_ATTENTION_KEY_SPLITS";
 
 /// The environment variable that picks the tensor-core backward's form, `arrayed`
-/// (the default) or `named` ([`Context::use_named_coop_backward`]).
+/// (the default) or `named` ([`crate::Context::use_named_coop_backward`]).
 pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
 
 /// The environment variable that picks the tensor-core GEMM's design, `staged` (the
-/// default) or `direct` ([`Context::use_direct_coop_gemm`]).
+/// default) or `direct` ([`crate::Context::use_direct_coop_gemm`]).
 pub const COOP_GEMM_VAR: &str = "WGPU_ATTENTION_COOP_GEMM";
 
 /// The value of the environment variable `var`, the one rule every variable this crate
