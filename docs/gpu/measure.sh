@@ -65,7 +65,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     tune_backward=(--shape 1,2,1,20,40,16 --emulate-coop --reps 1 --dtype f16 --variants 32x32x32n)
     backward=(1,2,2,64,64,32)
     # No GPU driver with statistics here: RADV's null hardware, one kernel.
-    isa=(--radv-null navi31 --kernel "fused/shared f32")
+    isa=(--radv-null navi31 --kernel "fused/shared 64 f32")
 else
     attn=(4,16,16,4096,4096,128 4,32,8,4096,4096,128 1,8,8,2048,2048,64)
     micro256=2,16,16,4096,4096,256 splits_shape=1,8,8,2048,2048,64
