@@ -318,7 +318,8 @@ pub fn coop_candidates(dmax: u32, sg: u32, bytes: u32, invocations: u32) -> Vec<
 
 /// Whether a GPU compiler spills the form's registers to memory or keeps arrays in
 /// scratch: RDNA3's does (`isa --radv-null navi31`, docs/isa.md, 2026-12-07) for two
-/// bands of named fragments at every head-dim class, for named fragments or two bands
+/// bands of named fragments at every head-dim class (retired since:
+/// [`CoopVariant::valid_for`]), for named fragments or two bands
 /// past D 64, for every form at D 256 (where [`coop_candidates`] keeps only the
 /// picker's variants, [`COOP_VARIANTS`], for want of any other), and, staging 16 bytes
 /// per load (`WORDS`, the common case), for the staged forms of 16-row workgroups
@@ -503,11 +504,13 @@ mod tests {
         assert!(all.contains(&CoopVariant::new(128, 64, 32)) && all.contains(&CoopVariant::new(128, 64, 48)));
         // Every shape in both forms of its fragments, with one band per subgroup or two,
         // staged or direct (the twin a direct variant falls back to must fit too).
+        // (Two bands of named fragments are retired: CoopVariant::valid_for.)
         let staged: Vec<_> = all.iter().filter(|v| !v.direct).collect();
-        let named = staged.iter().filter(|v| v.named).count();
-        assert!(named > 0 && 2 * named == staged.len(), "{all:?}");
+        let one_band = |named| staged.iter().filter(|v| v.bands == 1 && v.named == named).count();
+        assert!(one_band(true) > 0 && one_band(true) == one_band(false), "{all:?}");
         assert!(staged.iter().all(|v| all.contains(&v.with_direct(true))), "{all:?}");
-        assert!(all.contains(&CoopVariant::new(128, 64, 32).with_bands(2).with_named(true)));
+        assert!(all.contains(&CoopVariant::new(128, 64, 32).with_bands(2)));
+        assert!(!all.iter().any(|v| v.bands == 2 && v.named), "{all:?}");
         assert!(all.iter().all(|v| v.with_direct(false).workgroup_bytes() <= 48 * 1024));
         assert!(!all.contains(&CoopVariant::new(128, 64, 64).with_direct(true)));
         assert!(all.iter().all(|v| v.br.is_multiple_of(16 * v.bands)));

@@ -63,8 +63,10 @@ fn every_kernel_writes_spirv_under_both_bounds_check_policies() {
 #[test]
 fn every_tunable_coop_form_writes_spirv() {
     // `tune` and a tuning table may pin any candidate, in every form (one or two bands,
-    // arrayed or named fragments), not only the picker's variants in every_kernel():
-    // each must get through naga's SPIR-V writer as NVIDIA's 32-lane subgroups compile it.
+    // arrayed or named fragments, but not both: two bands of named fragments are retired,
+    // CoopVariant::valid_for), staged or direct, not only the picker's variants in
+    // every_kernel(): each must get through naga's SPIR-V writer as NVIDIA's 32-lane
+    // subgroups compile it.
     let mut forms = std::collections::BTreeSet::new();
     for dmax in [64, 128, 256] {
         for v in wgpu_attention::tune::coop_forms(dmax, 32, 48 * 1024, 1024) {
@@ -72,7 +74,8 @@ fn every_tunable_coop_form_writes_spirv() {
             write_f16_spirv(&v.kernel(32), &v.label());
         }
     }
-    assert_eq!(forms.len(), 8, "every form among the candidates: {forms:?}");
+    assert_eq!(forms.len(), 6, "every form among the candidates: {forms:?}");
+    assert!(!forms.iter().any(|&(bands, named, _)| bands == 2 && named), "{forms:?}");
 }
 
 /// Validates a kernel's f16 source with naga, its overrides at their defaults, and

@@ -159,11 +159,14 @@ impl CoopVariant {
     }
 
     /// Whether the variant's WGSL holds together for subgroups of `sg` lanes
-    /// (`band_layout_holds`).
+    /// (`band_layout_holds`) and is not retired: two bands of named fragments spill at
+    /// every head-dim class on RDNA3 (docs/isa.md), are the default nowhere and no
+    /// GPU has timed them, so no pin, table or `tune` reaches them.
     pub fn valid_for(&self, sg: u32) -> bool {
         let (d16, kc) = (self.dmax / 16, self.bc / 16);
         band_layout_holds(self.dmax, self.br, self.bc, sg)
             && matches!(self.bands, 1 | 2)
+            && !(self.bands == 2 && self.named)
             && self.br.is_multiple_of(16 * self.bands)
             // Split: each subgroup half the score chunks and output tiles, every pass
             // through `ss` whole (its slots map to output columns by ss_col), and the
