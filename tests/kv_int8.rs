@@ -12,13 +12,6 @@ use wgpu_attention::{
     KvCacheConfig, Layout, QuantizedKv, QuantizedKvCache, Tensor,
 };
 
-fn rounded(dtype: DType, x: Vec<f32>) -> Vec<f32> {
-    match dtype {
-        DType::F32 => x,
-        DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
-    }
-}
-
 /// Whether the reference's `x / top * 127` lies within rounding of a half, where a
 /// GPU's division may round the other way.
 fn near_a_tie(x: f32, top: f32) -> bool {
@@ -64,7 +57,7 @@ fn appends_quantize_as_the_reference_does_in_either_layout_and_dtype() {
             x[dim..2 * dim].fill(1e-39);
             x[2 * dim..3 * dim].fill(0.0);
             x[2 * dim + 1] = -250.0;
-            rounded(dtype, x)
+            common::rounded(dtype, x)
         };
         let (k, v) = (draw(d), draw(dv));
         let upload = |x: &[f32], dim| {
@@ -95,7 +88,7 @@ fn appends_quantize_as_the_reference_does_in_either_layout_and_dtype() {
                 );
             }
             // The dequantized tensor is code times scale, rounded to the dtype.
-            let want = rounded(dtype, int8::dequantize_rows(codes, scales, dim));
+            let want = common::rounded(dtype, int8::dequantize_rows(codes, scales, dim));
             let values = values.to_f32_vec(ctx).expect("read values");
             assert_eq!(
                 values, want,
@@ -163,8 +156,8 @@ fn cache_attention_matches_the_dequantized_values_on_every_path() {
         let mut held_k = vec![vec![Vec::new(); hkv]; b];
         let mut held_v = vec![vec![Vec::new(); hkv]; b];
         for (rows, counts) in [(1030usize, [1030u32, 700]), (40, [20, 40])] {
-            let k = rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
-            let v = rounded(dtype, rng.vec(b * hkv * rows * dv, -1.0, 1.0));
+            let k = common::rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
+            let v = common::rounded(dtype, rng.vec(b * hkv * rows * dv, -1.0, 1.0));
             let up =
                 |x: &[f32], dim| Tensor::from_f32_as(ctx, [b, hkv, rows, dim], Layout::Bhsd, dtype, x).expect("upload");
             cache
@@ -179,7 +172,7 @@ fn cache_attention_matches_the_dequantized_values_on_every_path() {
             }
         }
         assert_eq!(cache.lengths(), &[1050, 740]);
-        let q = rounded(dtype, rng.vec(b * hq * lq * d, -1.0, 1.0));
+        let q = common::rounded(dtype, rng.vec(b * hq * lq * d, -1.0, 1.0));
         let q_tensor = Tensor::from_f32_as(ctx, [b, hq, lq, d], Layout::Bhsd, dtype, &q).expect("upload q");
         let shape = AttentionShape::new(b, hq, hkv, lq, cap, d, dv);
         let in_kernel = reads_codes(ctx, dtype, &shape, &options).expect("route");
@@ -303,8 +296,8 @@ fn rows_holding_nan_or_infinity_read_back_as_nan_on_every_path() {
         let config = bshd_config(b, hkv, cap, (d, dv), dtype);
         let mut cache = QuantizedKvCache::new(ctx, config).expect("cache");
         let rows = 12;
-        let mut k = rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
-        let mut v = rounded(dtype, rng.vec(b * hkv * rows * dv, -1.0, 1.0));
+        let mut k = common::rounded(dtype, rng.vec(b * hkv * rows * d, -1.0, 1.0));
+        let mut v = common::rounded(dtype, rng.vec(b * hkv * rows * dv, -1.0, 1.0));
         // BHSD rows of the appended tensors: (element, kv head, row).
         let at = |bi: usize, h: usize, s: usize| (bi * hkv + h) * rows + s;
         k[at(0, 0, 3) * d + 2] = f32::NAN;
@@ -381,7 +374,7 @@ fn rows_holding_nan_or_infinity_read_back_as_nan_on_every_path() {
         }
         // Attention with one query row: split-K decode reading the codes, and the fused
         // kernel over the dequantized values.
-        let q = rounded(dtype, rng.vec(b * hq * d, -1.0, 1.0));
+        let q = common::rounded(dtype, rng.vec(b * hq * d, -1.0, 1.0));
         let q_tensor = Tensor::from_f32_as(ctx, [b, hq, 1, d], Layout::Bhsd, dtype, &q).expect("upload q");
         let shape = AttentionShape::new(b, hq, hkv, 1, cap, d, dv);
         for kernel in [KernelChoice::Decode, KernelChoice::Fused] {

@@ -43,12 +43,6 @@ struct Planted {
     key_lengths: Vec<u32>,
 }
 
-/// BHSD element index of (batch, head, row, element) in a tensor of `heads` heads,
-/// `rows` rows and `dim` elements per row.
-fn at(heads: usize, rows: usize, dim: usize, (b, h, r, t): (usize, usize, usize, usize)) -> usize {
-    ((b * heads + h) * rows + r) * dim + t
-}
-
 /// Plants something in (q, k, v, dO).
 type Edit<'a> = dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32]) + 'a;
 
@@ -56,20 +50,15 @@ type Edit<'a> = dyn Fn(&mut [f32], &mut [f32], &mut [f32], &mut [f32]) + 'a;
 /// infinities stay what they are, subnormals of f32 become 0).
 fn planted(dtype: DType, s: AttentionShape) -> Vec<Planted> {
     let mut rng = Rng::new(SEED);
-    let round = |x: Vec<f32>| -> Vec<f32> {
-        match dtype {
-            DType::F32 => x,
-            DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
-        }
-    };
+    let round = |x| common::rounded(dtype, x);
     let q0 = rng.vec(s.batch * s.heads_q * s.len_q * s.head_dim, -1.0, 1.0);
     let k0 = rng.vec(s.batch * s.heads_kv * s.len_k * s.head_dim, -1.0, 1.0);
     let v0 = rng.vec(s.batch * s.heads_kv * s.len_k * s.head_dim_v, -1.0, 1.0);
     let do0 = rng.vec(s.batch * s.heads_q * s.len_q * s.head_dim_v, -1.0, 1.0);
-    let qi = |p| at(s.heads_q, s.len_q, s.head_dim, p);
-    let ki = |p| at(s.heads_kv, s.len_k, s.head_dim, p);
-    let vi = |p| at(s.heads_kv, s.len_k, s.head_dim_v, p);
-    let oi = |p| at(s.heads_q, s.len_q, s.head_dim_v, p);
+    let qi = |p| common::bhsd_index(s.heads_q, s.len_q, s.head_dim, p);
+    let ki = |p| common::bhsd_index(s.heads_kv, s.len_k, s.head_dim, p);
+    let vi = |p| common::bhsd_index(s.heads_kv, s.len_k, s.head_dim_v, p);
+    let oi = |p| common::bhsd_index(s.heads_q, s.len_q, s.head_dim_v, p);
     // Keys 0..70 of element 0, 0..61 of element 1.
     let lengths = vec![70, 61];
     let plant = |what, edit: &Edit<'_>, key_lengths: &Vec<u32>| {

@@ -32,12 +32,6 @@ struct Planted {
     key_lengths: Vec<u32>,
 }
 
-/// BHSD element index of (batch, head, row, element) in a tensor of `heads` heads,
-/// `rows` rows and `dim` elements per row.
-fn at(heads: usize, rows: usize, dim: usize, (b, h, r, t): (usize, usize, usize, usize)) -> usize {
-    ((b * heads + h) * rows + r) * dim + t
-}
-
 /// Plants something in (q, k, v).
 type Edit<'a> = dyn Fn(&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>) + 'a;
 
@@ -46,18 +40,13 @@ type Edit<'a> = dyn Fn(&mut Vec<f32>, &mut Vec<f32>, &mut Vec<f32>) + 'a;
 fn planted(dtype: DType) -> Vec<Planted> {
     let s = shape();
     let mut rng = Rng::new(SEED);
-    let round = |x: Vec<f32>| -> Vec<f32> {
-        match dtype {
-            DType::F32 => x,
-            DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
-        }
-    };
+    let round = |x| common::rounded(dtype, x);
     let q0 = rng.vec(s.batch * s.heads_q * s.len_q * s.head_dim, -1.0, 1.0);
     let k0 = rng.vec(s.batch * s.heads_kv * s.len_k * s.head_dim, -1.0, 1.0);
     let v0 = rng.vec(s.batch * s.heads_kv * s.len_k * s.head_dim_v, -1.0, 1.0);
-    let qi = |p| at(s.heads_q, s.len_q, s.head_dim, p);
-    let ki = |p| at(s.heads_kv, s.len_k, s.head_dim, p);
-    let vi = |p| at(s.heads_kv, s.len_k, s.head_dim_v, p);
+    let qi = |p| common::bhsd_index(s.heads_q, s.len_q, s.head_dim, p);
+    let ki = |p| common::bhsd_index(s.heads_kv, s.len_k, s.head_dim, p);
+    let vi = |p| common::bhsd_index(s.heads_kv, s.len_k, s.head_dim_v, p);
     // Keys 0..150 of element 0, 0..131 of element 1.
     let lengths = vec![150, 131];
     let plant = |what, edit: &Edit<'_>, key_lengths: &Vec<u32>| {

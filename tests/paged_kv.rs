@@ -52,7 +52,7 @@ fn paged_attention_equals_contiguous_attention_bit_for_bit_on_every_path() {
         ];
         for (kernel, tiling) in paths(ctx) {
             for lq in [1, 3] {
-                let q = common::paged::rounded(dtype, rng.vec(batch * HQ * lq * D, -1.0, 1.0));
+                let q = common::rounded(dtype, rng.vec(batch * HQ * lq * D, -1.0, 1.0));
                 let q = Tensor::from_f32_as(ctx, [batch, HQ, lq, D], Layout::Bhsd, dtype, &q).expect("upload");
                 for (n, variant) in variants.iter().enumerate() {
                     let options = AttentionOptions {

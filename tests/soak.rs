@@ -50,7 +50,7 @@ fn ten_thousand_calls_keep_memory_flat_and_results_stable() {
     let paged = PagedInputs::new(ctx, dtype, &mut rng, (3, 7, 24));
     let (batch, heads_q, lk) = (3, 4, 35);
     let mut q_of = |lq: usize| {
-        let q = common::paged::rounded(dtype, rng.vec(batch * heads_q * lq * D, -1.0, 1.0));
+        let q = common::rounded(dtype, rng.vec(batch * heads_q * lq * D, -1.0, 1.0));
         Tensor::from_f32_as(ctx, [batch, heads_q, lq, D], Layout::Bhsd, dtype, &q).expect("upload")
     };
     let cases = [

@@ -234,3 +234,17 @@ pub fn ctx_with_limits(
         pollster::block_on(adapter.request_device(&desc)).expect("a device with the limits asked for");
     Some(Context::from_wgpu(adapter.get_info(), device, queue))
 }
+
+/// Values as `dtype` stores them.
+pub fn rounded(dtype: DType, x: Vec<f32>) -> Vec<f32> {
+    match dtype {
+        DType::F32 => x,
+        DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+/// BHSD element index of (batch, head, row, element) in a tensor of `heads` heads,
+/// `rows` rows and `dim` elements per row.
+pub fn bhsd_index(heads: usize, rows: usize, dim: usize, (b, h, r, t): (usize, usize, usize, usize)) -> usize {
+    ((b * heads + h) * rows + r) * dim + t
+}

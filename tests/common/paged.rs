@@ -13,14 +13,6 @@ pub const DV: usize = 12;
 /// Not a multiple of 4, so pages cut the kernels' groups of 4 keys.
 pub const PAGE: usize = 5;
 
-/// Values as `dtype` stores them.
-pub fn rounded(dtype: DType, x: Vec<f32>) -> Vec<f32> {
-    match dtype {
-        DType::F32 => x,
-        DType::F16 => x.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect(),
-    }
-}
-
 pub struct PagedInputs {
     pub table: PageTable,
     /// Pools `[P, HKV, PAGE, dim]` in BSHD (vLLM's `[P, page, Hkv, dim]`).
@@ -46,7 +38,7 @@ impl PagedInputs {
         }
         let table = PageTable::new(batch, per_sequence, order[..batch * per_sequence].to_vec()).expect("table");
         let mut pool = |dim| {
-            let data = rounded(dtype, rng.vec(pages * HKV * PAGE * dim, -1.0, 1.0));
+            let data = super::rounded(dtype, rng.vec(pages * HKV * PAGE * dim, -1.0, 1.0));
             let shape = [pages, HKV, PAGE, dim];
             let bshd = relayout(&data, shape, Layout::Bhsd, Layout::Bshd);
             let pool = Tensor::from_f32_as(ctx, shape, Layout::Bshd, dtype, &bshd).expect("upload pool");
