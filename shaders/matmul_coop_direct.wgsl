@@ -100,14 +100,9 @@ fn linear_coop_direct(
     var acc32 = coop_mat16x16<f32, C>();
     var acc33 = coop_mat16x16<f32, C>();
     for (var k0 = 0u; k0 < ks; k0 += 16u) {
-        let ia0 = ra0 * xs + k0;
-        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia0], xs);
-        let ia1 = ra1 * xs + k0;
-        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia1], xs);
-        let ia2 = ra2 * xs + k0;
-        let a2 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia2], xs);
-        let ia3 = ra3 * xs + k0;
-        let a3 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia3], xs);
+        // The B fragments first, then each A fragment just before its row of
+        // multiply-adds: 4 B and 1 A live at a time, not all 8 (with all 8 loaded
+        // first, RDNA3 spilled a register at 256 VGPRs; docs/isa.md).
         let ib0 = (lp.w_row0 + cb0) * ks + k0;
         let b0 = coopLoad<coop_mat16x16<f16, B>>(&w[ib0], ks);
         let ib1 = (lp.w_row0 + cb1) * ks + k0;
@@ -116,18 +111,26 @@ fn linear_coop_direct(
         let b2 = coopLoad<coop_mat16x16<f16, B>>(&w[ib2], ks);
         let ib3 = (lp.w_row0 + cb3) * ks + k0;
         let b3 = coopLoad<coop_mat16x16<f16, B>>(&w[ib3], ks);
+        let ia0 = ra0 * xs + k0;
+        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia0], xs);
         acc00 = coopMultiplyAdd(a0, b0, acc00);
         acc01 = coopMultiplyAdd(a0, b1, acc01);
         acc02 = coopMultiplyAdd(a0, b2, acc02);
         acc03 = coopMultiplyAdd(a0, b3, acc03);
+        let ia1 = ra1 * xs + k0;
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia1], xs);
         acc10 = coopMultiplyAdd(a1, b0, acc10);
         acc11 = coopMultiplyAdd(a1, b1, acc11);
         acc12 = coopMultiplyAdd(a1, b2, acc12);
         acc13 = coopMultiplyAdd(a1, b3, acc13);
+        let ia2 = ra2 * xs + k0;
+        let a2 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia2], xs);
         acc20 = coopMultiplyAdd(a2, b0, acc20);
         acc21 = coopMultiplyAdd(a2, b1, acc21);
         acc22 = coopMultiplyAdd(a2, b2, acc22);
         acc23 = coopMultiplyAdd(a2, b3, acc23);
+        let ia3 = ra3 * xs + k0;
+        let a3 = coopLoadT<coop_mat16x16<f16, A>>(&x[ia3], xs);
         acc30 = coopMultiplyAdd(a3, b0, acc30);
         acc31 = coopMultiplyAdd(a3, b1, acc31);
         acc32 = coopMultiplyAdd(a3, b2, acc32);
