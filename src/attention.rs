@@ -6,12 +6,12 @@ use crate::error::{Error, Result};
 use crate::kernels::flash::{self, FlashConfig};
 use crate::kernels::kv_texels::KvTexels;
 use crate::kernels::mean_heads::encode_accumulate_heads;
+use crate::kernels::page_table::PageTable;
 use crate::kernels::params::{MASK_ADDITIVE, MASK_BOOL, MASK_NONE};
 use crate::kernels::qk_scores;
 use crate::kernels::{decode, loop_budget, softmax_rows, weights_v, AttentionBindings, AttentionParams};
 use crate::merge::{encode_merge_attentions, Merged};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, MaskValues};
-use crate::paged_kv::PageTable;
 use crate::problem::AttentionShape;
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 
@@ -119,7 +119,7 @@ pub fn sdpa_read(
 }
 
 /// Like [`sdpa`], but records into the caller's encoder; nothing runs until it is
-/// submitted, which [`Context::submit`] does with any GPU error in the recorded work
+/// submitted, which [`crate::Gpu::submit`] does with any GPU error in the recorded work
 /// returned (wgpu validates much of a recording only when it is finished).
 pub fn encode_sdpa(
     ctx: &Context,
@@ -329,7 +329,7 @@ impl Plan {
             ResolvedKernel::Decode => {
                 let longest = options.key_lengths.as_ref().and_then(|l| l.iter().max());
                 let keys = longest.map_or(shape.len_k, |&n| n as usize);
-                let design = decode::DecodeDesign::for_context(ctx, options.tiling)?;
+                let design = decode::DecodeDesign::for_context(ctx, ctx.policy(), options.tiling)?;
                 Some(decode::choose_split(ctx, design, &shape, keys)?)
             }
             _ => None,
@@ -689,7 +689,7 @@ impl Plan {
                 params: range_buffer.as_ref().unwrap_or(bindings.params),
                 ..bindings
             };
-            flash::encode(ctx, encoder, self.dtype, config, &range_bindings, &range)?;
+            flash::encode(ctx, ctx.policy(), encoder, self.dtype, config, &range_bindings, &range)?;
         }
         Ok(())
     }

@@ -120,7 +120,7 @@ impl KvCache {
         let k = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [batch, heads_kv, capacity, head_dim_v], layout, dtype)?;
         let texels = if mirror {
-            KvTexels::for_new_cache(ctx, &k, &v)
+            KvTexels::for_new_cache(ctx, ctx.policy(), &k, &v)
         } else {
             None
         };
@@ -146,7 +146,7 @@ impl KvCache {
     /// the device's texture limits.
     pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
         let (k, v, lengths) = (&self.k, &self.v, &self.lengths);
-        kv_texels::set_mirror(&mut self.texels, ctx, (k, v), on, |encoder, texels| {
+        kv_texels::set_mirror(&mut self.texels, ctx, ctx.policy(), (k, v), on, |encoder, texels| {
             let from_start = vec![0; lengths.len()];
             texels.record_copy(ctx, encoder, k, v, &from_start, lengths, None)
         })

@@ -49,7 +49,7 @@
 //! Every function that waits on the GPU has an async form, the one implementation
 //! ([`Context::new_async`], [`Tensor::from_f32_async`], [`Tensor::from_f16_async`],
 //! [`sdpa_async`], [`sdpa_read_async`], [`Tensor::to_f32_vec_async`],
-//! [`MultiHeadAttention::forward_async`], [`Context::finished_async`]); the blocking forms
+//! [`MultiHeadAttention::forward_async`], [`crate::Gpu::finished_async`]); the blocking forms
 //! run it with `pollster` and exist on native targets only (on the web only the async
 //! forms wait).
 //!
@@ -77,6 +77,7 @@ pub mod bench_cases;
 pub mod check;
 mod context;
 mod error;
+mod gpu;
 #[cfg(feature = "viz")]
 pub mod heatmap;
 // What a GPU compiler makes of each kernel (`isa`): plain Vulkan and naga's SPIR-V
@@ -103,7 +104,6 @@ pub mod sentence_example;
 mod sharded;
 mod staging;
 mod tensor;
-pub mod tune;
 mod wait;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -119,16 +119,17 @@ pub use backward::{
 /// a CPU adapter.
 #[doc(hidden)]
 pub use backward::{rows_for, PassKernels, ROWS_128, ROWS_128_WG, ROWS_256, ROWS_256_WG, ROWS_32, ROWS_64, ROWS_64_WG};
-#[doc(hidden)]
-pub use context::MAX_INDEXED_BINDING;
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::{enumerate_adapters, quiet_headless_vulkan};
-pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig, Policy};
+pub use context::{enumerate_adapters_async, AdapterSelector, Capabilities, Context, CoopConfig, Gpu, Policy};
 pub use context::{COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS, SUBGROUPS_VAR};
 #[doc(hidden)]
 pub use error::checked_product;
 pub use error::{Error, Result};
-pub use kernels::runtime_checks::{RuntimeChecks, RUNTIME_CHECKS_VAR};
+#[doc(hidden)]
+pub use gpu::MAX_INDEXED_BINDING;
+pub use gpu::{RuntimeChecks, RUNTIME_CHECKS_VAR};
+pub use kernels::tune;
 pub use kv_cache::{KvCache, KvCacheConfig};
 pub use merge::{encode_merge_attentions, merge_attentions, merge_attentions_async, Merged};
 pub use mha::{

@@ -6,27 +6,10 @@
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::{dispatch, groups_for, loop_budget, pipeline, Kernel};
+use crate::kernels::merge::{FOLD, STORE};
+use crate::kernels::{dispatch, groups_for, loop_budget, pipeline};
 use crate::tensor::{tensor_usage, DType, Layout, Tensor};
 use bytemuck::{Pod, Zeroable};
-
-const SOURCE: &str = include_str!("../shaders/merge_attentions.wgsl");
-
-/// Folds one partial into the f32 running state.
-pub const FOLD: Kernel = Kernel {
-    file: "merge_attentions.wgsl",
-    source: SOURCE,
-    entry: "merge_fold",
-    slots: &[],
-    preludes: &[],
-    variant: "",
-};
-
-/// Stores the state in the output's dtype and layout.
-pub const STORE: Kernel = Kernel {
-    entry: "merge_store",
-    ..FOLD
-};
 
 /// Mirror of WGSL `MergeParams`.
 #[repr(C)]

@@ -8,124 +8,14 @@
 
 use crate::attention::{encode_sdpa_with_texels, AttentionOutput};
 use crate::context::Context;
-use crate::error::{checked_product, Error, Result};
+use crate::error::{Error, Result};
 use crate::kernels::kv_append;
 use crate::kernels::kv_texels::{self, KvTexels};
+pub use crate::kernels::page_table::PageTable;
 use crate::kv_cache::{check_attendable, check_new_rows};
 use crate::options::AttentionOptions;
-use crate::problem::AttentionShape;
 use crate::rotary::Rotary;
 use crate::tensor::{DType, Layout, Tensor};
-
-/// Which pages of a pool hold each batch element's keys: `[B, pages_per_sequence]`
-/// page indices, row `b` listing element `b`'s pages in key order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PageTable {
-    batch: usize,
-    pages_per_sequence: usize,
-    entries: Vec<u32>,
-}
-
-impl PageTable {
-    /// A table of `batch` rows of `pages_per_sequence` entries, row-major.
-    pub fn new(batch: usize, pages_per_sequence: usize, entries: Vec<u32>) -> Result<Self> {
-        if batch == 0 || pages_per_sequence == 0 {
-            return Err(Error::unsupported(
-                "block table",
-                format!("{batch} x {pages_per_sequence}"),
-                "at least one batch element and one page per sequence",
-            ));
-        }
-        let want = checked_product("block table entries", &[batch, pages_per_sequence])?;
-        if entries.len() != want {
-            return Err(Error::shape(
-                "block table entries",
-                format!("{want} ({batch} x {pages_per_sequence})"),
-                entries.len(),
-            ));
-        }
-        Ok(PageTable {
-            batch,
-            pages_per_sequence,
-            entries,
-        })
-    }
-
-    /// A table from each sequence's pages, shorter rows padded with their own last
-    /// page (page 0 for a sequence without pages): padding is read only as masked keys
-    /// (rows past the key lengths), and reading a sequence's own page keeps those rows
-    /// finite wherever the sequence's own values are.
-    pub fn from_sequences(sequences: &[&[u32]]) -> Result<Self> {
-        let width = sequences.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
-        let mut entries = Vec::with_capacity(sequences.len() * width);
-        for pages in sequences {
-            let pad = pages.last().copied().unwrap_or(0);
-            entries.extend_from_slice(pages);
-            entries.extend(std::iter::repeat_n(pad, width - pages.len()));
-        }
-        PageTable::new(sequences.len(), width, entries)
-    }
-
-    /// Rows of the table: the batch size `B`, one sequence per row.
-    pub fn batch(&self) -> usize {
-        self.batch
-    }
-
-    /// Entries per row: the most pages any sequence in the batch uses.
-    pub fn pages_per_sequence(&self) -> usize {
-        self.pages_per_sequence
-    }
-
-    /// All entries, row-major `[B, pages_per_sequence]`.
-    pub fn entries(&self) -> &[u32] {
-        &self.entries
-    }
-
-    /// Batch element `b`'s pages, in key order (`None` past the last element).
-    pub fn pages(&self, b: usize) -> Option<&[u32]> {
-        self.entries.chunks_exact(self.pages_per_sequence).nth(b)
-    }
-
-    /// The problem that attention of `q` `[B, Hq, Lq, D]` through this table over the
-    /// pools `k` `[P, Hkv, page_size, D]` and `v` `[P, Hkv, page_size, Dv]` solves:
-    /// keys `[B, Hkv, pages_per_sequence · page_size, D]`. Refuses pools that disagree
-    /// and entries naming no page.
-    pub(crate) fn logical_shape(&self, q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<AttentionShape> {
-        let [pages, heads_kv, page_size, d] = k;
-        if v[..3] != k[..3] {
-            return Err(Error::shape(
-                "pages, heads and page size of the value pool",
-                format!("{:?} (from the key pool)", &k[..3]),
-                format!("{:?}", &v[..3]),
-            ));
-        }
-        if q[0] != self.batch {
-            return Err(Error::shape(
-                "rows of the block table (one per batch element of q)",
-                q[0],
-                self.batch,
-            ));
-        }
-        if page_size == 0 {
-            return Err(Error::unsupported("page size", 0, "at least 1 row"));
-        }
-        if let Some((at, &page)) = self.entries.iter().enumerate().find(|(_, &e)| e as usize >= pages) {
-            return Err(Error::invalid(
-                "block table",
-                format!(
-                    "entry {} of batch element {} names page {page}, but the pool has {pages} pages",
-                    at % self.pages_per_sequence,
-                    at / self.pages_per_sequence
-                ),
-            ));
-        }
-        let len_k = checked_product(
-            "keys per sequence (pages per sequence x page size)",
-            &[self.pages_per_sequence, page_size],
-        )?;
-        AttentionShape::from_qkv(q, [self.batch, heads_kv, len_k, d], [self.batch, heads_kv, len_k, v[3]])
-    }
-}
 
 /// Identifies one sequence of a [`PagedKvCache`]: a slot and the generation of its
 /// occupant, so the id of a removed sequence never names the one that reuses its slot.
@@ -227,7 +117,7 @@ impl PagedKvCache {
         let k = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim], layout, dtype)?;
         let v = Tensor::empty(ctx, [pages, heads_kv, page_size, head_dim_v], layout, dtype)?;
         // New textures are zeroed too.
-        let texels = KvTexels::for_new_cache(ctx, &k, &v);
+        let texels = KvTexels::for_new_cache(ctx, ctx.policy(), &k, &v);
         Ok(PagedKvCache {
             k,
             v,
@@ -252,7 +142,7 @@ impl PagedKvCache {
     pub fn set_texel_mirror(&mut self, ctx: &Context, on: bool) -> Result<()> {
         let (k, v) = (&self.k, &self.v);
         let every_page: Vec<u32> = (0..k.shape()[0] as u32).collect();
-        kv_texels::set_mirror(&mut self.texels, ctx, (k, v), on, |encoder, texels| {
+        kv_texels::set_mirror(&mut self.texels, ctx, ctx.policy(), (k, v), on, |encoder, texels| {
             texels.record_pages(ctx, encoder, k, v, &every_page)
         })
     }

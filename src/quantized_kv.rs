@@ -13,7 +13,8 @@ use crate::attention::{self, encode_sdpa, AttentionOutput, ResolvedKernel};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::decode::{self, DecodeDesign, KvElements, LanesVariant};
-use crate::kernels::{dispatch_entries, kv_append, pipeline, AttentionBindings, Kernel};
+use crate::kernels::kv_dequantize::DEQUANTIZE;
+use crate::kernels::{dispatch_entries, kv_append, pipeline, AttentionBindings};
 use crate::kv_cache::{attend_options, check_append, check_attendable, check_new_rows, KvCacheConfig};
 use crate::options::{AttentionOptions, FusedTiling};
 use crate::problem::AttentionShape;
@@ -240,16 +241,6 @@ impl QuantizedKv {
         })
     }
 }
-
-/// `kv_dequantize.wgsl`: codes and scales to values of the attention's dtype.
-pub const DEQUANTIZE: Kernel = Kernel {
-    file: "kv_dequantize.wgsl",
-    source: include_str!("../shaders/kv_dequantize.wgsl"),
-    entry: "kv_dequantize",
-    slots: &[],
-    preludes: &[],
-    variant: "",
-};
 
 /// Mirror of WGSL `DequantizeParams`.
 #[repr(C)]

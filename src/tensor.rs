@@ -2,37 +2,10 @@
 //! (BHSD or BSHD, as strides) and an element type. Host data is always in the layout's
 //! own memory order.
 
-use crate::context::Context;
 use crate::error::{checked_product, Error, Result};
+pub use crate::gpu::DType;
+use crate::gpu::Gpu;
 use half::f16;
-
-/// Element type in GPU memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// IEEE single precision, 4 bytes.
-    F32,
-    /// IEEE half precision: f32 data converted to it rounds, and values beyond ±65504
-    /// become ±inf (the conversion does not check; the CLI refuses such files).
-    F16,
-}
-
-impl DType {
-    /// Bytes per element: 4 or 2.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 => 2,
-        }
-    }
-
-    /// The lower-case name used in messages and labels: `"f32"` or `"f16"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-        }
-    }
-}
 
 /// How the four logical axes `[batch, heads, seq, dim]` are laid out in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -75,7 +48,7 @@ impl Layout {
 #[derive(Debug)]
 pub struct Tensor {
     buffer: wgpu::Buffer,
-    /// The context that made it ([`Context::id`]): a tensor works only with that one.
+    /// The context that made it ([`Gpu::id`]): a tensor works only with that one.
     context: u64,
     shape: [usize; 4],
     layout: Layout,
@@ -84,33 +57,33 @@ pub struct Tensor {
 
 impl Tensor {
     /// Uploads f32 data given in `layout`'s memory order.
-    pub fn from_f32(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
+    pub fn from_f32(ctx: &Gpu, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
         check_len(shape, data.len())?;
         Self::from_bytes(ctx, shape, layout, DType::F32, bytemuck::cast_slice(data))
     }
 
     /// [`Tensor::from_f32`] with its GPU errors awaited: on the web, where a step
     /// cannot pop its own error scopes, the form that reports them.
-    pub async fn from_f32_async(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
+    pub async fn from_f32_async(ctx: &Gpu, shape: [usize; 4], layout: Layout, data: &[f32]) -> Result<Self> {
         ctx.scoped_async("uploading a tensor", || Self::from_f32(ctx, shape, layout, data))
             .await
     }
 
     /// Uploads f16 data given in `layout`'s memory order. Needs `SHADER_F16`.
-    pub fn from_f16(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
+    pub fn from_f16(ctx: &Gpu, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
         check_len(shape, data.len())?;
         ctx.require_f16("f16 tensors")?;
         Self::from_bytes(ctx, shape, layout, DType::F16, bytemuck::cast_slice(data))
     }
 
     /// [`Tensor::from_f16`] with its GPU errors awaited (see [`Tensor::from_f32_async`]).
-    pub async fn from_f16_async(ctx: &Context, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
+    pub async fn from_f16_async(ctx: &Gpu, shape: [usize; 4], layout: Layout, data: &[f16]) -> Result<Self> {
         ctx.scoped_async("uploading a tensor", || Self::from_f16(ctx, shape, layout, data))
             .await
     }
 
     /// Uploads f32 data, converting to `dtype` on the host.
-    pub fn from_f32_as(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, data: &[f32]) -> Result<Self> {
+    pub fn from_f32_as(ctx: &Gpu, shape: [usize; 4], layout: Layout, dtype: DType, data: &[f32]) -> Result<Self> {
         match dtype {
             DType::F32 => Self::from_f32(ctx, shape, layout, data),
             DType::F16 => {
@@ -122,7 +95,7 @@ impl Tensor {
 
     /// [`Tensor::from_f32_as`] with its GPU errors awaited (see [`Tensor::from_f32_async`]).
     pub async fn from_f32_as_async(
-        ctx: &Context,
+        ctx: &Gpu,
         shape: [usize; 4],
         layout: Layout,
         dtype: DType,
@@ -136,11 +109,11 @@ impl Tensor {
 
     /// A batch-first sequence `[B, S, width]` (the inputs and outputs of
     /// [`crate::mha::MultiHeadAttention`]), stored as shape `[B, 1, S, width]`.
-    pub fn sequence(ctx: &Context, [batch, seq, width]: [usize; 3], dtype: DType, data: &[f32]) -> Result<Self> {
+    pub fn sequence(ctx: &Gpu, [batch, seq, width]: [usize; 3], dtype: DType, data: &[f32]) -> Result<Self> {
         Self::from_f32_as(ctx, [batch, 1, seq, width], Layout::Bhsd, dtype, data)
     }
 
-    fn from_bytes(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Result<Self> {
+    fn from_bytes(ctx: &Gpu, shape: [usize; 4], layout: Layout, dtype: DType, bytes: &[u8]) -> Result<Self> {
         let buffer = ctx.create_buffer_init("wgpu-attention tensor", &pad_to_4(bytes), tensor_usage())?;
         Ok(Tensor {
             buffer,
@@ -153,13 +126,13 @@ impl Tensor {
 
     /// Wraps a caller's buffer as a tensor, without copying: its first
     /// `shape.product() · dtype.size()` bytes hold the data in `layout`'s memory order.
-    /// The buffer must come from this context's device ([`Context::device`]; wgpu
+    /// The buffer must come from this context's device ([`Gpu::device`]; wgpu
     /// cannot tell, and a buffer of another device fails inside wgpu) and have
     /// `STORAGE` usage (`COPY_SRC` too, to read it back, `COPY_DST` to be appended to a
     /// cache from). Data starts at offset 0: to use a range of a larger buffer, copy it
     /// (`CommandEncoder::copy_buffer_to_buffer`), since the kernels bind whole buffers.
     pub fn from_buffer(
-        ctx: &Context,
+        ctx: &Gpu,
         buffer: wgpu::Buffer,
         shape: [usize; 4],
         layout: Layout,
@@ -208,7 +181,7 @@ impl Tensor {
     }
 
     /// An uninitialised tensor (used for outputs).
-    pub fn empty(ctx: &Context, shape: [usize; 4], layout: Layout, dtype: DType) -> Result<Self> {
+    pub fn empty(ctx: &Gpu, shape: [usize; 4], layout: Layout, dtype: DType) -> Result<Self> {
         let bytes = checked_product(
             "output tensor shape (bytes)",
             &[shape[0], shape[1], shape[2], shape[3], dtype.size()],
@@ -225,12 +198,12 @@ impl Tensor {
 
     /// Reads the tensor back as f32 in its layout's memory order.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn to_f32_vec(&self, ctx: &Context) -> Result<Vec<f32>> {
+    pub fn to_f32_vec(&self, ctx: &Gpu) -> Result<Vec<f32>> {
         pollster::block_on(self.to_f32_vec_async(ctx))
     }
 
     /// [`Tensor::to_f32_vec`], awaited (the only form on the web).
-    pub async fn to_f32_vec_async(&self, ctx: &Context) -> Result<Vec<f32>> {
+    pub async fn to_f32_vec_async(&self, ctx: &Gpu) -> Result<Vec<f32>> {
         self.check_context(ctx, "tensor to read back")?;
         let bytes = ctx.read_buffer_async(&self.buffer, self.byte_len()).await?;
         Ok(self.values_of(&bytes))
@@ -239,12 +212,12 @@ impl Tensor {
     /// Reads an f16 tensor back as f16, in its layout's memory order, without rounding
     /// through f32 ([`Tensor::to_f32_vec`] reads either dtype as f32).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn to_f16_vec(&self, ctx: &Context) -> Result<Vec<f16>> {
+    pub fn to_f16_vec(&self, ctx: &Gpu) -> Result<Vec<f16>> {
         pollster::block_on(self.to_f16_vec_async(ctx))
     }
 
     /// [`Tensor::to_f16_vec`], awaited (the only form on the web).
-    pub async fn to_f16_vec_async(&self, ctx: &Context) -> Result<Vec<f16>> {
+    pub async fn to_f16_vec_async(&self, ctx: &Gpu) -> Result<Vec<f16>> {
         self.check_context(ctx, "tensor to read back")?;
         if self.dtype != DType::F16 {
             return Err(Error::shape(
@@ -271,7 +244,7 @@ impl Tensor {
     /// Refuses a tensor made by another context: wgpu does not catch the mix (each
     /// context has its own wgpu instance, whose resource ids overlap another's, so a
     /// foreign buffer resolves to one of this device's, or to none and a panic).
-    pub(crate) fn check_context(&self, ctx: &Context, what: &str) -> Result<()> {
+    pub(crate) fn check_context(&self, ctx: &Gpu, what: &str) -> Result<()> {
         if self.context != ctx.id() {
             return Err(Error::invalid(
                 what,

@@ -124,7 +124,7 @@ fn decode_is_exact_at_its_loop_budget() {
     let dtype = if ctx.capabilities().f16 { DType::F16 } else { DType::F32 };
     let unbounded = AttentionShape::new(1, 256, 1, 1, 1 << 20, 2, 256);
     for tiling in common::decode_designs(ctx) {
-        let design = DecodeDesign::for_context(ctx, tiling).expect("a design");
+        let design = DecodeDesign::for_context(ctx, ctx.policy(), tiling).expect("a design");
         let mut fit = TILE;
         while design.iterations(&unbounded, fit + TILE) <= cap {
             fit += TILE;

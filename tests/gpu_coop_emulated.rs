@@ -230,7 +230,7 @@ fn assert_coop_gemm(ctx: &Context, case: &GemmCase, dtype: DType, seed: u64) {
         k,
     };
     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-    encode_linear(ctx, &mut encoder, dtype, LinearTiling::Coop, &linear).expect("records");
+    encode_linear(ctx, ctx.policy(), &mut encoder, dtype, LinearTiling::Coop, &linear).expect("records");
     ctx.queue().submit([encoder.finish()]);
     let mut col0 = 0;
     for (t, &wd) in outs.iter().zip(widths) {

@@ -149,7 +149,7 @@ fn many_splits_merge_exactly() {
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.limit_loop_iterations(16_000);
     let shape = AttentionShape::new(1, 4, 2, 1, 5000, 64, 64);
-    let design = decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto).expect("a design");
+    let design = decode::DecodeDesign::for_context(&ctx, ctx.policy(), FusedTiling::Auto).expect("a design");
     let split = decode::choose_split(&ctx, design, &shape, shape.len_k).expect("fits");
     assert!(split.splits >= 16, "{split:?}");
     assert!(design.iterations(&shape, split.split_keys) <= 16_000, "{split:?}");
@@ -171,7 +171,7 @@ fn splits_cover_only_keys_some_row_can_see() {
     // A KV cache of 32768 rows holding 1000: the splits cut 1000 keys, not the capacity.
     let Some(ctx) = common::ctx() else { return };
     let shape = AttentionShape::new(1, 8, 2, 1, 32768, 64, 64);
-    let design = decode::DecodeDesign::for_context(ctx, FusedTiling::Auto).expect("a design");
+    let design = decode::DecodeDesign::for_context(ctx, ctx.policy(), FusedTiling::Auto).expect("a design");
     let whole = decode::choose_split(ctx, design, &shape, shape.len_k).expect("fits");
     let held = decode::choose_split(ctx, design, &shape, 1000).expect("fits");
     assert_eq!(held.keys, 1000);
@@ -222,7 +222,7 @@ fn the_lanes_design_matches_the_reference() {
     let Some(shared) = common::ctx() else { return };
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
-    match decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto) {
+    match decode::DecodeDesign::for_context(&ctx, ctx.policy(), FusedTiling::Auto) {
         Ok(design) => assert_eq!(design, decode::DecodeDesign::Lanes),
         Err(e) => {
             common::skip_or_fail(&format!("the lanes design needs a fixed subgroup size: {e}"));
@@ -287,7 +287,7 @@ fn the_lanes_design_reads_paged_keys_as_the_gathered_ones_bit_for_bit() {
     let Some(_) = common::ctx() else { return };
     let mut ctx = wgpu_attention::Context::new().expect("a second context");
     ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
-    if decode::DecodeDesign::for_context(&ctx, FusedTiling::Auto).is_err() {
+    if decode::DecodeDesign::for_context(&ctx, ctx.policy(), FusedTiling::Auto).is_err() {
         common::skip_or_fail("the lanes design needs a fixed subgroup size");
         return;
     }
@@ -325,7 +325,7 @@ fn a_nan_key_or_value_gives_nan_where_the_reference_does_on_every_design() {
     let Some(shared) = common::ctx() else { return };
     let mut lanes_ctx = wgpu_attention::Context::new().expect("a second context");
     lanes_ctx.use_decode_design(Some(decode::DecodeDesign::Lanes));
-    let lanes = decode::DecodeDesign::for_context(&lanes_ctx, FusedTiling::Auto).is_ok();
+    let lanes = decode::DecodeDesign::for_context(&lanes_ctx, lanes_ctx.policy(), FusedTiling::Auto).is_ok();
     // Three batch elements, the last of length 0 (a fully masked row); 600 keys make
     // three splits of 256; causal, so row 0 of each head sees keys up to 598 only.
     let (b, hq, hkv, lq, lk, d, dv) = (3, 4, 2, 2, 600, 16, 16);
@@ -398,7 +398,7 @@ fn a_nan_key_or_value_gives_nan_where_the_reference_does_on_every_design() {
             };
             let what = format!(
                 "seed {seed} {dtype:?} {:?} from {source}",
-                decode::DecodeDesign::for_context(ctx, tiling)
+                decode::DecodeDesign::for_context(ctx, ctx.policy(), tiling)
             );
             eprintln!("{what}");
             let result = if source == "tensors" {

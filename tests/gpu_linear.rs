@@ -104,7 +104,7 @@ fn linear_rejects_bad_requests_with_errors() {
             m,
             k,
         };
-        encode_linear(ctx, encoder, DType::F32, LinearTiling::Tiled, &linear)
+        encode_linear(ctx, ctx.policy(), encoder, DType::F32, LinearTiling::Tiled, &linear)
     };
     assert!(attempt(&mut encoder, 0, 4, &[1]).is_err(), "m = 0");
     assert!(attempt(&mut encoder, 1, 4, &[]).is_err(), "no outputs");
@@ -138,7 +138,7 @@ fn linear_rejects_bad_requests_with_errors() {
             m: 1,
             k: 4,
         };
-        encode_linear(ctx, encoder, DType::F32, LinearTiling::Texture, &linear)
+        encode_linear(ctx, ctx.policy(), encoder, DType::F32, LinearTiling::Texture, &linear)
     };
     assert!(
         with_packed(&mut encoder, &pack(0, two_rows.buffer())).is_ok(),

@@ -19,7 +19,8 @@ const HQ: usize = 4;
 /// Whether decode on `ctx` takes the subgroup design, which alone reads a mirror; if
 /// so, a new cache must keep one.
 fn mirrors(ctx: &Context) -> bool {
-    let subgroup = DecodeDesign::for_context(ctx, FusedTiling::Auto).expect("a design") == DecodeDesign::Subgroup;
+    let subgroup =
+        DecodeDesign::for_context(ctx, ctx.policy(), FusedTiling::Auto).expect("a design") == DecodeDesign::Subgroup;
     if !subgroup {
         // The texel mirror serves the subgroup decode design only; lavapipe takes it.
         common::skip_lacking(ctx, "the subgroup decode design (texel mirrors)", true);

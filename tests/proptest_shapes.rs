@@ -250,7 +250,7 @@ fn context_for(ctx: &'static Context, case: &CheckCase, path: Path) -> Result<&'
             emulating().ok_or_else(|| "the coop tiling without cooperative-matrix emulation".to_string())
         }
         Path::Fused(t) => ctx.fused_config(t).map(|_| ctx).map_err(|e| e.to_string()),
-        Path::Decode(t) => DecodeDesign::for_context(ctx, t)
+        Path::Decode(t) => DecodeDesign::for_context(ctx, ctx.policy(), t)
             .map(|_| ctx)
             .map_err(|e| e.to_string()),
     }

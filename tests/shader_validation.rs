@@ -332,7 +332,8 @@ fn linear_and_packing_uniforms_match_rust() {
 #[test]
 fn rotary_uniforms_match_rust() {
     use std::mem::{offset_of, size_of};
-    use wgpu_attention::rotary::{RotaryParams, KERNEL};
+    use wgpu_attention::kernels::rotary::KERNEL;
+    use wgpu_attention::rotary::RotaryParams;
     let fields = [
         ("heads", offset_of!(RotaryParams, heads)),
         ("len", offset_of!(RotaryParams, len)),
@@ -357,7 +358,8 @@ fn rotary_uniforms_match_rust() {
 #[test]
 fn merge_uniforms_match_rust() {
     use std::mem::{offset_of, size_of};
-    use wgpu_attention::merge::{MergeParams, FOLD, STORE};
+    use wgpu_attention::kernels::merge::{FOLD, STORE};
+    use wgpu_attention::merge::MergeParams;
     let fields = [
         ("rows", offset_of!(MergeParams, rows)),
         ("heads", offset_of!(MergeParams, heads)),

@@ -123,7 +123,9 @@ pub fn time_matmul(ctx: &Context, n: usize, dtype: DType, reps: usize) -> Result
         m: n,
         k: n,
     };
-    let timing = time_gpu(ctx, reps, |encoder| encode_linear(ctx, encoder, dtype, tiling, &linear))?;
+    let timing = time_gpu(ctx, reps, |encoder| {
+        encode_linear(ctx, ctx.policy(), encoder, dtype, tiling, &linear)
+    })?;
     Ok((timing, 2.0 * (n as f64).powi(3)))
 }
 

@@ -149,7 +149,7 @@ pub fn run_linear_case(ctx: &Context, case: &LinearCase) -> Result<LinearOutcome
         k,
     };
     ctx.record_and_submit("submitting a checked GEMM", |encoder| {
-        encode_linear(ctx, encoder, case.dtype, case.tiling, &linear)
+        encode_linear(ctx, ctx.policy(), encoder, case.dtype, case.tiling, &linear)
     })?;
     let mut outcome = LinearOutcome {
         max_abs: 0.0,

@@ -11,37 +11,7 @@ use crate::reference::{self, ReferenceOutput};
 use crate::tensor::{relayout, DType, Layout, Tensor};
 use half::f16;
 
-/// A small, fast, seeded generator (SplitMix64): reproducible inputs with no dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[lo, hi)`.
-    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        let unit = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-        lo + (hi - lo) * unit
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-
-    pub fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
+pub use crate::reference::rng::Rng;
 
 /// How close a GPU result must be to the f64 reference (docs/design.md, "Precision").
 ///
@@ -235,7 +205,7 @@ impl Variant {
             // `decode/lanes` runs the adapter's own pick, where that is the lanes design
             // (GPUs with a fixed subgroup size); elsewhere it would repeat another row.
             KernelChoice::Decode if self.tiling == FusedTiling::Auto => {
-                match DecodeDesign::for_context(ctx, self.tiling) {
+                match DecodeDesign::for_context(ctx, ctx.policy(), self.tiling) {
                     Ok(DecodeDesign::Lanes) => Ok(()),
                     Ok(_) => Err(crate::Error::MissingFeature {
                         adapter: ctx.adapter_info().name.clone(),
@@ -245,7 +215,7 @@ impl Variant {
                     Err(e) => Err(e),
                 }
             }
-            KernelChoice::Decode => DecodeDesign::for_context(ctx, self.tiling).map(|_| ()),
+            KernelChoice::Decode => DecodeDesign::for_context(ctx, ctx.policy(), self.tiling).map(|_| ()),
             _ => ctx
                 .fused_config_for(self.tiling, self.dtype, self.precision)
                 .map(|_| ()),

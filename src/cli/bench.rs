@@ -17,8 +17,7 @@ use wgpu_attention::mha::MhaConfig;
 use wgpu_attention::report::adapter_json;
 use wgpu_attention::{AttentionShape, Context, DType, FusedTiling, Precision, Window};
 
-/// Version tag of the JSON this command writes.
-pub const SCHEMA: &str = "wgpu-attention-bench/1";
+pub use super::bench_compare::SCHEMA;
 /// Version tag of the JSON `bench --mha` writes.
 pub const MHA_SCHEMA: &str = "wgpu-attention-bench-mha/1";
 
@@ -290,7 +289,8 @@ fn measure(ctx: &Context, plan: &Plan, args: &BenchArgs) -> Result<Value, CliErr
     let fused_tiling_f16 = ctx
         .fused_config_for(FusedTiling::Auto, DType::F16, plan.precision)?
         .name();
-    let decode_design = wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, FusedTiling::Auto)?.name();
+    let decode_design =
+        wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, ctx.policy(), FusedTiling::Auto)?.name();
     let gemm_tiling = ctx.linear_tiling_for(DType::F32, plan.precision).name();
     let gemm_tiling_f16 = ctx.linear_tiling_for(DType::F16, plan.precision).name();
     let clock = Clock::for_context(ctx);

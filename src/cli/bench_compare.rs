@@ -3,10 +3,12 @@
 //! of B; rows match on shape, mask, dtype and kernel family (`fused/subgroup` and
 //! `fused/shared` are both `fused`), so different adapters' tilings line up.
 
-use super::bench::SCHEMA;
 use super::CliError;
 use serde_json::Value;
 use std::path::Path;
+
+/// Version tag of the JSON `bench` writes and `--compare` reads.
+pub const SCHEMA: &str = "wgpu-attention-bench/1";
 
 fn load(path: &Path) -> Result<Vec<Value>, CliError> {
     let text =

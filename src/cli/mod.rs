@@ -31,6 +31,7 @@ mod output;
 mod run;
 mod tune;
 mod tune_backward;
+mod tune_scoring;
 mod viz;
 
 use clap::{Parser, Subcommand};

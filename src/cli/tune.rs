@@ -5,6 +5,7 @@
 //! (`wgpu_attention::tune`).
 
 use super::output::write_all;
+use super::tune_scoring::{shape_label, winners, Deadline, Scored};
 use super::{write_stdout, AdapterArgs, CliError};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -414,13 +415,6 @@ fn merge_into_table(path: &Path, entries: &[TuneEntry]) -> Result<(), CliError> 
     // The lock is released when `lock` is dropped, after the rename.
 }
 
-pub(super) fn shape_label(s: &AttentionShape) -> String {
-    format!(
-        "{},{},{},{},{},{},{}",
-        s.batch, s.heads_q, s.heads_kv, s.len_q, s.len_k, s.head_dim, s.head_dim_v
-    )
-}
-
 /// The tilings the adapter runs for this problem: for tensor cores every variant of the
 /// head-dim class that holds it, for the micro-tile tiling every lane count its
 /// subgroups allow.
@@ -691,33 +685,6 @@ fn direct_serves_plain(v: &CoopVariant, shape: &AttentionShape, dtype: DType, sp
         && (splits <= 1 || 64 % bc == 0)
 }
 
-/// `--deadline`: when `tune` starts no more candidates.
-pub(super) struct Deadline {
-    start: std::time::Instant,
-    seconds: Option<u64>,
-}
-
-impl Deadline {
-    pub(super) fn new(seconds: Option<u64>) -> Self {
-        Deadline {
-            start: std::time::Instant::now(),
-            seconds,
-        }
-    }
-
-    /// Whether the deadline has passed (saying so, with the `rows` measured by then).
-    pub(super) fn passed(&self, rows: usize) -> Result<bool, CliError> {
-        let Some(seconds) = self.seconds else { return Ok(false) };
-        if self.start.elapsed().as_secs() < seconds {
-            return Ok(false);
-        }
-        write_stdout(format_args!(
-            "deadline: {seconds} s passed; no more candidates started ({rows} rows measured)"
-        ))?;
-        Ok(true)
-    }
-}
-
 /// The table's variant column: the pin, and `/kN` for N key splits.
 fn variant_column(row: &Row) -> String {
     let pin = row.variant.map_or("-".into(), Pin::label);
@@ -847,51 +814,4 @@ fn coop_winners(rows: &[Row]) -> Vec<(CoopVariant, f64)> {
         })
         .collect();
     winners(&scored)
-}
-
-/// One timed row as [`winners`] sees it.
-pub(super) struct Scored<'a, V> {
-    pub variant: V,
-    /// The head-dim class it competes in.
-    pub class: u32,
-    pub dtype: DType,
-    /// `ok`, `WRONG ..`, or why not.
-    pub status: &'a str,
-    pub gflops: Option<f64>,
-}
-
-/// Per class, the variant with the highest mean GFLOP/s over its `ok` rows (f16 rows
-/// where the class has any; a variant wrong anywhere left out), and that mean.
-pub(super) fn winners<V: Copy + Ord>(rows: &[Scored<V>]) -> Vec<(V, f64)> {
-    let mut classes: Vec<u32> = rows.iter().map(|r| r.class).collect();
-    classes.sort_unstable();
-    classes.dedup();
-    let wrong = |v: V| rows.iter().any(|r| r.variant == v && r.status.starts_with("WRONG"));
-    let mut out = Vec::new();
-    for class in classes {
-        let of_class: Vec<&Scored<V>> = rows
-            .iter()
-            .filter(|r| r.class == class && r.status == "ok" && !wrong(r.variant))
-            .collect();
-        let dtype = if of_class.iter().any(|r| r.dtype == DType::F16) {
-            DType::F16
-        } else {
-            DType::F32
-        };
-        let mut variants: Vec<V> = of_class.iter().map(|r| r.variant).collect();
-        variants.sort_unstable();
-        variants.dedup();
-        let score = |v: &V| {
-            let figures: Vec<f64> = of_class
-                .iter()
-                .filter(|r| r.variant == *v && r.dtype == dtype)
-                .filter_map(|r| r.gflops)
-                .collect();
-            figures.iter().sum::<f64>() / figures.len().max(1) as f64
-        };
-        if let Some(best) = variants.iter().max_by(|a, b| score(a).total_cmp(&score(b))) {
-            out.push((*best, score(best)));
-        }
-    }
-    out
 }

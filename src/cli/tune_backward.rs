@@ -8,7 +8,7 @@
 //! (docs/design.md, "Named backward").
 
 use super::output::write_all;
-use super::tune::Scored;
+use super::tune_scoring::{self, shape_label, Deadline, Scored};
 use super::{write_stdout, CliError};
 use serde_json::json;
 use std::path::PathBuf;
@@ -38,7 +38,7 @@ struct Row {
 /// What `tune --backward` was asked for.
 pub struct Request<'a> {
     /// When to start no more candidates (`--deadline`).
-    pub deadline: &'a super::tune::Deadline,
+    pub deadline: &'a Deadline,
     pub shapes: &'a [AttentionShape],
     pub dtypes: &'a [DType],
     pub reps: usize,
@@ -64,7 +64,7 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
         let Some(class) = [32, 64, 128].into_iter().find(|&c| dims <= c) else {
             write_stdout(format_args!(
                 "{}: head dims past 128 have no tensor-core backward",
-                super::tune::shape_label(&shape)
+                shape_label(&shape)
             ))?;
             continue;
         };
@@ -79,7 +79,7 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
                 for v in not {
                     write_stdout(format_args!(
                         "{}: {} does not fit these head dims on this adapter",
-                        super::tune::shape_label(&shape),
+                        shape_label(&shape),
                         v.label()
                     ))?;
                 }
@@ -96,7 +96,7 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
                 ctx.use_coop_backward_variant(None);
                 write_stdout(format_args!(
                     "{:<28} {:<5} {:<10} {:<10} {:>10} {:>10}  {}",
-                    super::tune::shape_label(&row.shape),
+                    shape_label(&row.shape),
                     row.dtype.name(),
                     "coop-bwd",
                     row.variant.label(),
@@ -148,7 +148,7 @@ pub fn run(ctx: &mut Context, request: &Request) -> Result<(), CliError> {
     let bad: Vec<String> = rows
         .iter()
         .filter(|r| r.status.starts_with("WRONG") || r.status.starts_with("failed"))
-        .map(|r| format!("{} {}", super::tune::shape_label(&r.shape), r.variant.label()))
+        .map(|r| format!("{} {}", shape_label(&r.shape), r.variant.label()))
         .collect();
     if !bad.is_empty() {
         return Err(CliError::Failed(format!(
@@ -280,5 +280,5 @@ fn winners(rows: &[Row]) -> Vec<(CoopBackwardVariant, f64)> {
             gflops: r.gflops,
         })
         .collect();
-    super::tune::winners(&scored)
+    tune_scoring::winners(&scored)
 }

@@ -1,66 +1,47 @@
-//! The GPU context: adapter, device, queue, detected capabilities and the pipeline cache.
-//!
-//! Rooms: `adapter` (choosing one), `capabilities` (what it can do), `policy` (what
-//! the user, the environment or a tuning table chose), `device_watch`
-//! (device loss and escaped errors), `submit` (error scopes, submission, readback) and
-//! `resources` (buffers, textures, pipelines); this file makes contexts.
+//! The handle callers hold (docs/design.md, "Host side"): a [`Context`] is the device
+//! layer ([`Gpu`]: adapter, device, queue, capabilities, pipeline cache) and the
+//! [`Policy`] its kernels are picked under (pins, key splits, the tuning table's
+//! variants, read from the environment once, when it is made). It dereferences to its
+//! [`Gpu`], so a `&Context` serves wherever a kernel or a tensor asks for the device
+//! alone; the operations take the context and hand its policy to the pickers.
 
-mod adapter;
-mod capabilities;
-mod device_watch;
-mod policy;
-mod resources;
-mod submit;
-
-#[cfg(test)]
-pub use adapter::mesa_version;
 #[cfg(not(target_arch = "wasm32"))]
-pub use adapter::{enumerate_adapters, quiet_headless_vulkan};
-pub use adapter::{enumerate_adapters_async, is_cpu_adapter, AdapterSelector};
-pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
-pub(crate) use policy::{env_path, env_value};
-pub use policy::{Policy, COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS, SUBGROUPS_VAR};
-pub(crate) use resources::{CompiledPipeline, PipelineKey};
+pub use crate::gpu::{enumerate_adapters, quiet_headless_vulkan};
+pub use crate::gpu::{enumerate_adapters_async, AdapterSelector, Capabilities, CoopConfig, Gpu};
+pub use crate::kernels::policy::{
+    Policy, COOP_BACKWARD_VAR, COOP_GEMM_VAR, KEY_SPLITS_VAR, MAX_KEY_SPLITS, SUBGROUPS_VAR,
+};
 
 use crate::error::{Error, Result};
+use crate::gpu::{experimental_features, new_instance, no_adapter, numbered_names};
+use crate::kernels::policy::runtime_checks_from_env;
 use crate::options::FusedTiling;
-use crate::staging::StagingPool;
-use adapter::{new_instance, no_adapter};
-use capabilities::experimental_features;
-use device_watch::DeviceWatch;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
-/// Adapter, device, queue, capabilities and compiled pipelines.
+/// A device ([`Gpu`], which it dereferences to) and the choices its kernels are picked
+/// under ([`Policy`]).
 pub struct Context {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
-    info: wgpu::AdapterInfo,
-    caps: Capabilities,
-    pipelines: Mutex<HashMap<PipelineKey, CompiledPipeline>>,
-    /// Readback buffers for reuse.
-    staging: StagingPool,
-    allocated: AtomicU64,
-    /// What every context on this device shares: whether the device was lost (after
-    /// which every call fails with an error that says so, where wgpu itself would
-    /// panic on some, e.g. mapping a new buffer), the hooks to run then, and GPU errors
-    /// that escaped every error scope, kept for the next call to return.
-    watch: Arc<DeviceWatch>,
-    /// Unique per context in this process (tensors remember the one that made them).
-    id: u64,
-    /// Pins, tuning and runtime checks: what was chosen, beside what the adapter can do.
+    gpu: Gpu,
+    /// Pins and tuning: what was chosen, beside what the adapter can do.
     policy: Policy,
 }
 
-static NEXT_CONTEXT_ID: AtomicU64 = AtomicU64::new(1);
+impl std::ops::Deref for Context {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
+        &self.gpu
+    }
+}
+
+impl std::ops::DerefMut for Context {
+    fn deref_mut(&mut self) -> &mut Gpu {
+        &mut self.gpu
+    }
+}
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
-            .field("adapter", &self.info.name)
-            .field("backend", &self.info.backend)
-            .field("caps", &self.caps)
+            .field("gpu", &self.gpu)
             .field("policy", &self.policy)
             .finish()
     }
@@ -88,7 +69,7 @@ impl Context {
     }
 
     /// Shares a device and queue the caller already owns (e.g. with a renderer). Tensor
-    /// cores are used only after [`Context::use_cooperative_matrix_properties`], and only
+    /// cores are used only after [`crate::Gpu::use_cooperative_matrix_properties`], and only
     /// if the device has `EXPERIMENTAL_COOPERATIVE_MATRIX`. The device's uncaptured-error
     /// handler stays the caller's: errors in work the caller submits outside an error
     /// scope go there, not to this context's next call (as they do for contexts this
@@ -98,10 +79,10 @@ impl Context {
     /// unless a context already uses this device (then they share it). wgpu keeps one
     /// callback per device and offers no way to read it back, so one the caller set
     /// before is replaced. To keep a handler of your own:
-    /// - register it with [`Context::on_device_lost`]: every context on the device runs
+    /// - register it with [`crate::Gpu::on_device_lost`]: every context on the device runs
     ///   it once, when the device is lost (at once if it already was);
     /// - or, if you set a callback of your own after making the context, call
-    ///   [`Context::device_lost_callback`]'s function from it; otherwise no context on
+    ///   [`crate::Gpu::device_lost_callback`]'s function from it; otherwise no context on
     ///   the device learns of the loss.
     ///
     /// A device destroyed or lost before this call makes a context that is lost from
@@ -140,7 +121,7 @@ impl Context {
                     Ok(adapter) => adapter,
                     Err(_) => {
                         let listed = instance.enumerate_adapters(backends).await;
-                        return Err(no_adapter(&selector, &adapter::numbered_names(&listed, backends)));
+                        return Err(no_adapter(&selector, &numbered_names(&listed, backends)));
                     }
                 }
             }
@@ -175,18 +156,8 @@ impl Context {
             reason: e.to_string(),
         })?;
         let mut ctx = Self::from_device_async(info, device.clone(), queue, true).await;
-        // Every operation runs inside error scopes. An error that escapes them (work the
-        // caller recorded with an `encode_*` function and submitted outside a scope)
-        // is kept for the `Result` of the next call on the thread that raised it, rather
-        // than aborting the process as wgpu's default handler does. The handler holds
-        // the watch weakly (the device owns the handler).
-        let watch = Arc::downgrade(&ctx.watch);
-        device.on_uncaptured_error(Arc::new(move |e| {
-            eprintln!("wgpu-attention: uncaptured wgpu error: {e}");
-            if let Some(watch) = watch.upgrade() {
-                watch.keep_escaped(e.to_string());
-            }
-        }));
+        ctx.gpu.use_runtime_checks(runtime_checks_from_env()?);
+        ctx.gpu.keep_uncaptured_errors();
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.policy = policy;
         Ok(ctx)
@@ -194,7 +165,7 @@ impl Context {
 
     /// Pins the tensor-core variant per head-dim class (one per class; the smallest
     /// class that holds a problem's head dims is used), as a tuning table does for the
-    /// adapter it names (`crate::tune`): for contexts made with [`Context::from_wgpu`],
+    /// adapter it names (`crate::kernels::tune`): for contexts made with [`Context::from_wgpu`],
     /// which read no table, and for `wgpu-attention tune`. A variant that does not fit
     /// the adapter is passed over for the picker's rule.
     pub fn use_coop_variants(&mut self, variants: Vec<crate::kernels::flash::CoopVariant>) {
@@ -256,40 +227,10 @@ impl Context {
         self.policy.coop_gemm_direct = direct;
     }
 
-    /// Picks the kernel variants a GPU-class adapter gets (`shared`'s D ≤ 64 class) on a
-    /// CPU adapter too: for tests, which run them on lavapipe.
-    #[doc(hidden)]
-    pub fn use_gpu_variants(&mut self) {
-        self.caps.cpu = false;
-    }
-
-    /// Picks kernels as on an adapter without subgroups (WebGPU without the `subgroups`
-    /// feature, GL): with [`Context::use_gpu_variants`], a GPU's variants that sum a
-    /// row's lanes through workgroup memory. For tests, which run them on lavapipe.
-    #[doc(hidden)]
-    pub fn use_no_subgroups(&mut self) {
-        self.caps.subgroups = None;
-    }
-
-    /// Compiles kernels from now on with these of wgpu's runtime checks (what
-    /// `WGPU_ATTENTION_RUNTIME_CHECKS` does for contexts made by [`Context::new`]):
-    /// `WGPU_DEFAULT` keeps wgpu's loop counter and bounds checks; dropping them is safe
-    /// for this crate's own kernels (every loop is bounded by its problem's shape, every
-    /// index checked by the host's guards: docs/design.md, "Runtime checks") and is for
-    /// timing them side by side on a GPU, where the counters cost instructions.
-    pub fn use_runtime_checks(&mut self, checks: crate::kernels::runtime_checks::RuntimeChecks) {
-        self.policy.runtime_checks = checks;
-    }
-
-    /// The runtime checks kernels are compiled with ([`Context::use_runtime_checks`]).
-    pub fn runtime_checks(&self) -> crate::kernels::runtime_checks::RuntimeChecks {
-        self.policy.runtime_checks
-    }
-
     /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
     /// "Backward") to `bytes`: smaller bands of pairs and query rows, more of them (never
-    /// below [`crate::backward::MIN_BAND_ROWS`] rows). For tests of the banding; the
-    /// default is [`crate::backward::SCRATCH_BYTES`].
+    /// below [`crate::kernels::backward_texel::MIN_BAND_ROWS`] rows). For tests of the banding; the
+    /// default is [`crate::kernels::backward_texel::SCRATCH_BYTES`].
     #[doc(hidden)]
     pub fn limit_backward_scratch(&mut self, bytes: u64) {
         self.policy.backward_scratch_bytes = bytes;
@@ -299,92 +240,25 @@ impl Context {
         self.policy.backward_scratch_bytes
     }
 
-    /// Records the cooperative-matrix configurations of the adapter this context's
-    /// device came from (`adapter.cooperative_matrix_properties()`), for a context made
-    /// by [`Context::from_wgpu`]; ignored unless the device has
-    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` enabled.
-    pub fn use_cooperative_matrix_properties(&mut self, properties: &[wgpu::CooperativeMatrixProperties]) {
-        if self
-            .device
-            .features()
-            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-        {
-            self.caps.cooperative_matrix = properties.iter().map(CoopConfig::of).collect();
-        }
-    }
-
-    /// Lets an adapter without tensor cores run the cooperative-matrix kernels with each
-    /// coop operation emulated per subgroup in plain WGSL (`kernels::coop_emulation`):
-    /// slow, and a check of the kernels' logic only, for CI on lavapipe. Needs f16 and
-    /// `SUBGROUP` with a fixed subgroup size of at most 16 lanes; a device with real
-    /// tensor cores keeps them.
-    pub fn emulate_cooperative_matrix(&mut self) -> Result<()> {
-        if self.caps.coop_subgroup_size().is_some() && !self.caps.coop_emulated {
-            return Ok(()); // real tensor cores the kernels can use
-        }
-        let mut caps = self.caps.clone();
-        caps.cooperative_matrix = vec![CoopConfig {
-            m: 16,
-            n: 16,
-            k: 16,
-            ab: "f16",
-            c: "f32",
-        }];
-        if caps.coop_subgroup_size().is_none() {
-            return Err(Error::MissingFeature {
-                adapter: self.info.name.clone(),
-                feature: "SHADER_F16, SUBGROUP with a fixed subgroup size and SUBGROUP_BARRIER",
-                needed_for: "emulating cooperative matrices".into(),
-            });
-        }
-        // A lane holds 16 / SG elements of a tile row (kernels::coop_emulation).
-        if caps.coop_subgroup_size().is_some_and(|sg| 16 % sg != 0) {
-            return Err(Error::MissingFeature {
-                adapter: self.info.name.clone(),
-                feature: "subgroups of at most 16 lanes",
-                needed_for: "emulating cooperative matrices".into(),
-            });
-        }
-        // The loop model of the emulated kernels (kernels::loop_budget::coop_iterations)
-        // covers subgroups of 8 and 16 lanes; on 4 one tile of the larger variants
-        // could pass llvmpipe's cap.
-        if self.caps.loop_cap.is_some() && caps.coop_subgroup_size().is_some_and(|sg| sg < 8) {
-            return Err(Error::MissingFeature {
-                adapter: self.info.name.clone(),
-                feature: "subgroups of at least 8 lanes (under this driver's loop cap)",
-                needed_for: "emulating cooperative matrices".into(),
-            });
-        }
-        caps.coop_emulated = true;
-        self.caps = caps;
-        Ok(())
-    }
-
     /// [`Context::from_wgpu`], awaited (a CPU adapter's context runs the loop probe,
-    /// [`Context::loop_cap`], which reads a result back).
+    /// [`crate::Gpu::loop_cap`], which reads a result back).
     pub async fn from_wgpu_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {
         Self::from_device_async(info, device, queue, false).await
     }
 
     /// [`Context::from_wgpu_async`]; `fresh` for a device this crate has just made
-    /// (no other context can share it, so none is looked for).
+    /// (no other context can share it, so none is looked for). A CPU adapter's
+    /// context probes the driver's loop cap ([`Gpu::loop_cap`]).
     async fn from_device_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue, fresh: bool) -> Self {
-        let watch = DeviceWatch::for_device(&device, fresh);
-        let mut caps = Capabilities::detect(&device, &info);
+        let mut gpu = Gpu::new(info, device, queue, fresh);
         // (A lost device runs nothing: every call on the context will say so.)
-        if is_cpu_adapter(&info) && !watch.lost.load(Ordering::SeqCst) {
-            caps.loop_cap = crate::kernels::loop_probe::probe_async(&device, &queue).await;
+        if gpu.is_cpu_adapter() && !gpu.is_lost() {
+            if let Some(cap) = crate::kernels::loop_probe::probe_async(gpu.device(), gpu.queue()).await {
+                gpu.limit_loop_iterations(cap);
+            }
         }
         Context {
-            device,
-            queue,
-            info,
-            caps,
-            pipelines: Mutex::new(HashMap::new()),
-            staging: StagingPool::default(),
-            allocated: AtomicU64::new(0),
-            watch,
-            id: NEXT_CONTEXT_ID.fetch_add(1, Ordering::Relaxed),
+            gpu,
             policy: Policy::deferred(),
         }
     }
@@ -395,12 +269,6 @@ impl Context {
         self.policy.tiling()
     }
 
-    /// The split-K decode design pinned for this context (`None`: the adapter's own
-    /// pick), or the error `WGPU_ATTENTION_DECODE` gave.
-    pub(crate) fn decode_design(&self) -> Result<Option<crate::kernels::decode::DecodeDesign>> {
-        self.policy.decode_design()
-    }
-
     /// Pins the split-K decode design (what `WGPU_ATTENTION_DECODE` does for contexts
     /// made by [`Context::new`]): for tests and for timing the designs side by side.
     #[doc(hidden)]
@@ -408,68 +276,10 @@ impl Context {
         self.policy.decode_design = Ok(design);
     }
 
-    /// This context's identity within the process.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The wgpu device, to make buffers for [`crate::Tensor::from_buffer`] or record
-    /// work of your own beside this crate's.
-    pub fn device(&self) -> &wgpu::Device {
-        &self.device
-    }
-
-    /// The device's queue.
-    pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
-    }
-
-    /// The adapter's name, backend, device type and driver.
-    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
-        &self.info
-    }
-
-    /// What the device can do, as detected when the context was made.
-    pub fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
     /// What was chosen for this context beside what the adapter can do: pins, key
-    /// splits, the tuned tensor-core variants, runtime checks ([`Policy`]).
+    /// splits, the tuned tensor-core variants ([`Policy`]).
     pub fn policy(&self) -> &Policy {
         &self.policy
-    }
-
-    /// True for CPU adapters such as lavapipe and llvmpipe.
-    pub fn is_cpu_adapter(&self) -> bool {
-        is_cpu_adapter(&self.info)
-    }
-
-    /// Loop iterations one invocation may run on this device (Mesa's llvmpipe up to
-    /// 22.x ends them after 65535), or `None` if unbounded; see `kernels::loop_budget`.
-    pub fn loop_cap(&self) -> Option<u64> {
-        self.caps.loop_cap
-    }
-
-    /// Makes this context behave as if the driver ended an invocation's loops after
-    /// `iterations` (never raising a cap the driver has): the fused kernels then split
-    /// long key ranges across dispatches and resume, as on Mesa 22's llvmpipe, and the
-    /// paths that cannot split refuse such work. For tests that must run the resume
-    /// path on every adapter.
-    pub fn limit_loop_iterations(&mut self, iterations: u64) {
-        self.caps.loop_cap = Some(self.caps.loop_cap.map_or(iterations, |c| c.min(iterations)));
-    }
-
-    pub(crate) fn require_f16(&self, needed_for: &str) -> Result<()> {
-        if self.caps.f16 {
-            Ok(())
-        } else {
-            Err(Error::MissingFeature {
-                adapter: self.info.name.clone(),
-                feature: "SHADER_F16",
-                needed_for: needed_for.into(),
-            })
-        }
     }
 }
 
@@ -494,7 +304,7 @@ mod tests {
             }
         };
         let result = pollster::block_on(ctx.scoped_async("a buffer both mappable and storage", || {
-            Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            Ok(ctx.device().create_buffer(&wgpu::BufferDescriptor {
                 label: None,
                 size: 16,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,

@@ -23,10 +23,10 @@ impl AdapterSelector {
     /// `WGPU_BACKEND` that names anything but backends.
     pub fn with_env(mut self) -> Result<Self> {
         if self.name.is_none() {
-            self.name = crate::context::env_value("WGPU_ADAPTER_NAME")?;
+            self.name = env_value("WGPU_ADAPTER_NAME")?;
         }
         if self.backend.is_none() {
-            if let Some(list) = crate::context::env_value("WGPU_BACKEND")? {
+            if let Some(list) = env_value("WGPU_BACKEND")? {
                 Self::parse_backends("WGPU_BACKEND", &list)?;
                 self.backend = Some(list);
             }
@@ -70,7 +70,7 @@ impl AdapterSelector {
 
     /// The backends an adapter may be picked from: the listed ones, narrowed by a
     /// backend prefix on the name (refused where the prefix is outside them).
-    pub(super) fn backends(&self) -> Result<wgpu::Backends> {
+    pub(crate) fn backends(&self) -> Result<wgpu::Backends> {
         let listed = self.listed_backends()?;
         match self.name_parts().0 {
             Some(prefix) if (listed & prefix).is_empty() => Err(Error::invalid(
@@ -222,7 +222,7 @@ impl AdapterSelector {
 
 /// "#N name (Backend)" for each adapter of `listed` (numbered in listing order) on the
 /// `allowed` backends: what an error lists.
-pub(super) fn numbered_names(listed: &[wgpu::Adapter], allowed: wgpu::Backends) -> Vec<String> {
+pub(crate) fn numbered_names(listed: &[wgpu::Adapter], allowed: wgpu::Backends) -> Vec<String> {
     listed
         .iter()
         .enumerate()
@@ -270,7 +270,7 @@ pub async fn enumerate_adapters_async(backend: Option<&str>) -> Result<Vec<wgpu:
     Ok(instance.enumerate_adapters(backends).await)
 }
 
-pub(super) fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+pub(crate) fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
     wgpu::Instance::new(desc)
@@ -278,7 +278,7 @@ pub(super) fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
 
 /// The error for a selector that matched nothing; `names` are the adapters its backends
 /// allow ([`numbered_names`]).
-pub(super) fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {
+pub(crate) fn no_adapter(selector: &AdapterSelector, names: &[String]) -> Error {
     let backends = selector.backends().ok().filter(|b| *b != wgpu::Backends::all());
     Error::NoAdapter {
         wanted: selector.describe(),
@@ -308,6 +308,33 @@ pub fn is_cpu_adapter(info: &wgpu::AdapterInfo) -> bool {
         || ["llvmpipe", "lavapipe", "swiftshader", "warp"]
             .iter()
             .any(|n| info.name.to_lowercase().contains(n))
+}
+
+/// The value of the environment variable `var`, the one rule every variable this crate
+/// reads follows: `None` where unset; refused where set but empty (or only spaces: an
+/// empty value is an accident, e.g. `VAR=$UNSET_SHELL_VARIABLE`, never a choice) or not
+/// UTF-8. Each variable's own parser then reads the value.
+pub(crate) fn env_value(var: &str) -> Result<Option<String>> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(var, "is not UTF-8")),
+        Ok(value) if value.trim().is_empty() => Err(empty_env(var)),
+        Ok(value) => Ok(Some(value)),
+    }
+}
+
+/// [`env_value`] for a variable that names a path: any bytes, but not empty.
+pub(crate) fn env_path(var: &str) -> Result<Option<std::path::PathBuf>> {
+    match std::env::var_os(var) {
+        None => Ok(None),
+        Some(value) if value.to_string_lossy().trim().is_empty() => Err(empty_env(var)),
+        Some(value) => Ok(Some(value.into())),
+    }
+}
+
+/// The error for a variable set to nothing.
+fn empty_env(var: &str) -> Error {
+    Error::invalid(var, "is set but empty (unset it for the default)")
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ pub struct Capabilities {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX` is enabled on it and the adapter listed them.
     pub cooperative_matrix: Vec<CoopConfig>,
     /// The cooperative-matrix kernels run with their coop operations emulated in plain
-    /// WGSL ([`crate::Context::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
+    /// WGSL ([`crate::Gpu::emulate_cooperative_matrix`]; CI on adapters without tensor cores).
     pub coop_emulated: bool,
     /// Loop iterations one invocation may run before the driver ends its loops (Mesa's
     /// llvmpipe up to 22.x: 65535), as [`crate::kernels::loop_probe`] observed on a CPU
@@ -194,7 +194,7 @@ impl Capabilities {
 /// The token that lets a device enable `EXPERIMENTAL_COOPERATIVE_MATRIX`, when the
 /// adapter offers it; otherwise none is asked for.
 #[allow(unsafe_code)]
-pub(super) fn experimental_features(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
+pub(crate) fn experimental_features(features: wgpu::Features) -> wgpu::ExperimentalFeatures {
     if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
         return wgpu::ExperimentalFeatures::disabled();
     }

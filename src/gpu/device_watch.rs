@@ -1,7 +1,7 @@
 //! The loss of a device, seen by every context on it, and GPU errors that escaped every
 //! error scope, kept for the thread that raised them (docs/design.md, principle 1).
 
-use super::Context;
+use super::Gpu;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -12,9 +12,9 @@ type LostHook = Box<dyn FnOnce(wgpu::DeviceLostReason, &str) + Send>;
 /// thread that never calls again must not make the list grow without bound.
 const KEPT_ESCAPED: usize = 16;
 
-/// What every [`Context`] on one device shares. wgpu keeps one device-lost callback per
+/// What every [`crate::Context`] on one device shares. wgpu keeps one device-lost callback per
 /// device, so the first context made on a device installs one that notifies this watch,
-/// and every later one on the same device ([`Context::from_wgpu`] on a device a context
+/// and every later one on the same device ([`crate::Context::from_wgpu`] on a device a context
 /// already uses) finds the watch in a process-wide registry rather than replacing the
 /// callback, which would leave the earlier contexts blind to the loss.
 #[derive(Default)]
@@ -83,7 +83,7 @@ impl DeviceWatch {
     /// Keeps an error that escaped every scope, for the next call of the thread it was
     /// raised on (the first one per thread; at most [`KEPT_ESCAPED`] threads, oldest
     /// dropped).
-    pub(super) fn keep_escaped(&self, message: String) {
+    fn keep_escaped(&self, message: String) {
         let mut escaped = lock(&self.escaped);
         #[cfg(not(target_arch = "wasm32"))]
         let entry = Escaped {
@@ -259,12 +259,28 @@ fn raise_validation_error(device: &wgpu::Device) {
     }));
 }
 
-impl Context {
+impl Gpu {
+    /// Installs the device's uncaptured-error handler (for a device this crate made).
+    /// Every operation runs inside error scopes; an error that escapes them (work the
+    /// caller recorded with an `encode_*` function and submitted outside a scope) is
+    /// kept for the `Result` of the next call on the thread that raised it, rather than
+    /// aborting the process as wgpu's default handler does. The handler holds the watch
+    /// weakly (the device owns the handler).
+    pub(crate) fn keep_uncaptured_errors(&self) {
+        let watch = Arc::downgrade(&self.watch);
+        self.device().on_uncaptured_error(Arc::new(move |e| {
+            eprintln!("wgpu-attention: uncaptured wgpu error: {e}");
+            if let Some(watch) = watch.upgrade() {
+                watch.keep_escaped(e.to_string());
+            }
+        }));
+    }
+
     /// Runs `hook` once when this context's device is lost, with wgpu's reason and
     /// message, on the thread that polls the device then (or at once, here, if it was
     /// lost already). Every context on one device shares its hooks, and each runs once
     /// however many contexts there are: the way for a caller that owns the device to
-    /// keep a handler of its own after [`Context::from_wgpu`] replaced its callback.
+    /// keep a handler of its own after [`crate::Context::from_wgpu`] replaced its callback.
     pub fn on_device_lost(&self, hook: impl FnOnce(wgpu::DeviceLostReason, &str) + Send + 'static) {
         self.watch.add_hook(Box::new(hook));
     }

@@ -1,9 +1,9 @@
 //! What a context makes and keeps: buffers and textures (counted in
 //! `allocated_bytes`), and the pipeline cache.
 
-use super::Context;
+use super::DType;
+use super::Gpu;
 use crate::error::{Error, Result};
-use crate::tensor::DType;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
@@ -15,7 +15,7 @@ pub(crate) struct PipelineKey {
     pub shader: (&'static str, &'static str, &'static str),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
-    pub checks: crate::kernels::runtime_checks::RuntimeChecks,
+    pub checks: super::RuntimeChecks,
 }
 
 /// A compiled pipeline and its (automatic) bind group layout, fetched once: every
@@ -27,7 +27,7 @@ pub(crate) struct CompiledPipeline {
     pub layout: wgpu::BindGroupLayout,
 }
 
-impl Context {
+impl Gpu {
     /// Creates a buffer after checking the device's size limit.
     pub(crate) fn create_buffer(&self, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
         let size = self.check_buffer_size(label, bytes)?;
@@ -70,7 +70,7 @@ impl Context {
         })
     }
 
-    /// Creates a texture; its bytes count in [`Context::allocated_bytes`].
+    /// Creates a texture; its bytes count in [`Gpu::allocated_bytes`].
     pub(crate) fn create_texture(&self, descriptor: &wgpu::TextureDescriptor, bytes: u64) -> Result<wgpu::Texture> {
         let label = descriptor.label.unwrap_or("texture");
         let texture = self.scoped(label, || Ok(self.device.create_texture(descriptor)))?;
@@ -78,7 +78,7 @@ impl Context {
         Ok(texture)
     }
 
-    /// The rounded size of a new buffer, counted in [`Context::allocated_bytes`]: whole
+    /// The rounded size of a new buffer, counted in [`Gpu::allocated_bytes`]: whole
     /// 16-byte units, so any buffer can be bound as an array of vec4s that reaches its
     /// last element (the subgroup decode design reads K and V only so).
     fn check_buffer_size(&self, label: &str, bytes: u64) -> Result<u64> {

@@ -1,7 +1,7 @@
 //! Running work: error scopes around every step, submission, waiting, and reading
 //! buffers back through reused staging buffers.
 
-use super::Context;
+use super::Gpu;
 use crate::error::{Error, Result};
 use crate::staging;
 
@@ -26,7 +26,7 @@ impl ErrorScopes {
     }
 }
 
-impl Context {
+impl Gpu {
     /// Runs `f` inside validation, out-of-memory and internal error scopes and turns
     /// anything wgpu reports into [`Error::Gpu`].
     #[cfg(not(target_arch = "wasm32"))]
@@ -41,7 +41,7 @@ impl Context {
 
     /// On the web an error scope is popped by awaiting it, which a synchronous step
     /// cannot do: `f` runs bare, and the scopes of the async entry point around it
-    /// ([`Context::scoped_async`]: `sdpa_async`, `forward_async`, readback) catch what
+    /// ([`Gpu::scoped_async`]: `sdpa_async`, `forward_async`, readback) catch what
     /// it raises.
     #[cfg(target_arch = "wasm32")]
     pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -49,7 +49,7 @@ impl Context {
         f()
     }
 
-    /// [`Context::scoped`], with the scopes awaited.
+    /// [`Gpu::scoped`], with the scopes awaited.
     pub(crate) async fn scoped_async<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         self.check_usable(during)?;
         let scopes = self.push_scopes();
@@ -60,7 +60,7 @@ impl Context {
 
     /// An error from before this call: the device was lost, or an error escaped every
     /// scope (kept by the uncaptured-error handler).
-    pub(super) fn check_usable(&self, during: &str) -> Result<()> {
+    pub(crate) fn check_usable(&self, during: &str) -> Result<()> {
         if self.is_lost() {
             return Err(Self::lost_error(during));
         }
@@ -118,7 +118,7 @@ impl Context {
     }
 
     /// Records work into a new encoder with `record` and submits it as
-    /// [`Context::submit`] does; returns what `record` returned.
+    /// [`Gpu::submit`] does; returns what `record` returned.
     pub(crate) fn record_and_submit<T>(
         &self,
         during: &str,
@@ -130,7 +130,7 @@ impl Context {
         Ok(out)
     }
 
-    /// [`Context::submit`], naming what was recorded in an error.
+    /// [`Gpu::submit`], naming what was recorded in an error.
     fn submit_as(&self, during: &str, encoder: wgpu::CommandEncoder) -> Result<()> {
         self.scoped(during, || {
             self.queue.submit([encoder.finish()]);
@@ -152,7 +152,7 @@ impl Context {
     }
 
     /// Resolves once the GPU has finished all work submitted so far: what a benchmark
-    /// awaits between timed calls (on the web, where [`Context::wait_idle`] cannot block).
+    /// awaits between timed calls (on the web, where [`Gpu::wait_idle`] cannot block).
     pub async fn finished_async(&self) -> Result<()> {
         let (tx, rx) = crate::wait::oneshot();
         self.queue.on_submitted_work_done(move || tx.send(()));

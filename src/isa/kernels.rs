@@ -177,7 +177,7 @@ pub fn gpu() -> Vec<IsaKernel> {
         .flat_map(|&v| BOTH.map(|d| (v, d)))
         .collect();
     for class in [64, 128, 256] {
-        for v in crate::tune::coop_candidates(class, GPU_SUBGROUP, GPU_WORKGROUP_BYTES, GPU_INVOCATIONS) {
+        for v in crate::kernels::tune::coop_candidates(class, GPU_SUBGROUP, GPU_WORKGROUP_BYTES, GPU_INVOCATIONS) {
             if !coop.contains(&(v, DType::F16)) {
                 coop.push((v, DType::F16));
             }
@@ -231,18 +231,18 @@ pub fn gpu() -> Vec<IsaKernel> {
         }
     }
     for dtype in BOTH {
-        out.push(IsaKernel::plain(crate::backward::DELTA, dtype));
+        out.push(IsaKernel::plain(crate::kernels::backward_passes::DELTA, dtype));
         // `rows`' head-dim classes: 32 rows (keys) per workgroup, over 1, 2, 4 and 8
         // lanes each, summed by subgroup shuffles or through workgroup memory
         // (backward::rows_for; the run-time kernels are for CPU adapters).
         for (class, lanes) in [
-            (crate::backward::ROWS_32, 1),
-            (crate::backward::ROWS_64, 2),
-            (crate::backward::ROWS_128, 4),
-            (crate::backward::ROWS_256, 8),
-            (crate::backward::ROWS_64_WG, 2),
-            (crate::backward::ROWS_128_WG, 4),
-            (crate::backward::ROWS_256_WG, 8),
+            (crate::kernels::backward_passes::ROWS_32, 1),
+            (crate::kernels::backward_passes::ROWS_64, 2),
+            (crate::kernels::backward_passes::ROWS_128, 4),
+            (crate::kernels::backward_passes::ROWS_256, 8),
+            (crate::kernels::backward_passes::ROWS_64_WG, 2),
+            (crate::kernels::backward_passes::ROWS_128_WG, 4),
+            (crate::kernels::backward_passes::ROWS_256_WG, 8),
         ] {
             for kernel in [class.dq, class.dkdv] {
                 out.push(IsaKernel::plain(kernel, dtype).with_constants(&[("ROWS", 32 * lanes)]));
@@ -252,7 +252,10 @@ pub fn gpu() -> Vec<IsaKernel> {
             .iter()
             .chain(&backward_blocked::HALF_TILE_VARIANTS)
         {
-            for kernel in [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)] {
+            for kernel in [
+                v.dq(crate::kernels::backward_passes::DQ_SLOTS),
+                v.dkdv(crate::kernels::backward_passes::DKDV_SLOTS),
+            ] {
                 out.push(IsaKernel::plain(kernel, dtype));
             }
         }
@@ -271,9 +274,9 @@ pub fn gpu() -> Vec<IsaKernel> {
     }
     for dtype in BOTH {
         for kernel in [
-            crate::backward::MAT_DS,
-            crate::backward::MAT_DQ,
-            crate::backward::MAT_DKDV,
+            crate::kernels::backward_passes::MAT_DS,
+            crate::kernels::backward_passes::MAT_DQ,
+            crate::kernels::backward_passes::MAT_DKDV,
             kernels::qk_scores::KERNEL,
             kernels::softmax_rows::KERNEL,
             kernels::weights_v::KERNEL,
@@ -288,10 +291,10 @@ pub fn gpu() -> Vec<IsaKernel> {
             kernels::pack_rows::KERNEL,
             kernels::kv_append::KERNEL,
             kernels::kv_append::QUANTIZE,
-            crate::quantized_kv::DEQUANTIZE,
-            crate::rotary::KERNEL,
-            crate::merge::FOLD,
-            crate::merge::STORE,
+            crate::kernels::kv_dequantize::DEQUANTIZE,
+            crate::kernels::rotary::KERNEL,
+            crate::kernels::merge::FOLD,
+            crate::kernels::merge::STORE,
         ] {
             out.push(IsaKernel::plain(kernel, dtype));
         }

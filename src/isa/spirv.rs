@@ -5,7 +5,7 @@
 use naga::back::spv::{Capability, DebugInfo, Options, SourceLanguage, WriterFlags, ZeroInitializeWorkgroupMemoryMode};
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 
-pub use crate::kernels::runtime_checks::RuntimeChecks;
+pub use crate::gpu::RuntimeChecks;
 
 /// The naga SPIR-V options wgpu-hal 30 (`vulkan/adapter.rs`, `naga_options`) uses on a
 /// Vulkan 1.3 device with the features a shader needs, as `device.rs`'s

@@ -2,8 +2,8 @@
 //! over a grid large enough to fill a GPU (`crate::bench::probe`).
 
 use super::{dispatch, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
@@ -23,7 +23,7 @@ const WORDS_PER_INVOCATION: u64 = 4;
 
 /// Records a copy of the first `bytes` (a multiple of 16) of `src` to `dst`.
 pub fn encode_copy(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     dst: &wgpu::Buffer,

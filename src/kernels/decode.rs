@@ -6,8 +6,9 @@
 
 use super::kv_texels::TexelGrid;
 use super::{dispatch_entries, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::policy::Policy;
 use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
 use crate::tensor::DType;
@@ -115,9 +116,9 @@ impl DecodeDesign {
     /// The design for a context. A fused tiling asked for (`tiling`, else
     /// `WGPU_ATTENTION_TILING`) decides first: `subgroup` takes `Subgroup` (refused
     /// without 8-lane subgroups), any other `Tiles`. Else one pinned by [`DECODE_VAR`]
-    /// or [`Context::use_decode_design`]; else `Subgroup` on CPU adapters with 8-lane
+    /// or [`crate::Context::use_decode_design`]; else `Subgroup` on CPU adapters with 8-lane
     /// subgroups, `Lanes` on GPUs with a fixed subgroup size of 8 to 64, else `Tiles`.
-    pub fn for_context(ctx: &Context, tiling: FusedTiling) -> Result<DecodeDesign> {
+    pub fn for_context(ctx: &Gpu, policy: &Policy, tiling: FusedTiling) -> Result<DecodeDesign> {
         let lanes_ok = ctx
             .capabilities()
             .subgroups
@@ -128,11 +129,11 @@ impl DecodeDesign {
             needed_for: format!("{} split-K decode", design.name()),
         };
         let tiling = match tiling {
-            FusedTiling::Auto => ctx.env_tiling()?,
+            FusedTiling::Auto => policy.tiling()?,
             asked => asked,
         };
         // A pinned design stands in for the adapter's pick, not for a tiling asked for.
-        match ctx.decode_design()? {
+        match policy.decode_design()? {
             _ if tiling != FusedTiling::Auto => {}
             Some(DecodeDesign::Subgroup) if !lanes_ok => {
                 return Err(missing("SUBGROUP (with at least 8 lanes)", DecodeDesign::Subgroup))
@@ -599,7 +600,7 @@ impl KvElements {
 
 /// The fixed subgroup size the `Lanes` design builds for, where the adapter has one
 /// of 8 to 64 lanes (the sizes [`LanesVariant::ALL`] validates).
-pub(crate) fn lanes_subgroup(ctx: &Context) -> Option<u32> {
+pub(crate) fn lanes_subgroup(ctx: &Gpu) -> Option<u32> {
     match ctx.capabilities().subgroups {
         Some((min, max)) if min == max && (8..=64).contains(&min) && min.is_power_of_two() => Some(min),
         _ => None,
@@ -622,7 +623,7 @@ pub(crate) fn lanes_fit(kv: KvElements, params: &super::AttentionParams, binding
 /// thousands of lanes, and a `Lanes` workgroup is one subgroup, so it wants more of
 /// them (about 32 per compute unit of a 128-unit GPU: memory-bound loops need many in
 /// flight). wgpu reports no compute-unit count, so these are per class, not per GPU.
-fn target_workgroups(ctx: &Context, design: DecodeDesign) -> usize {
+fn target_workgroups(ctx: &Gpu, design: DecodeDesign) -> usize {
     match design {
         _ if ctx.is_cpu_adapter() => 32,
         DecodeDesign::Lanes => 4096,
@@ -644,7 +645,7 @@ fn min_split_keys(design: DecodeDesign) -> usize {
 /// longest key length: a KV cache's unused capacity gets no splits): enough workgroups
 /// to fill the adapter, splits of at least `MIN_SPLIT_KEYS` keys, and each split
 /// within the driver's loop cap.
-pub fn choose_split(ctx: &Context, design: DecodeDesign, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
+pub fn choose_split(ctx: &Gpu, design: DecodeDesign, s: &AttentionShape, keys: usize) -> Result<DecodeSplit> {
     let keys = keys.clamp(1, s.len_k.max(1));
     let iterations = |keys| design.iterations(s, keys);
     let blocks = s.batch * s.heads_kv * row_blocks(design, s);
@@ -691,7 +692,7 @@ pub fn choose_split(ctx: &Context, design: DecodeDesign, s: &AttentionShape, key
 /// partials ([`DecodeSplit::partial_bytes`]); `bindings.params` covers every (batch,
 /// head), with `splits` set to `split.splits`.
 pub(crate) fn encode(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,

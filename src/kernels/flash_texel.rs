@@ -12,7 +12,7 @@
 //! [`variant_for`] says which, and the buffer kernel takes the rest.
 
 use super::{Kernel, Slot, COMMON, TEXEL_WORDS};
-use crate::context::Capabilities;
+use crate::gpu::Capabilities;
 use crate::tensor::DType;
 use std::fmt::Write;
 use std::sync::OnceLock;

@@ -4,8 +4,8 @@
 //! (`db = 1ᵀ · dY`). The forward GEMM (`matmul.rs`) reads `Y = X · Wᵀ` only.
 
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
@@ -127,7 +127,7 @@ pub struct Gemm<'a> {
 }
 
 impl Gemm<'_> {
-    fn validate(&self, ctx: &Context, dtype: DType) -> Result<()> {
+    fn validate(&self, ctx: &Gpu, dtype: DType) -> Result<()> {
         let (m, n, depth) = (self.m, self.n, self.depth);
         if m == 0 || n == 0 || depth == 0 {
             return Err(Error::unsupported(
@@ -170,7 +170,7 @@ impl Gemm<'_> {
 
 /// The contraction steps one dispatch may take under the context's loop cap (all
 /// of them without one), a multiple of [`STEP`].
-fn depth_per_dispatch(ctx: &Context, gemm: &Gemm) -> Result<usize> {
+fn depth_per_dispatch(ctx: &Gpu, gemm: &Gemm) -> Result<usize> {
     let Some(cap) = ctx.loop_cap() else {
         return Ok(gemm.depth);
     };
@@ -188,7 +188,7 @@ fn depth_per_dispatch(ctx: &Context, gemm: &Gemm) -> Result<usize> {
 
 /// Records `c = a · b (+ c)`, split along the contraction into dispatches that each
 /// fit the loop cap (the later ones accumulating, in a fixed order).
-pub fn encode_gemm(ctx: &Context, encoder: &mut wgpu::CommandEncoder, dtype: DType, gemm: &Gemm) -> Result<()> {
+pub fn encode_gemm(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder, dtype: DType, gemm: &Gemm) -> Result<()> {
     gemm.validate(ctx, dtype)?;
     let kernel = if gemm.f32_out { F32_OUT } else { ELEM_OUT };
     let pipeline = pipeline(ctx, &kernel, dtype, &[])?;

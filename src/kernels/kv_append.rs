@@ -2,9 +2,9 @@
 
 use super::kv_texels::TexelGrid;
 use super::{dispatch_entries, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::paged_kv::PageTable;
+use crate::gpu::Gpu;
+use crate::kernels::page_table::PageTable;
 use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 
@@ -63,14 +63,14 @@ pub struct AppendParams {
 /// shapes and that every row fits.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     src: &Tensor,
     dst: &Tensor,
     starts: &[u32],
     counts: &[u32],
     pages: Option<&PageTable>,
-    rotary: Option<&crate::rotary::Rotary>,
+    rotary: Option<&crate::kernels::rotary::Rotary>,
 ) -> Result<()> {
     src.check_context(ctx, "new KV rows")?;
     dst.check_context(ctx, "KV cache")?;
@@ -92,13 +92,13 @@ pub(crate) fn encode(
 /// The params, rows and rotary table of an append of `src`'s rows to a cache with
 /// element strides `dst_strides` and `dst_rows` rows per batch element (or page).
 fn upload(
-    ctx: &Context,
+    ctx: &Gpu,
     src: &Tensor,
     (dst_strides, dst_rows): ([usize; 4], usize),
     starts: &[u32],
     counts: &[u32],
     pages: Option<&PageTable>,
-    rotary: Option<&crate::rotary::Rotary>,
+    rotary: Option<&crate::kernels::rotary::Rotary>,
 ) -> Result<(Uploaded, wgpu::Buffer)> {
     let [batch, heads, new_len, dim] = src.shape();
     let [sb, sh, ss, _] = src.strides();
@@ -117,7 +117,7 @@ fn upload(
         page_size: pages.map_or(0, |_| dst_rows as u32),
         table_stride: pages.map_or(0, |t| t.pages_per_sequence() as u32),
         rot_dim: rotary.map_or(0, |r| r.dim as u32),
-        rot_interleaved: u32::from(rotary.is_some_and(|r| r.style == crate::rotary::RotaryStyle::GptJ)),
+        rot_interleaved: u32::from(rotary.is_some_and(|r| r.style == crate::kernels::rotary::RotaryStyle::GptJ)),
         ..AppendParams::default()
     };
     let table = pages.map_or(&[][..], PageTable::entries);
@@ -149,14 +149,14 @@ fn upload(
 /// that `dim` is a multiple of 4 and that every row fits.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_quantize(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     src: &Tensor,
     (codes, scales): (&wgpu::Buffer, &wgpu::Buffer),
     dst_strides: [usize; 4],
     starts: &[u32],
     counts: &[u32],
-    rotary: Option<&crate::rotary::Rotary>,
+    rotary: Option<&crate::kernels::rotary::Rotary>,
 ) -> Result<()> {
     src.check_context(ctx, "new KV rows")?;
     let pipeline = pipeline(ctx, &QUANTIZE, src.dtype(), &[])?;
@@ -183,7 +183,7 @@ pub(crate) fn encode_quantize(
 /// contiguous cache (`[B, H, capacity, dim]`, any layout), or with a block table of
 /// batch element b's pages in the pool `cache` (`[P, H, page_size, dim]`).
 pub(crate) fn encode_texels(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     cache: &Tensor,
     texels: &wgpu::TextureView,
@@ -234,7 +234,7 @@ struct Uploaded {
 }
 
 impl Uploaded {
-    fn new(ctx: &Context, params: &AppendParams, starts: &[u32], counts: &[u32], table: &[u32]) -> Result<Uploaded> {
+    fn new(ctx: &Gpu, params: &AppendParams, starts: &[u32], counts: &[u32], table: &[u32]) -> Result<Uploaded> {
         let pairs = params.batch as usize * params.heads as usize;
         let max = ctx.capabilities().max_workgroups_per_dim as usize;
         // (batch, head) pairs fill grid rows y, then planes z.

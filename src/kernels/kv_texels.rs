@@ -7,10 +7,11 @@
 
 use super::decode::DecodeDesign;
 use super::kv_append;
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::page_table::PageTable;
+use crate::kernels::policy::Policy;
 use crate::options::FusedTiling;
-use crate::paged_kv::PageTable;
 use crate::tensor::Tensor;
 
 /// Bytes of one texel: one 16-byte word of a buffer.
@@ -35,7 +36,7 @@ pub struct TexelGrid {
 const LAYER_ROWS: u32 = 1024;
 
 impl TexelGrid {
-    pub fn for_context(ctx: &Context) -> TexelGrid {
+    pub fn for_context(ctx: &Gpu) -> TexelGrid {
         let side = ctx.capabilities().max_texture_dim.max(1);
         TexelGrid {
             shift: side.min(4096).ilog2(),
@@ -65,9 +66,9 @@ impl KvTexels {
     /// Mirrors for a new cache of `k` and `v`: where split-K decode takes its subgroup
     /// design and the textures fit. A mirror past the limits is only a lost speed-up,
     /// and a bad `WGPU_ATTENTION_TILING` is for attention calls to report, not caches.
-    pub(crate) fn for_new_cache(ctx: &Context, k: &Tensor, v: &Tensor) -> Option<KvTexels> {
+    pub(crate) fn for_new_cache(ctx: &Gpu, policy: &Policy, k: &Tensor, v: &Tensor) -> Option<KvTexels> {
         let subgroup = matches!(
-            DecodeDesign::for_context(ctx, FusedTiling::Auto),
+            DecodeDesign::for_context(ctx, policy, FusedTiling::Auto),
             Ok(DecodeDesign::Subgroup)
         );
         subgroup.then(|| KvTexels::new(ctx, k, v).ok()).flatten()
@@ -76,8 +77,8 @@ impl KvTexels {
     /// Mirrors a caller asked for: `Unsupported` where decode would never read them
     /// (other adapters, or another design asked for by `WGPU_ATTENTION_TILING`) or past
     /// the device's texture limits.
-    pub(crate) fn asked_for(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
-        let design = DecodeDesign::for_context(ctx, FusedTiling::Auto)?;
+    pub(crate) fn asked_for(ctx: &Gpu, policy: &Policy, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
+        let design = DecodeDesign::for_context(ctx, policy, FusedTiling::Auto)?;
         if design != DecodeDesign::Subgroup {
             return Err(Error::unsupported(
                 "a KV cache's texel mirror",
@@ -93,7 +94,7 @@ impl KvTexels {
 
     /// Zeroed mirrors sized for `k`'s and `v`'s buffers (new textures are zeroed, as a
     /// new cache's buffers are), or `Unsupported` past the device's texture limits.
-    fn new(ctx: &Context, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
+    fn new(ctx: &Gpu, k: &Tensor, v: &Tensor) -> Result<KvTexels> {
         Ok(KvTexels {
             k: mirror(ctx, k.buffer().size(), "KV cache keys as texels", CACHE_USAGE)?,
             v: mirror(ctx, v.buffer().size(), "KV cache values as texels", CACHE_USAGE)?,
@@ -106,7 +107,7 @@ impl KvTexels {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_copy(
         &self,
-        ctx: &Context,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         k: &Tensor,
         v: &Tensor,
@@ -122,7 +123,7 @@ impl KvTexels {
     /// dim]`) into these mirrors.
     pub(crate) fn record_pages(
         &self,
-        ctx: &Context,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         k: &Tensor,
         v: &Tensor,
@@ -145,7 +146,7 @@ impl KvTexels {
     /// device's textures or cannot be copied from (a caller's buffer wrapped by
     /// `Tensor::from_buffer` without `COPY_SRC`): the buffer kernels serve those.
     pub(crate) fn copy_of(
-        ctx: &Context,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
@@ -173,18 +174,18 @@ impl KvTexels {
 
 /// Whether a buffer can be mirrored for one call: it fits the device's textures and
 /// can be copied from.
-pub(crate) fn can_copy(ctx: &Context, buffer: &wgpu::Buffer) -> bool {
+pub(crate) fn can_copy(ctx: &Gpu, buffer: &wgpu::Buffer) -> bool {
     fits(ctx, buffer.size()) && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
 }
 
 /// Whether `bytes` fit a mirror or scratch on the device's textures.
-pub(crate) fn fits(ctx: &Context, bytes: u64) -> bool {
+pub(crate) fn fits(ctx: &Gpu, bytes: u64) -> bool {
     extent(ctx, bytes).is_some()
 }
 
 /// A mirror of one buffer for one call, as [`KvTexels::copy_of`] makes two.
 pub(crate) fn copy_one(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     buffer: &wgpu::Buffer,
     label: &str,
@@ -199,7 +200,7 @@ pub(crate) fn copy_one(
 
 /// A texture of `bytes` on the mirrors' grid that kernels write (as storage) and read
 /// (as texels); `Unsupported` past the device's texture limits ([`fits`] says).
-pub(crate) fn scratch(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
+pub(crate) fn scratch(ctx: &Gpu, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
     mirror(ctx, bytes, label, CACHE_USAGE)
 }
 
@@ -208,7 +209,8 @@ pub(crate) fn scratch(ctx: &Context, bytes: u64, label: &str) -> Result<wgpu::Te
 /// is filled by `fill` with the rows the cache holds, in one submission.
 pub(crate) fn set_mirror(
     slot: &mut Option<KvTexels>,
-    ctx: &Context,
+    ctx: &Gpu,
+    policy: &Policy,
     (k, v): (&Tensor, &Tensor),
     on: bool,
     fill: impl FnOnce(&mut wgpu::CommandEncoder, &KvTexels) -> Result<()>,
@@ -221,7 +223,7 @@ pub(crate) fn set_mirror(
     if slot.is_some() {
         return Ok(());
     }
-    let texels = KvTexels::asked_for(ctx, k, v)?;
+    let texels = KvTexels::asked_for(ctx, policy, k, v)?;
     ctx.record_and_submit("submitting a KV cache texel mirror", |encoder| fill(encoder, &texels))?;
     *slot = Some(texels);
     Ok(())
@@ -229,7 +231,7 @@ pub(crate) fn set_mirror(
 
 /// Records the copy of all of `buffer`'s words into its mirror `texture`: whole layers,
 /// then the last layer's whole rows, then its last partial row.
-fn copy_words(ctx: &Context, encoder: &mut wgpu::CommandEncoder, buffer: &wgpu::Buffer, texture: &wgpu::Texture) {
+fn copy_words(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder, buffer: &wgpu::Buffer, texture: &wgpu::Texture) {
     let grid = TexelGrid::for_context(ctx);
     let (width, per_layer) = (u64::from(grid.width()), u64::from(grid.rows));
     let words = buffer.size() / TEXEL_BYTES;
@@ -277,7 +279,7 @@ fn copy_words(ctx: &Context, encoder: &mut wgpu::CommandEncoder, buffer: &wgpu::
 }
 
 /// The texture extent that holds `bytes` of a buffer, one 16-byte word a texel.
-fn extent(ctx: &Context, bytes: u64) -> Option<wgpu::Extent3d> {
+fn extent(ctx: &Gpu, bytes: u64) -> Option<wgpu::Extent3d> {
     let grid = TexelGrid::for_context(ctx);
     let rows = bytes.div_ceil(TEXEL_BYTES).div_ceil(u64::from(grid.width())).max(1);
     let per_layer = u64::from(grid.rows);
@@ -295,7 +297,7 @@ const CACHE_USAGE: wgpu::TextureUsages =
 /// A mirror made for one call only receives copies.
 const COPY_USAGE: wgpu::TextureUsages = wgpu::TextureUsages::TEXTURE_BINDING.union(wgpu::TextureUsages::COPY_DST);
 
-fn mirror(ctx: &Context, bytes: u64, label: &str, usage: wgpu::TextureUsages) -> Result<wgpu::TextureView> {
+fn mirror(ctx: &Gpu, bytes: u64, label: &str, usage: wgpu::TextureUsages) -> Result<wgpu::TextureView> {
     let caps = ctx.capabilities();
     let size = extent(ctx, bytes).ok_or_else(|| {
         Error::unsupported(

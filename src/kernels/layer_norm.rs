@@ -2,8 +2,8 @@
 //! post-norm of multi-head attention).
 
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
@@ -41,12 +41,7 @@ pub struct LayerNorm<'a> {
 }
 
 /// Records one LayerNorm dispatch. The caller has checked the buffer sizes.
-pub fn encode_layer_norm(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    dtype: DType,
-    norm: &LayerNorm,
-) -> Result<()> {
+pub fn encode_layer_norm(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder, dtype: DType, norm: &LayerNorm) -> Result<()> {
     loop_budget::check(
         ctx,
         || format!("a layer norm over rows of {}", norm.width),

@@ -3,8 +3,8 @@
 //! scale and shift summed over rows.
 
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::tensor::{tensor_usage, DType};
 use bytemuck::{Pod, Zeroable};
 
@@ -62,7 +62,7 @@ pub struct LayerNormBackward<'a> {
 /// Records the row pass, then the column pass split into row ranges that fit the loop
 /// cap. The caller has checked the buffer sizes.
 pub fn encode_layer_norm_backward(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     norm: &LayerNormBackward,

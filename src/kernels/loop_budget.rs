@@ -3,7 +3,7 @@
 //! across all its loops (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`), and the shader then
 //! goes on with wrong results; loops with a constant trip count are unrolled and do not
 //! count. Mesa 25 has no such cap. A context knows its device's cap from a probe
-//! ([`super::loop_probe`], [`Context::loop_cap`]). This module bounds the iterations each
+//! ([`super::loop_probe`], [`Gpu::loop_cap`]). This module bounds the iterations each
 //! kernel with data-dependent loops needs, from the structure of its WGSL loops. Under a
 //! cap, the fused kernels split a long key range across dispatches that each stay within
 //! it ([`keys_per_dispatch`]), resuming from the previous dispatch's output and
@@ -11,8 +11,9 @@
 
 use super::flash::FlashConfig;
 use super::matmul::LinearTiling;
-use crate::context::{Capabilities, Context, Policy};
 use crate::error::{Error, Result};
+use crate::gpu::{Capabilities, Gpu};
+use crate::kernels::policy::Policy;
 use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
 
@@ -211,7 +212,7 @@ pub fn coop_iterations(s: &AttentionShape) -> u64 {
     [8, 16]
         .into_iter()
         .flat_map(|sg| {
-            crate::tune::coop_forms(class, sg, 32 * 1024, u32::MAX)
+            crate::kernels::tune::coop_forms(class, sg, 32 * 1024, u32::MAX)
                 .into_iter()
                 .filter(|v| v.bands == 1)
                 .map(move |v| coop_variant_iterations(s, v, sg))
@@ -451,7 +452,7 @@ pub fn layer_norm_iterations(width: usize) -> u64 {
 
 /// Refuses, under a loop cap, work that needs more loop iterations per invocation than
 /// the cap (it would silently stop early); `what` names the work.
-pub fn check(ctx: &Context, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
+pub fn check(ctx: &Gpu, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
     match ctx.loop_cap() {
         Some(cap) if needed > cap => Err(over_cap(what(), needed, cap)),
         _ => Ok(()),

@@ -4,8 +4,9 @@
 
 use super::pack_rows::{PackedRows, RowSource, TextureShape, ROWS_PER_GROUP};
 use super::{dispatch_entries, groups_for, loop_budget, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::kernels::policy::Policy;
 use crate::tensor::{tensor_usage, DType};
 use bytemuck::{Pod, Zeroable};
 
@@ -51,7 +52,7 @@ pub const COOP: Kernel = Kernel {
 /// Tensor cores with no operand staging: the coop GEMM's `direct` design (every
 /// fragment a cooperative load straight from X's and W's rows, the reference GEMM's
 /// 75-80 TFLOP/s design on an H100), same blocks and epilogue. f16 storage only, where
-/// [`direct_serves`]; pinned by [`Context::use_direct_coop_gemm`] until a GPU has timed
+/// [`direct_serves`]; pinned by [`crate::Context::use_direct_coop_gemm`] until a GPU has timed
 /// it against [`COOP`].
 pub const COOP_DIRECT: Kernel = Kernel {
     file: "matmul_coop_direct.wgsl",
@@ -102,7 +103,7 @@ impl LinearTiling {
     }
 
     /// Rows and columns of Y one workgroup covers in a layer of `m` rows.
-    fn block(self, ctx: &Context, m: usize) -> (usize, usize) {
+    fn block(self, ctx: &Gpu, m: usize) -> (usize, usize) {
         match self {
             LinearTiling::Tiled => (64, 64),
             LinearTiling::Blocked => (128, 128),
@@ -146,7 +147,7 @@ pub fn texture_row_groups(m: usize) -> u32 {
 /// Accumulator tiles per subgroup each way (`TILES` in `matmul_coop.wgsl`): 4 (the
 /// measured design, 128 x 128 blocks) on tensor cores; 2 under the coop emulation, whose
 /// 16 emulated accumulators and 8 fragments per subgroup take llvmpipe minutes to compile.
-pub fn coop_tiles(ctx: &Context) -> u32 {
+pub fn coop_tiles(ctx: &Gpu) -> u32 {
     if ctx.capabilities().coop_emulated {
         2
     } else {
@@ -288,7 +289,7 @@ pub struct Linear<'a> {
     pub k: usize,
 }
 
-impl Context {
+impl Gpu {
     /// The GEMM tiling for f32 inputs at the default precision: on GPUs `blocked` (with
     /// the 32 KiB of workgroup memory it takes; else `tiled`); on CPU adapters `texture`
     /// with >= 8-lane subgroups (lavapipe), else `tiled` (barriers are cheap enough
@@ -305,7 +306,7 @@ impl Context {
 
     /// The GEMM tiling for inputs of `dtype` at `precision`: `coop` (tensor cores)
     /// where f16 products are allowed and the adapter can run it, else as
-    /// [`Context::linear_tiling`].
+    /// [`Gpu::linear_tiling`].
     pub fn linear_tiling_for(&self, dtype: DType, precision: crate::options::Precision) -> LinearTiling {
         if precision.allows_f16_products(dtype) && coop_subgroup_size(self).is_some() {
             LinearTiling::Coop
@@ -318,7 +319,7 @@ impl Context {
 /// The subgroup size the coop GEMM runs with, if this device can run it. Its loops
 /// divide a slab's f16 words (32 per 16 x 16 tile) evenly among the 4 subgroups, so
 /// the size must divide 32 x `TILES` (128 on tensor cores).
-fn coop_subgroup_size(ctx: &Context) -> Option<u32> {
+fn coop_subgroup_size(ctx: &Gpu) -> Option<u32> {
     let caps = ctx.capabilities();
     caps.coop_subgroup_size().filter(|&sg| {
         (32 * coop_tiles(ctx)).is_multiple_of(sg)
@@ -328,12 +329,12 @@ fn coop_subgroup_size(ctx: &Context) -> Option<u32> {
 }
 
 /// Whether the adapter grants the blocked GEMM's workgroup memory.
-fn fits_blocked(ctx: &Context) -> bool {
+fn fits_blocked(ctx: &Gpu) -> bool {
     ctx.capabilities().max_workgroup_storage >= BLOCKED_WORKGROUP_BYTES
 }
 
 /// The texture kernel shares X across 8 lanes of one subgroup.
-fn has_8_lane_subgroups(ctx: &Context) -> bool {
+fn has_8_lane_subgroups(ctx: &Gpu) -> bool {
     ctx.capabilities().subgroups.is_some_and(|(min, _)| min >= 8)
 }
 
@@ -406,7 +407,7 @@ impl Linear<'_> {
     /// Whether both operands can be packed into textures (and so run through the texture
     /// GEMM, which covers 8 or 16 rows per workgroup: wherever the packing's 8-row
     /// dispatch fits, so does the GEMM's).
-    fn fits_textures(&self, ctx: &Context) -> bool {
+    fn fits_textures(&self, ctx: &Gpu) -> bool {
         let w_rows = self.w_packed.map_or(self.n(), PackedRows::rows);
         TextureShape::for_matrix(ctx, self.m, self.k).is_some()
             && TextureShape::for_matrix(ctx, w_rows, self.k).is_some()
@@ -418,7 +419,8 @@ impl Linear<'_> {
 /// 8-lane subgroups, or for operands past the texture or dispatch limits, the tiled
 /// kernel runs instead.
 pub fn encode_linear(
-    ctx: &Context,
+    ctx: &Gpu,
+    policy: &Policy,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     tiling: LinearTiling,
@@ -459,7 +461,7 @@ pub fn encode_linear(
             max: max.into(),
         });
     }
-    let direct = tiling == LinearTiling::Coop && ctx.policy().coop_gemm_direct && direct_serves(dtype, linear);
+    let direct = tiling == LinearTiling::Coop && policy.coop_gemm_direct && direct_serves(dtype, linear);
     let constants = match (tiling, coop_subgroup_size(ctx)) {
         (LinearTiling::Coop, Some(sg)) => vec![("SG", sg)],
         (LinearTiling::Texture, _) => vec![("ROW_GROUPS", texture_row_groups(m))],

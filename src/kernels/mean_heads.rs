@@ -3,8 +3,8 @@
 //! per-head weights `[B, H, Lq, Lk]` are never held whole.
 
 use super::{dispatch, groups_for, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
@@ -32,7 +32,7 @@ pub struct MeanParams {
 /// to `averaged` (`[batch, plane]`): a batch element's first head starts its sum, its
 /// last divides it by `heads`. Chunks must come in order and cover every head.
 pub fn encode_accumulate_heads(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     chunk: &wgpu::Buffer,
     averaged: &wgpu::Buffer,

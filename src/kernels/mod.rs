@@ -9,6 +9,7 @@
 
 pub mod backward_blocked;
 pub mod backward_coop;
+pub mod backward_passes;
 pub mod backward_texel;
 pub mod coop_emulation;
 pub mod copy_probe;
@@ -17,6 +18,7 @@ pub mod flash;
 pub mod flash_texel;
 pub mod gemm;
 pub mod kv_append;
+pub mod kv_dequantize;
 pub mod kv_texels;
 pub mod layer_norm;
 pub mod layer_norm_backward;
@@ -24,16 +26,20 @@ pub mod loop_budget;
 pub mod loop_probe;
 pub mod matmul;
 pub mod mean_heads;
+pub mod merge;
 pub mod pack_rows;
+pub mod page_table;
 pub mod params;
+pub mod policy;
 pub(crate) mod qk_scores;
-pub mod runtime_checks;
+pub mod rotary;
 pub(crate) mod softmax_rows;
+pub mod tune;
 pub mod unroll;
 pub(crate) mod weights_v;
 
-use crate::context::{CompiledPipeline, Context, PipelineKey};
 use crate::error::{Error, Result};
+use crate::gpu::{CompiledPipeline, Gpu, PipelineKey};
 use crate::tensor::DType;
 
 pub use params::AttentionParams;
@@ -255,7 +261,7 @@ pub fn every_kernel() -> Vec<Kernel> {
             backward_blocked::VARIANTS
                 .iter()
                 .chain(&backward_blocked::HALF_TILE_VARIANTS)
-                .flat_map(|v| [v.dq(crate::backward::DQ_SLOTS), v.dkdv(crate::backward::DKDV_SLOTS)]),
+                .flat_map(|v| [v.dq(backward_passes::DQ_SLOTS), v.dkdv(backward_passes::DKDV_SLOTS)]),
         )
         .chain(
             flash::COOP_VARIANTS
@@ -279,34 +285,34 @@ pub fn every_kernel() -> Vec<Kernel> {
 pub const ALL_KERNELS: [Kernel; 81] = [
     copy_probe::KERNEL,
     kv_append::QUANTIZE,
-    crate::quantized_kv::DEQUANTIZE,
-    crate::rotary::KERNEL,
-    crate::merge::FOLD,
-    crate::merge::STORE,
-    crate::backward::DELTA,
-    crate::backward::MAT_DS,
-    crate::backward::MAT_DQ,
-    crate::backward::MAT_DKDV,
-    crate::backward::DQ,
-    crate::backward::DKDV,
-    crate::backward::ROWS_32.dq,
-    crate::backward::ROWS_32.dkdv,
-    crate::backward::ROWS_64.dq,
-    crate::backward::ROWS_64.dkdv,
-    crate::backward::ROWS_128.dq,
-    crate::backward::ROWS_128.dkdv,
-    crate::backward::ROWS_256.dq,
-    crate::backward::ROWS_256.dkdv,
-    crate::backward::ROWS_64_WG.dq,
-    crate::backward::ROWS_64_WG.dkdv,
-    crate::backward::ROWS_128_WG.dq,
-    crate::backward::ROWS_128_WG.dkdv,
-    crate::backward::ROWS_256_WG.dq,
-    crate::backward::ROWS_256_WG.dkdv,
-    crate::backward::SUBGROUP_64.dq,
-    crate::backward::SUBGROUP_64.dkdv,
-    crate::backward::SUBGROUP_128.dq,
-    crate::backward::SUBGROUP_128.dkdv,
+    kv_dequantize::DEQUANTIZE,
+    rotary::KERNEL,
+    merge::FOLD,
+    merge::STORE,
+    backward_passes::DELTA,
+    backward_passes::MAT_DS,
+    backward_passes::MAT_DQ,
+    backward_passes::MAT_DKDV,
+    backward_passes::DQ,
+    backward_passes::DKDV,
+    backward_passes::ROWS_32.dq,
+    backward_passes::ROWS_32.dkdv,
+    backward_passes::ROWS_64.dq,
+    backward_passes::ROWS_64.dkdv,
+    backward_passes::ROWS_128.dq,
+    backward_passes::ROWS_128.dkdv,
+    backward_passes::ROWS_256.dq,
+    backward_passes::ROWS_256.dkdv,
+    backward_passes::ROWS_64_WG.dq,
+    backward_passes::ROWS_64_WG.dkdv,
+    backward_passes::ROWS_128_WG.dq,
+    backward_passes::ROWS_128_WG.dkdv,
+    backward_passes::ROWS_256_WG.dq,
+    backward_passes::ROWS_256_WG.dkdv,
+    backward_passes::SUBGROUP_64.dq,
+    backward_passes::SUBGROUP_64.dkdv,
+    backward_passes::SUBGROUP_128.dq,
+    backward_passes::SUBGROUP_128.dkdv,
     loop_probe::KERNEL,
     kv_append::KERNEL,
     kv_append::TEXELS,
@@ -385,7 +391,7 @@ pub fn shader_source(kernel: &Kernel, dtype: DType) -> String {
 
 /// Compiles (once per context) the pipeline for a kernel, element type and overrides.
 pub(crate) fn pipeline(
-    ctx: &Context,
+    ctx: &Gpu,
     kernel: &Kernel,
     dtype: DType,
     constants: &[(&'static str, u32)],
@@ -429,13 +435,13 @@ fn shader_module(
     device: &wgpu::Device,
     label: &str,
     source: String,
-    checks: runtime_checks::RuntimeChecks,
+    checks: crate::gpu::RuntimeChecks,
 ) -> wgpu::ShaderModule {
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(source.into()),
     };
-    if checks == runtime_checks::RuntimeChecks::WGPU_DEFAULT {
+    if checks == crate::gpu::RuntimeChecks::WGPU_DEFAULT {
         return device.create_shader_module(desc);
     }
     // SAFETY (docs/design.md, "Runtime checks"): only this crate's kernels come here.
@@ -452,7 +458,7 @@ fn shader_module(
 
 /// Records one dispatch with an auto-layout bind group made of `bindings`.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     pipeline: &CompiledPipeline,
     bindings: &[(u32, &wgpu::Buffer)],
@@ -475,7 +481,7 @@ pub(crate) fn dispatch(
 /// axis within the workgroup limit), so a planner that missed a case gives
 /// `LimitExceeded`, not a wgpu validation error or a silently wrapped index.
 pub(crate) fn dispatch_entries(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     pipeline: &CompiledPipeline,
     entries: &[wgpu::BindGroupEntry],

@@ -3,8 +3,8 @@
 //! (`shaders/matmul_texture.wgsl`).
 
 use super::{dispatch_entries, groups_for, pipeline, Kernel};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
@@ -74,7 +74,7 @@ impl TextureShape {
     /// its texture limits, or for the packing kernel's dispatch (8 texels of
     /// [`ROWS_PER_GROUP`] rows per workgroup: the binding limit, since the texture GEMM
     /// covers 8 or 16 rows per workgroup).
-    pub fn for_matrix(ctx: &Context, rows: usize, cols: usize) -> Option<TextureShape> {
+    pub fn for_matrix(ctx: &Gpu, rows: usize, cols: usize) -> Option<TextureShape> {
         let caps = ctx.capabilities();
         let max_dim = caps.max_texture_dim as usize;
         let texels = cols.div_ceil(4);
@@ -154,7 +154,7 @@ pub struct PackedRows {
 impl PackedRows {
     /// Records the packing of `source` (elements of `dtype`) into a new texture.
     pub fn encode(
-        ctx: &Context,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         dtype: DType,
         source: &RowSource,
@@ -264,7 +264,7 @@ impl PackedRows {
     }
 
     /// Packs `source` and submits the work (for weights packed once, ahead of use).
-    pub fn upload(ctx: &Context, dtype: DType, source: &RowSource) -> Result<PackedRows> {
+    pub fn upload(ctx: &Gpu, dtype: DType, source: &RowSource) -> Result<PackedRows> {
         ctx.record_and_submit("submitting a texture packing", |encoder| {
             Self::encode(ctx, encoder, dtype, source)
         })

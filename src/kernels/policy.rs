@@ -1,16 +1,16 @@
 //! What the user, the environment or a tuning table chose, apart from what the adapter
-//! reports ([`super::Capabilities`]): pins of kernel designs, key splits, wgpu's runtime
-//! checks, the tuned tensor-core variants. Every environment variable a context obeys
+//! reports ([`crate::gpu::Capabilities`]): pins of kernel designs, key splits, the tuned
+//! tensor-core variants. Every environment variable a context obeys
 //! is read here, once, when the context is made ([`Policy::from_env`]); a context made
 //! from the caller's device reads only the two whose errors wait for the call that
-//! needs them ([`Policy::deferred`]). Pickers take the capabilities and the policy side
+//! needs them (`Policy::deferred`). Pickers take the capabilities and the policy side
 //! by side (docs/design.md, "Host side").
 
 use crate::error::{Error, Result};
+use crate::gpu::{env_value, RuntimeChecks, RUNTIME_CHECKS_VAR};
 use crate::kernels::backward_coop::CoopBackwardVariant;
 use crate::kernels::decode::DecodeDesign;
 use crate::kernels::flash::CoopVariant;
-use crate::kernels::runtime_checks::RuntimeChecks;
 use crate::options::FusedTiling;
 
 /// The choices a context's kernels are picked and compiled under, beside what the
@@ -25,7 +25,7 @@ pub struct Policy {
     /// variable could not be parsed.
     pub(crate) decode_design: std::result::Result<Option<DecodeDesign>, String>,
     /// Tensor-core variants a tuning table measured fastest on this adapter, one per
-    /// head-dim class ([`crate::tune`]); empty where no table names the adapter.
+    /// head-dim class ([`crate::kernels::tune`]); empty where no table names the adapter.
     pub coop_tuned: Vec<CoopVariant>,
     /// Lanes the micro-tile tiling reduces a row over with subgroup shuffles, where
     /// pinned ([`crate::Context::use_micro_lanes`]; `tune` times each); else the most the
@@ -50,9 +50,6 @@ pub struct Policy {
     /// ([`crate::Context::use_direct_coop_gemm`], `WGPU_ATTENTION_COOP_GEMM`); staged by
     /// default.
     pub coop_gemm_direct: bool,
-    /// wgpu's runtime checks the kernels are compiled with
-    /// ([`crate::Context::use_runtime_checks`], `WGPU_ATTENTION_RUNTIME_CHECKS`).
-    pub runtime_checks: RuntimeChecks,
     /// Bytes the texel backward's dX scratch may take (`crate::backward`).
     pub(crate) backward_scratch_bytes: u64,
     /// Whether a device this crate makes asks for subgroups where the adapter has them
@@ -74,8 +71,7 @@ impl Default for Policy {
             coop_backward_named: false,
             coop_backward_pinned: None,
             coop_gemm_direct: false,
-            runtime_checks: RuntimeChecks::WGPU_DEFAULT,
-            backward_scratch_bytes: crate::backward::SCRATCH_BYTES,
+            backward_scratch_bytes: crate::kernels::backward_texel::SCRATCH_BYTES,
             subgroups: true,
         }
     }
@@ -104,8 +100,7 @@ impl Policy {
             key_splits: key_splits_from_env()?,
             coop_backward_named: form_from_env(COOP_BACKWARD_VAR, "arrayed", "named")?,
             coop_gemm_direct: form_from_env(COOP_GEMM_VAR, "staged", "direct")?,
-            runtime_checks: runtime_checks_from_env()?,
-            coop_tuned: crate::tune::TuneTable::load()?.coop_variants_for(info),
+            coop_tuned: crate::kernels::tune::TuneTable::load()?.coop_variants_for(info),
             subgroups: !form_from_env(SUBGROUPS_VAR, "on", "off")?,
             ..deferred
         })
@@ -157,33 +152,6 @@ pub const COOP_BACKWARD_VAR: &str = "WGPU_ATTENTION_COOP_BACKWARD";
 /// default) or `direct` ([`crate::Context::use_direct_coop_gemm`]).
 pub const COOP_GEMM_VAR: &str = "WGPU_ATTENTION_COOP_GEMM";
 
-/// The value of the environment variable `var`, the one rule every variable this crate
-/// reads follows: `None` where unset; refused where set but empty (or only spaces: an
-/// empty value is an accident, e.g. `VAR=$UNSET_SHELL_VARIABLE`, never a choice) or not
-/// UTF-8. Each variable's own parser then reads the value.
-pub(crate) fn env_value(var: &str) -> Result<Option<String>> {
-    match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid(var, "is not UTF-8")),
-        Ok(value) if value.trim().is_empty() => Err(empty_env(var)),
-        Ok(value) => Ok(Some(value)),
-    }
-}
-
-/// [`env_value`] for a variable that names a path: any bytes, but not empty.
-pub(crate) fn env_path(var: &str) -> Result<Option<std::path::PathBuf>> {
-    match std::env::var_os(var) {
-        None => Ok(None),
-        Some(value) if value.to_string_lossy().trim().is_empty() => Err(empty_env(var)),
-        Some(value) => Ok(Some(value.into())),
-    }
-}
-
-/// The error for a variable set to nothing.
-fn empty_env(var: &str) -> Error {
-    Error::invalid(var, "is set but empty (unset it for the default)")
-}
-
 /// An environment variable that picks one of two forms, parsed: `Ok(false)` where unset
 /// or `off`, `Ok(true)` for `on`.
 fn form_from_env(var: &str, off: &str, on: &str) -> Result<bool> {
@@ -204,7 +172,7 @@ pub const MAX_KEY_SPLITS: u32 = 16;
 fn key_splits_from_env() -> Result<u32> {
     match env_value(KEY_SPLITS_VAR)? {
         None => Ok(1),
-        Some(text) => crate::tune::parse_key_splits(KEY_SPLITS_VAR, &text),
+        Some(text) => crate::kernels::tune::parse_key_splits(KEY_SPLITS_VAR, &text),
     }
 }
 
@@ -230,9 +198,10 @@ fn decode_design_from_env() -> std::result::Result<Option<DecodeDesign>, String>
     }
 }
 
-/// `WGPU_ATTENTION_RUNTIME_CHECKS`, parsed (wgpu's default where unset).
-fn runtime_checks_from_env() -> Result<RuntimeChecks> {
-    use crate::kernels::runtime_checks::RUNTIME_CHECKS_VAR;
+/// `WGPU_ATTENTION_RUNTIME_CHECKS`, parsed (wgpu's default where unset): the device
+/// layer compiles with them ([`crate::Gpu::use_runtime_checks`]), so the context that
+/// reads the others here reads this one too and hands it down.
+pub(crate) fn runtime_checks_from_env() -> Result<RuntimeChecks> {
     match env_value(RUNTIME_CHECKS_VAR)? {
         None => Ok(RuntimeChecks::WGPU_DEFAULT),
         Some(value) => RuntimeChecks::parse(RUNTIME_CHECKS_VAR, &value),

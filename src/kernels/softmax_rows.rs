@@ -2,8 +2,8 @@
 //! log-sum-exp of each row.
 
 use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
@@ -18,7 +18,7 @@ pub const KERNEL: Kernel = Kernel {
 const ROWS_PER_GROUP: usize = 64;
 
 pub(crate) fn encode(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 pub const TUNE_FILE_VAR: &str = "WGPU_ATTENTION_TUNE_FILE";
 
 /// The checked-in table.
-const BUILTIN: &str = include_str!("../tune/winners.tsv");
+const BUILTIN: &str = include_str!("../../tune/winners.tsv");
 
 /// One measured winner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,7 +192,7 @@ impl TuneTable {
     /// empty is refused, naming it (it would otherwise mean "no table" unnoticed);
     /// `XDG_CONFIG_HOME` empty or relative is ignored, as the XDG specification says.
     pub fn user_path() -> Result<Option<PathBuf>> {
-        if let Some(path) = crate::context::env_path(TUNE_FILE_VAR)? {
+        if let Some(path) = crate::gpu::env_path(TUNE_FILE_VAR)? {
             return Ok(Some(path));
         }
         let config = std::env::var_os("XDG_CONFIG_HOME")
@@ -379,7 +379,7 @@ mod tests {
         // The budget (`isa --radv-null navi31 --budget`, CI) bounds every kernel of
         // `isa`'s GPU set, these candidates among them, in both ways of staging; a row
         // of 0 spilled registers and 0 scratch means the compiler keeps it so.
-        let budget = include_str!("../tune/isa-budget.tsv");
+        let budget = include_str!("../../tune/isa-budget.tsv");
         let clean = |label: &str| {
             budget
                 .lines()

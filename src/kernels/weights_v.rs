@@ -1,8 +1,8 @@
 //! `shaders/weights_v.wgsl`: output = probabilities x V for a chunk of (batch, head) pairs.
 
 use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
@@ -18,7 +18,7 @@ pub const KERNEL: Kernel = Kernel {
 pub const TILE: usize = 32;
 
 pub(crate) fn encode(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,

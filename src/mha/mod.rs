@@ -331,7 +331,7 @@ impl MultiHeadAttention {
                 m,
                 k,
             };
-            encode_linear(ctx, encoder, self.dtype, tiling, &linear)
+            encode_linear(ctx, ctx.policy(), encoder, self.dtype, tiling, &linear)
         };
         let same = |a: &Tensor, b: &Tensor| a.buffer() == b.buffer();
         let fused = plan == ProjectionPlan::Fused;
@@ -440,6 +440,7 @@ impl MultiHeadAttention {
         };
         encode_linear(
             ctx,
+            ctx.policy(),
             encoder,
             self.dtype,
             ctx.linear_tiling_for(self.dtype, precision),

@@ -1,8 +1,8 @@
 //! Host-side weights of a multi-head attention layer, in PyTorch's `nn.Linear` layout.
 
 use super::config::MhaConfig;
-use crate::check::Rng;
 use crate::error::{Error, Result};
+use crate::reference::rng::Rng;
 
 /// One linear projection `y = x · Wᵀ + b`.
 #[derive(Clone, Debug, PartialEq)]

@@ -123,8 +123,8 @@ pub fn attention_backward<T: Copy + Into<f64>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Rng;
     use crate::options::{CausalAlignment, Mask, Window};
+    use crate::reference::rng::Rng;
 
     /// Σ out · w for a fixed random w: its gradient with respect to the output is w.
     fn loss(q: &[f64], k: &[f64], v: &[f64], w: &[f64], shape: &AttentionShape, options: &AttentionOptions) -> f64 {

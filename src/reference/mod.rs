@@ -239,3 +239,4 @@ pub fn attention<T: Copy + Into<f64>>(
 mod backward;
 pub use backward::{attention_backward, ReferenceGradients};
 pub mod int8;
+pub(crate) mod rng;

@@ -178,7 +178,7 @@ pub fn torch_fixture(name: &str) -> PathBuf {
 /// (`subgroup` for the subgroup design, any other for the tiled one).
 pub fn decode_designs(ctx: &Context) -> Vec<FusedTiling> {
     let mut designs = vec![FusedTiling::Registers];
-    if wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, FusedTiling::Subgroup).is_ok() {
+    if wgpu_attention::kernels::decode::DecodeDesign::for_context(ctx, ctx.policy(), FusedTiling::Subgroup).is_ok() {
         designs.push(FusedTiling::Subgroup);
     }
     designs

@@ -4,7 +4,6 @@
 
 use js_sys::{Array, ArrayBuffer, Float32Array, Reflect, Uint16Array, Uint8Array};
 use wasm_bindgen::{JsCast, JsValue};
-use wgpu_attention::kernels::flash::parse_tiling;
 use wgpu_attention::{CausalAlignment, Error, FusedTiling, KernelChoice, Mask, Result};
 
 /// A request object from JavaScript.
@@ -177,7 +176,7 @@ impl Request {
     pub fn tiling(&self) -> Result<FusedTiling> {
         match self.string("tiling")? {
             None => Ok(FusedTiling::Auto),
-            Some(name) => parse_tiling("tiling", &name),
+            Some(name) => name.parse(),
         }
     }
 

@@ -4,7 +4,7 @@
 //! `flash_coop.wgsl` so generated, behind a one-line prelude of those numbers and the
 //! adapter's subgroup size. The picker takes the first variant of a head-dim class that fits the
 //! adapter's workgroup memory, unless a tuning table names another
-//! ([`crate::tune`]); tests and `tune` build any other variant the same way.
+//! ([`crate::kernels::tune`]); tests and `tune` build any other variant the same way.
 
 use super::super::{Kernel, Slot, COMMON, COOP_STAGING};
 use std::collections::HashMap;

@@ -6,13 +6,15 @@ use super::super::kv_texels::{KvTexels, TexelGrid};
 use super::super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams};
 use super::variants::blocked_words;
 use super::FlashConfig;
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::kernels::policy::Policy;
 use crate::options::FusedTiling;
 use crate::tensor::DType;
 
 pub(crate) fn encode(
-    ctx: &Context,
+    ctx: &Gpu,
+    policy: &Policy,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     config: FlashConfig,
@@ -24,7 +26,7 @@ pub(crate) fn encode(
             return Ok(());
         }
     }
-    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities(), ctx.policy());
+    let launch = (config.spec().launch)(params.head_dim, params.head_dim_v, ctx.capabilities(), policy);
     let mut kernel = match blocked_words(&launch.kernel) {
         Some(words) if kv_in_words(params, bindings) => words,
         _ => launch.kernel,
@@ -43,7 +45,7 @@ pub(crate) fn encode(
         }
         let words = bindings_here.words_stand_in.is_none() && coop_words(dtype, params);
         let caps = ctx.capabilities();
-        let variant = super::coop_variant_for(params.head_dim, params.head_dim_v, caps, ctx.policy());
+        let variant = super::coop_variant_for(params.head_dim, params.head_dim_v, caps, policy);
         if super::coop::direct_serves(&variant, dtype == DType::F16, words, params) {
             // Nothing staged: the WORDS paths are not in its source.
         } else {
@@ -87,7 +89,7 @@ fn kv_in_words(params: &AttentionParams, bindings: &AttentionBindings) -> bool {
 
 /// The subgroup tiling's texel kernel for a problem, where it serves it.
 fn texel_variant(
-    ctx: &Context,
+    ctx: &Gpu,
     dtype: DType,
     config: FlashConfig,
     params: &AttentionParams,
@@ -110,7 +112,7 @@ fn texel_variant(
 /// mirror), so that every dispatch of the problem (key ranges, head chunks) shares one
 /// copy; `None` where they read none.
 pub(crate) fn texel_mirror(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     config: FlashConfig,
@@ -127,7 +129,7 @@ pub(crate) fn texel_mirror(
 /// cache's, or one [`texel_mirror`] made); `false` (nothing recorded) where they carry
 /// none.
 fn encode_texel(
-    ctx: &Context,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     variant: flash_texel::TexelVariant,

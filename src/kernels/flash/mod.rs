@@ -23,8 +23,9 @@ pub use variants::*;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::{Capabilities, Policy};
     use crate::error::Error;
+    use crate::gpu::Capabilities;
+    use crate::kernels::policy::Policy;
     use crate::kernels::{flash_texel, loop_budget};
     use crate::options::FusedTiling;
     use crate::problem::AttentionShape;
@@ -36,13 +37,13 @@ mod tests {
     #[test]
     fn subgroup_key_blocks_follow_the_mesa_release() {
         let mut c = caps(Some((8, 8)), 32768);
-        assert_eq!(crate::context::mesa_version("Mesa 22.3.6 (LLVM 15.0.6)"), Some((22, 3)));
+        assert_eq!(crate::gpu::mesa_version("Mesa 22.3.6 (LLVM 15.0.6)"), Some((22, 3)));
         assert_eq!(
-            crate::context::mesa_version("4.5 (Core Profile) Mesa 25.0.7-2~bpo12+1"),
+            crate::gpu::mesa_version("4.5 (Core Profile) Mesa 25.0.7-2~bpo12+1"),
             Some((25, 0))
         );
-        assert_eq!(crate::context::mesa_version("NVIDIA 550.54"), None);
-        assert_eq!(crate::context::mesa_version("Mesa x"), None);
+        assert_eq!(crate::gpu::mesa_version("NVIDIA 550.54"), None);
+        assert_eq!(crate::gpu::mesa_version("Mesa x"), None);
         assert_eq!(subgroup_keys_per_block(&c), 16);
         c.mesa_version = Some((22, 3));
         assert_eq!(subgroup_keys_per_block(&c), 32);
@@ -81,7 +82,7 @@ mod tests {
 
     /// Tensor cores: the 16x16x16 f16 -> f32 configuration the coop kernels need.
     fn with_tensor_cores(mut caps: Capabilities) -> Capabilities {
-        caps.cooperative_matrix = vec![crate::context::CoopConfig {
+        caps.cooperative_matrix = vec![crate::gpu::CoopConfig {
             m: 16,
             n: 16,
             k: 16,

@@ -5,8 +5,9 @@
 use super::super::{loop_budget, Kernel};
 use super::coop::*;
 use super::variants::*;
-use crate::context::{Capabilities, Policy};
 use crate::error::{Error, Result};
+use crate::gpu::Capabilities;
+use crate::kernels::policy::Policy;
 use crate::options::FusedTiling;
 use crate::problem::AttentionShape;
 
@@ -25,7 +26,7 @@ pub enum AdapterClass {
 
 impl AdapterClass {
     pub fn of(info: &wgpu::AdapterInfo) -> Self {
-        match (crate::context::is_cpu_adapter(info), info.backend) {
+        match (crate::gpu::is_cpu_adapter(info), info.backend) {
             (true, wgpu::Backend::BrowserWebGpu) => AdapterClass::BrowserCpu,
             (true, _) => AdapterClass::Cpu,
             (false, _) => AdapterClass::Gpu,
@@ -214,7 +215,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
 ];
 
 /// The coop variant for head dims (D, Dv) on an adapter: a tuning table's pick for it
-/// ([`crate::tune`]) where one fits, else the first of [`COOP_VARIANTS`] that fits
+/// ([`crate::kernels::tune`]) where one fits, else the first of [`COOP_VARIANTS`] that fits
 /// (the narrowest of the class where none does; the needs check refuses that case).
 pub fn coop_variant_for(d: u32, dv: u32, caps: &Capabilities, policy: &Policy) -> CoopVariant {
     let sg = caps.coop_subgroup_size().unwrap_or(32);
@@ -260,6 +261,16 @@ pub fn parse_tiling(what: &str, name: &str) -> Result<FusedTiling> {
         .find(|s| s.name == name)
         .map(|s| s.tiling)
         .ok_or_else(|| Error::invalid(what, format!("'{name}' is not one of auto, {}", tiling_names())))
+}
+
+/// A tiling by the name users type (`"shared".parse::<FusedTiling>()`): `auto` or a
+/// registry name, case-insensitively; the error names `tiling`.
+impl std::str::FromStr for FusedTiling {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        parse_tiling("tiling", name)
+    }
 }
 
 /// The tiling picked when none is asked for on an adapter of `class` with `caps`: the

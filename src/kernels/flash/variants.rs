@@ -2,7 +2,8 @@
 //! preludes and workgroup-memory needs (registers, shared, subgroup, blocked, coop).
 
 use super::super::{Kernel, Slot, COMMON, SUBGROUP_QUADS};
-use crate::context::{Capabilities, Policy};
+use crate::gpu::Capabilities;
+use crate::kernels::policy::Policy;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
 pub(super) const SLOTS: &[Slot] = &[

@@ -390,9 +390,9 @@ fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Rng;
     use crate::mha::config::PostNorm;
     use crate::options::{CausalAlignment, Mask};
+    use crate::reference::rng::Rng;
 
     /// `Σ out · w`: its gradient with respect to the output is `w`.
     fn loss(
