@@ -23,6 +23,14 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use wgpu_attention::{Context, DType, Layout, Tensor};
 
+/// The scores' shape in the caller's terms, which a mask broadcasts to: batch axes,
+/// heads (none for a 2-D query), query rows (then keys).
+pub(crate) struct Scores {
+    pub batch_axes: Vec<usize>,
+    pub heads: Option<usize>,
+    pub len_q: usize,
+}
+
 /// Element data of an input, C-contiguous in its memory order.
 pub(crate) enum Host<'py> {
     F32(PyReadonlyArrayDyn<'py, f32>),
@@ -255,8 +263,8 @@ impl Input<'_> {
     }
 
     /// The shape of this query's scores (for masks).
-    pub(crate) fn scores(&self) -> crate::options::Scores {
-        crate::options::Scores {
+    pub(crate) fn scores(&self) -> Scores {
+        Scores {
             batch_axes: self.batch_axes().to_vec(),
             heads: (self.shape.len() >= 3).then_some(self.logical[1]),
             len_q: self.logical[2],

@@ -1,12 +1,13 @@
 //! `MultiHeadAttention`: PyTorch's `nn.MultiheadAttention` (batch-first, plus GQA and
 //! a post-norm) with its weights on the device, forward and backward.
 
+use crate::arrays::Scores;
 use crate::arrays::{
     as_array, check_f16_fits, check_f16_range, check_size, dtype_name, f32_array, output, parse_dtype, read_input,
     Input, Values,
 };
 use crate::context::{resolve, PyContext};
-use crate::options::{Raw, Scores};
+use crate::options::Raw;
 use crate::{value_error, OrPy};
 use half::f16;
 use numpy::{PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};

@@ -1,7 +1,7 @@
 //! The keyword arguments every attention call takes, as the library's
 //! `AttentionOptions`.
 
-use crate::arrays::as_array;
+use crate::arrays::{as_array, Scores};
 use crate::value_error;
 use numpy::{PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -11,14 +11,6 @@ use wgpu_attention::{AttentionOptions, CausalAlignment, Context, KernelChoice, L
 /// Largest query length + key length + |position_offset|: the library's
 /// `problem::MAX_POSITIONS` (not exported), positions being i32 in the kernels.
 const MAX_POSITIONS: usize = 1 << 30;
-
-/// The scores' shape in the caller's terms, which a mask broadcasts to: batch axes,
-/// heads (none for a 2-D query), query rows (then keys).
-pub(crate) struct Scores {
-    pub batch_axes: Vec<usize>,
-    pub heads: Option<usize>,
-    pub len_q: usize,
-}
 
 /// The options of one call as Python gave them.
 pub(crate) struct Raw<'py> {
