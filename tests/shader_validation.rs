@@ -461,7 +461,7 @@ fn subgroup_variants_fit_the_workgroup_memory_the_tiling_declares() {
     assert!(declared.iter().all(|&b| b <= SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
     assert_eq!(declared.iter().max(), Some(&SUBGROUP_WORKGROUP_BYTES), "{declared:?}");
     // The backward's subgroup tiling runs where the forward's does, on the same need.
-    let backward: Vec<u32> = wgpu_attention::kernels::ALL_KERNELS
+    let backward: Vec<u32> = wgpu_attention::kernels::every_kernel()
         .iter()
         .filter(|k| k.file == "flash_backward_subgroup.wgsl")
         .map(declared_workgroup_bytes)

@@ -208,6 +208,20 @@ fn stores(v: &BlockedVariant) -> u64 {
     rows_per_invocation(v) * (1 + 5) + 1
 }
 
+/// The blocked backward's sizes, whole and half tiles (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    VARIANTS
+        .iter()
+        .chain(&HALF_TILE_VARIANTS)
+        .flat_map(|v| {
+            [
+                v.dq(super::backward_passes::DQ_SLOTS),
+                v.dkdv(super::backward_passes::DKDV_SLOTS),
+            ]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

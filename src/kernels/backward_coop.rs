@@ -271,6 +271,15 @@ pub fn dkdv_iterations(v: &CoopBackwardVariant, sg: u32, rows: usize, group: u64
     iterations(v, sg, group * tiles, 2) + searches + group + 1
 }
 
+/// The tensor-core backward's variants, arrayed and named, for 32-lane subgroups (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    VARIANTS
+        .iter()
+        .flat_map(|v| [v.with_named(false), v.with_named(true)])
+        .flat_map(|v| [v.dq(32), v.dkdv(32)])
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

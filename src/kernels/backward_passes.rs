@@ -197,3 +197,22 @@ pub const SUBGROUP_128: PassKernels = PassKernels {
     dq: subgroup_kernel("bwd_dq_subgroup", DQ_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
     dkdv: subgroup_kernel("bwd_dkdv_subgroup", DKDV_SLOTS, BACKWARD_SUBGROUP_128, "[128]"),
 };
+
+/// The backward's delta, run-time and head-dim-class rows, materialized and subgroup kernels (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    let passes = [
+        ROWS_32,
+        ROWS_64,
+        ROWS_128,
+        ROWS_256,
+        ROWS_64_WG,
+        ROWS_128_WG,
+        ROWS_256_WG,
+        SUBGROUP_64,
+        SUBGROUP_128,
+    ];
+    [DELTA, MAT_DS, MAT_DQ, MAT_DKDV, DQ, DKDV]
+        .into_iter()
+        .chain(passes.into_iter().flat_map(|p| [p.dq, p.dkdv]))
+        .collect()
+}

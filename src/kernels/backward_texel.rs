@@ -645,6 +645,11 @@ pub const SCRATCH_BYTES: u64 = 64 << 20;
 /// rows), so a row's dX larger than the budget's share grows the scratch instead.
 pub const MIN_BAND_ROWS: usize = 512;
 
+/// The texel backward's generated variants (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    VARIANTS.iter().flat_map(|v| [v.dq(), v.dkdv()]).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

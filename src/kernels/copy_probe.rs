@@ -56,3 +56,8 @@ pub fn encode_copy(
         )
     })
 }
+
+/// The copy probe's kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

@@ -776,6 +776,18 @@ pub(crate) fn encode(
     )
 }
 
+/// Split-K decode's kernels: the tiles and subgroup splits (buffers and texels), the lanes variants, the combine (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    SPLIT_VARIANTS
+        .iter()
+        .chain(&SUBGROUP_SPLIT_VARIANTS)
+        .chain(&SUBGROUP_TEXEL_SPLIT_VARIANTS)
+        .map(|v| v.kernel)
+        .chain([COMBINE])
+        .chain(LanesVariant::ALL.iter().map(|v| v.kernel()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -458,6 +458,11 @@ pub(crate) fn write_word_halves(w: &mut String, name: &str, word: &str, keep: &s
     writeln!(w, "            let {name}_1 = word_hi({word}, {keep});")
 }
 
+/// The texel forward's generated variants (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    VARIANTS.iter().map(|v| v.kernel()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

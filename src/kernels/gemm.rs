@@ -217,3 +217,8 @@ pub fn encode_gemm(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder, dtype: DType, 
     }
     Ok(())
 }
+
+/// The strided GEMM's kernels (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![F32_OUT, ELEM_OUT]
+}

@@ -272,3 +272,8 @@ impl Uploaded {
         })
     }
 }
+
+/// The KV append's kernels: rows, int8 rows, texel mirrors (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL, QUANTIZE, TEXELS]
+}

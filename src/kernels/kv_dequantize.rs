@@ -12,3 +12,8 @@ pub const DEQUANTIZE: Kernel = Kernel {
     preludes: &[],
     variant: "",
 };
+
+/// The dequantization kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![DEQUANTIZE]
+}

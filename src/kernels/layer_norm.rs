@@ -71,3 +71,8 @@ pub fn encode_layer_norm(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder, dtype: D
         dispatch(ctx, encoder, &pipeline, &bindings, [groups_for(norm.rows, 64), 1, 1])
     })
 }
+
+/// The layer norm's kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

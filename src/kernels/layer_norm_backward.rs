@@ -146,3 +146,8 @@ pub fn encode_layer_norm_backward(
     }
     Ok(())
 }
+
+/// The layer norm backward's kernels (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![ROWS, COLUMNS]
+}

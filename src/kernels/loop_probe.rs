@@ -10,7 +10,7 @@ use crate::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
 use crate::kernels::Kernel;
 
 /// The probe shader (standalone: no prelude, no attention bindings). Listed in
-/// `ALL_KERNELS` so naga validates it and writes it to SPIR-V in the tests; compiled
+/// its family list (`kernels()`) so naga validates it and writes it to SPIR-V in the tests; compiled
 /// here straight from its source, before the context (and its pipeline cache) exists.
 pub const KERNEL: Kernel = Kernel {
     file: "loop_probe.wgsl",
@@ -113,4 +113,9 @@ pub async fn trips_async(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> 
     let view = readback.slice(..).get_mapped_range().ok()?;
     let words: &[u32] = bytemuck::cast_slice(&view);
     Some(words[1])
+}
+
+/// The loop probe's kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
 }

@@ -578,6 +578,11 @@ pub fn encode_linear(
     })
 }
 
+/// The linear layer's kernels (the direct coop GEMM is `isa`'s and its own tests') (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![TILED, BLOCKED, COOP, TEXTURE]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

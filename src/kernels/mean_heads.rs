@@ -64,3 +64,8 @@ pub fn encode_accumulate_heads(
         )
     })
 }
+
+/// The head-averaging kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

@@ -21,3 +21,8 @@ pub const STORE: Kernel = Kernel {
     entry: "merge_store",
     ..FOLD
 };
+
+/// The merge's kernels (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![FOLD, STORE]
+}

@@ -245,126 +245,39 @@ pub const BACKWARD_ROWS_256_WG: &[&str] = &[
     ROW_LANES,
 ];
 
-/// Every kernel the crate dispatches, for the shader validation test: [`ALL_KERNELS`],
-/// the generated texel kernels ([`flash_texel::VARIANTS`],
-/// [`backward_texel::VARIANTS`]), the blocked backward's sizes
-/// ([`backward_blocked::VARIANTS`], [`backward_blocked::HALF_TILE_VARIANTS`]), the tensor-core
-/// variants ([`flash::COOP_VARIANTS`], arrayed and named, one band per subgroup and two)
-/// for 32-lane subgroups (NVIDIA's), the decode
-/// lanes variants and the micro-tile variants ([`flash::MICRO`]).
-pub fn every_kernel() -> Vec<Kernel> {
-    ALL_KERNELS
-        .into_iter()
-        .chain(flash_texel::VARIANTS.iter().map(|v| v.kernel()))
-        .chain(backward_texel::VARIANTS.iter().flat_map(|v| [v.dq(), v.dkdv()]))
-        .chain(
-            backward_blocked::VARIANTS
-                .iter()
-                .chain(&backward_blocked::HALF_TILE_VARIANTS)
-                .flat_map(|v| [v.dq(backward_passes::DQ_SLOTS), v.dkdv(backward_passes::DKDV_SLOTS)]),
-        )
-        .chain(
-            flash::COOP_VARIANTS
-                .iter()
-                // (Two bands of named fragments are retired: CoopVariant::valid_for.)
-                .flat_map(|v| [(v, 1, false), (v, 1, true), (v, 2, false)])
-                .map(|(v, bands, named)| v.with_bands(bands).with_named(named).kernel(32)),
-        )
-        .chain(
-            backward_coop::VARIANTS
-                .iter()
-                .flat_map(|v| [v.with_named(false), v.with_named(true)])
-                .flat_map(|v| [v.dq(32), v.dkdv(32)]),
-        )
-        .chain(decode::LanesVariant::ALL.iter().map(|v| v.kernel()))
-        .chain(flash::MICRO.iter().flat_map(|v| [v.kernel, v.words]))
-        .collect()
-}
-
-/// Every kernel entry point written in `shaders/` (the generated ones: [`every_kernel`]).
-pub const ALL_KERNELS: [Kernel; 81] = [
-    copy_probe::KERNEL,
-    kv_append::QUANTIZE,
-    kv_dequantize::DEQUANTIZE,
-    rotary::KERNEL,
-    merge::FOLD,
-    merge::STORE,
-    backward_passes::DELTA,
-    backward_passes::MAT_DS,
-    backward_passes::MAT_DQ,
-    backward_passes::MAT_DKDV,
-    backward_passes::DQ,
-    backward_passes::DKDV,
-    backward_passes::ROWS_32.dq,
-    backward_passes::ROWS_32.dkdv,
-    backward_passes::ROWS_64.dq,
-    backward_passes::ROWS_64.dkdv,
-    backward_passes::ROWS_128.dq,
-    backward_passes::ROWS_128.dkdv,
-    backward_passes::ROWS_256.dq,
-    backward_passes::ROWS_256.dkdv,
-    backward_passes::ROWS_64_WG.dq,
-    backward_passes::ROWS_64_WG.dkdv,
-    backward_passes::ROWS_128_WG.dq,
-    backward_passes::ROWS_128_WG.dkdv,
-    backward_passes::ROWS_256_WG.dq,
-    backward_passes::ROWS_256_WG.dkdv,
-    backward_passes::SUBGROUP_64.dq,
-    backward_passes::SUBGROUP_64.dkdv,
-    backward_passes::SUBGROUP_128.dq,
-    backward_passes::SUBGROUP_128.dkdv,
-    loop_probe::KERNEL,
-    kv_append::KERNEL,
-    kv_append::TEXELS,
-    layer_norm::KERNEL,
-    layer_norm_backward::ROWS,
-    layer_norm_backward::COLUMNS,
-    gemm::F32_OUT,
-    gemm::ELEM_OUT,
-    mean_heads::KERNEL,
-    matmul::TILED,
-    matmul::BLOCKED,
-    matmul::COOP,
-    matmul::TEXTURE,
-    pack_rows::KERNEL,
-    qk_scores::KERNEL,
-    softmax_rows::KERNEL,
-    weights_v::KERNEL,
-    decode::SPLIT_VARIANTS[0].kernel,
-    decode::SPLIT_VARIANTS[1].kernel,
-    decode::SUBGROUP_SPLIT_VARIANTS[0].kernel,
-    decode::SUBGROUP_SPLIT_VARIANTS[1].kernel,
-    decode::SUBGROUP_TEXEL_SPLIT_VARIANTS[0].kernel,
-    decode::SUBGROUP_TEXEL_SPLIT_VARIANTS[1].kernel,
-    decode::COMBINE,
-    flash::REGISTERS,
-    flash::SHARED,
-    flash::SHARED_64,
-    flash::SHARED_128,
-    flash::SHARED_256,
-    flash::SHARED_128_WG,
-    flash::SHARED_256_WG,
-    flash::SUBGROUP_64,
-    flash::SUBGROUP_128,
-    flash::SUBGROUP_256,
-    flash::SUBGROUP_WIDE_64,
-    flash::SUBGROUP_WIDE_128,
-    flash::SUBGROUP_WIDE_256,
-    flash::BLOCKED[0].variant.kernel,
-    flash::BLOCKED[0].words,
-    flash::BLOCKED[1].variant.kernel,
-    flash::BLOCKED[1].words,
-    flash::BLOCKED[2].variant.kernel,
-    flash::BLOCKED[2].words,
-    flash::BLOCKED[3].variant.kernel,
-    flash::BLOCKED[3].words,
-    flash::BLOCKED[4].variant.kernel,
-    flash::BLOCKED[4].words,
-    flash::BLOCKED[5].variant.kernel,
-    flash::BLOCKED[5].words,
-    flash::BLOCKED[6].variant.kernel,
-    flash::BLOCKED[6].words,
+/// Every kernel family, each listing its own variants (`kernels()` in its module), so
+/// that adding or retiring a variant touches its family alone.
+const FAMILIES: [fn() -> Vec<Kernel>; 22] = [
+    flash::kernels,
+    flash_texel::kernels,
+    decode::kernels,
+    backward_passes::kernels,
+    backward_blocked::kernels,
+    backward_texel::kernels,
+    backward_coop::kernels,
+    matmul::kernels,
+    gemm::kernels,
+    layer_norm::kernels,
+    layer_norm_backward::kernels,
+    kv_append::kernels,
+    kv_dequantize::kernels,
+    merge::kernels,
+    rotary::kernels,
+    mean_heads::kernels,
+    pack_rows::kernels,
+    qk_scores::kernels,
+    softmax_rows::kernels,
+    weights_v::kernels,
+    copy_probe::kernels,
+    loop_probe::kernels,
 ];
+
+/// Every kernel the crate dispatches, for shader validation and `isa --set all`: the
+/// union of the families' variants, generated ones included (the tensor-core forms for
+/// 32-lane subgroups, NVIDIA's).
+pub fn every_kernel() -> Vec<Kernel> {
+    FAMILIES.iter().flat_map(|family| family()).collect()
+}
 
 /// The full WGSL of a kernel for an element type. `enable` directives in the kernel's
 /// own file (say `enable wgpu_cooperative_matrix;`) are hoisted above the preludes, as

@@ -291,3 +291,8 @@ impl PackedRows {
         &self.view
     }
 }
+
+/// The row-packing kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

@@ -131,3 +131,8 @@ impl Rotary {
         out
     }
 }
+
+/// The rotation kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

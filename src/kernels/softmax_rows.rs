@@ -32,3 +32,8 @@ pub(crate) fn encode(
     let y = total.div_ceil(x);
     dispatch_entries(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots)?, [x, y, 1])
 }
+
+/// The materialized path's softmax kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

@@ -255,7 +255,7 @@ impl TuneTable {
 /// and `tune --key-splits` spell it: plain decimal digits (no sign, no spaces), 1 to
 /// [`crate::MAX_KEY_SPLITS`]; `what` names the source in the error.
 pub fn parse_key_splits(what: &str, text: &str) -> Result<u32> {
-    let max = crate::MAX_KEY_SPLITS;
+    let max = crate::kernels::policy::MAX_KEY_SPLITS;
     Some(text)
         .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|t| t.parse::<u32>().ok())

@@ -32,3 +32,8 @@ pub(crate) fn encode(
     ];
     dispatch_entries(ctx, encoder, &pipeline, &bindings.select(KERNEL.slots)?, groups)
 }
+
+/// The materialized path's weights-times-V kernel (for [`super::every_kernel`]).
+pub fn kernels() -> Vec<Kernel> {
+    vec![KERNEL]
+}

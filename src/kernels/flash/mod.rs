@@ -20,6 +20,38 @@ pub(crate) use encode::{encode, texel_mirror};
 pub use tilings::*;
 pub use variants::*;
 
+/// The fused tilings' kernels (for [`super::every_kernel`]): `registers`, `shared` (run-time
+/// and head-dim classes), `subgroup`, `blocked`, the tensor-core variants in every form
+/// a table can pin (arrayed and named, one band and two, for 32-lane subgroups; two bands
+/// of named fragments are retired, [`CoopVariant::valid_for`]) and `micro`'s variants.
+pub fn kernels() -> Vec<super::Kernel> {
+    let tilings = [
+        REGISTERS,
+        SHARED,
+        SHARED_64,
+        SHARED_128,
+        SHARED_256,
+        SHARED_128_WG,
+        SHARED_256_WG,
+        SUBGROUP_64,
+        SUBGROUP_128,
+        SUBGROUP_256,
+        SUBGROUP_WIDE_64,
+        SUBGROUP_WIDE_128,
+        SUBGROUP_WIDE_256,
+    ];
+    let coop_forms = COOP_VARIANTS
+        .iter()
+        .flat_map(|v| [(v, 1, false), (v, 1, true), (v, 2, false)])
+        .map(|(v, bands, named)| v.with_bands(bands).with_named(named).kernel(32));
+    tilings
+        .into_iter()
+        .chain(BLOCKED.iter().flat_map(|b| [b.variant.kernel, b.words]))
+        .chain(coop_forms)
+        .chain(MICRO.iter().flat_map(|v| [v.kernel, v.words]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
