@@ -134,6 +134,7 @@ impl Context {
         let info = adapter.get_info();
         // The environment, read before the device is made: it may keep subgroups off.
         let policy = Policy::from_env(&info)?;
+        let checks = runtime_checks_from_env()?;
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::SUBGROUP_BARRIER
@@ -156,7 +157,7 @@ impl Context {
             reason: e.to_string(),
         })?;
         let mut ctx = Self::from_device_async(info, device.clone(), queue, true).await;
-        ctx.gpu.use_runtime_checks(runtime_checks_from_env()?);
+        ctx.gpu.use_runtime_checks(checks);
         ctx.gpu.keep_uncaptured_errors();
         ctx.use_cooperative_matrix_properties(&adapter.cooperative_matrix_properties());
         ctx.policy = policy;
