@@ -480,7 +480,7 @@ fn block_variants_declare_the_workgroup_memory_the_host_budgets() {
             assert_eq!(declared_workgroup_bytes(&kernel), MICRO_BYTES, "{}", kernel.variant);
         }
     }
-    for variant in BLOCKED_VARIANTS {
+    for variant in BLOCKED_VARIANTS.iter() {
         let declared = declared_workgroup_bytes(&variant.kernel);
         assert_eq!(
             declared, variant.workgroup_bytes,
@@ -624,7 +624,7 @@ fn dispatchable() -> Vec<Dispatchable> {
     // The coop GEMM at 2 x 2 tiles a subgroup: what a context emulating cooperative
     // matrices dispatches (kernels::matmul::coop_tiles), emulated on each lane count.
     let two_tiles = wgpu_attention::kernels::Kernel {
-        source: Box::leak(wgpu_attention::kernels::matmul::coop_source(2).into_boxed_str()),
+        source: wgpu_attention::kernels::matmul::coop_source(2).into(),
         ..wgpu_attention::kernels::matmul::COOP
     };
     for dtype in [DType::F32, DType::F16] {
@@ -638,7 +638,7 @@ fn dispatchable() -> Vec<Dispatchable> {
     let name = format!("{}:{} (F16)", direct.file, direct.entry);
     push_with_emulations(&mut all, name.clone(), shader_source(&direct, DType::F16), direct.entry);
     let two_tiles = wgpu_attention::kernels::Kernel {
-        source: Box::leak(wgpu_attention::kernels::matmul::coop_direct_source(2).into_boxed_str()),
+        source: wgpu_attention::kernels::matmul::coop_direct_source(2).into(),
         ..direct
     };
     push_with_emulations(
@@ -691,7 +691,6 @@ fn dispatchable() -> Vec<Dispatchable> {
         .zip(probe.lines().skip(1))
         .filter(|(at, _)| at.starts_with("@compute"))
         .filter_map(|(_, f)| f.strip_prefix("fn ")?.split('(').next())
-        .map(|name| &*Box::leak(name.to_string().into_boxed_str()))
         .collect();
     assert!(entries.len() >= 9, "the probe's entry points: {entries:?}");
     for entry in entries {

@@ -8,7 +8,8 @@
 //! Rooms: `adapter` (choosing one), `capabilities` (what it can do), `device_watch`
 //! (device loss and escaped errors), `submit` (error scopes, submission, readback),
 //! `resources` (buffers, textures, pipelines), `runtime_checks` (what wgpu compiles
-//! into each shader) and `dtype` (the element types).
+//! into each shader), `dtype` (the element types) and `text` (a shader's text, static or
+//! generated, as the pipeline cache keys it).
 
 mod adapter;
 mod capabilities;
@@ -17,6 +18,7 @@ mod dtype;
 mod resources;
 pub mod runtime_checks;
 mod submit;
+mod text;
 
 #[cfg(test)]
 pub use adapter::mesa_version;
@@ -30,6 +32,7 @@ pub use capabilities::{Capabilities, CoopConfig, MAX_INDEXED_BINDING};
 pub use dtype::DType;
 pub(crate) use resources::{CompiledPipeline, PipelineKey};
 pub use runtime_checks::{RuntimeChecks, RUNTIME_CHECKS_VAR};
+pub use text::Text;
 
 use crate::error::{Error, Result};
 use crate::staging::StagingPool;

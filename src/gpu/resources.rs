@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PipelineKey {
     /// Shader file, entry point and variant.
-    pub shader: (&'static str, &'static str, &'static str),
+    pub shader: (&'static str, &'static str, super::Text),
     pub dtype: DType,
     pub constants: Vec<(&'static str, u32)>,
     pub checks: super::RuntimeChecks,

@@ -197,19 +197,19 @@ pub fn gpu() -> Vec<IsaKernel> {
         for dtype in BOTH {
             out.push(IsaKernel::new(
                 format!("fused/micro {}x{} {}", v.dmax, v.lanes, dtype.name()),
-                v.kernel,
+                v.kernel.clone(),
                 dtype,
             ));
             out.push(IsaKernel::new(
                 format!("fused/micro {}x{} words {}", v.dmax, v.lanes, dtype.name()),
-                v.words,
+                v.words.clone(),
                 dtype,
             ));
         }
     }
     for dtype in BOTH {
-        for v in decode::SPLIT_VARIANTS {
-            out.push(IsaKernel::plain(v.kernel, dtype));
+        for v in &decode::SPLIT_VARIANTS {
+            out.push(IsaKernel::plain(v.kernel.clone(), dtype));
         }
         out.push(IsaKernel::plain(decode::COMBINE, dtype));
         for v in decode::LanesVariant::ALL.iter().filter(|v| v.sg == GPU_SUBGROUP) {
@@ -310,7 +310,7 @@ pub fn all() -> Vec<IsaKernel> {
     let mut out = gpu();
     for kernel in kernels::every_kernel() {
         for dtype in BOTH {
-            let mut k = IsaKernel::plain(kernel, dtype);
+            let mut k = IsaKernel::plain(kernel.clone(), dtype);
             if kernel.source.contains("enable wgpu_cooperative_matrix;") {
                 k = k.with_subgroup(GPU_SUBGROUP);
             }

@@ -7,6 +7,7 @@
 //! takes the first that holds the head dims and fits the adapter's workgroup memory.
 
 use super::{Kernel, Slot, BACKWARD_COMMON, COMMON};
+use crate::gpu::Text;
 use crate::tensor::DType;
 
 const SOURCE: &str = include_str!("../../shaders/flash_backward_blocked.wgsl");
@@ -119,11 +120,11 @@ impl BlockedVariant {
     fn kernel(&self, entry: &'static str, slots: &'static [Slot]) -> Kernel {
         Kernel {
             file: "flash_backward_blocked.wgsl",
-            source: if self.half_tiles { HALF_TILE_SOURCE } else { SOURCE },
+            source: Text::Static(if self.half_tiles { HALF_TILE_SOURCE } else { SOURCE }),
             entry,
             slots,
             preludes: self.preludes,
-            variant: self.name,
+            variant: Text::Static(self.name),
         }
     }
 

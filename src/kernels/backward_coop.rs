@@ -7,7 +7,7 @@
 //! forward's [`crate::kernels::flash::CoopVariant`]. [`variant_for`] takes the first
 //! variant of the smallest head-dim class that fits the adapter's workgroup memory.
 
-use super::{flash, Kernel, Slot, BACKWARD_COMMON, COMMON, COOP_STAGING};
+use super::{flash, Kernel, Slot, Text, BACKWARD_COMMON, COMMON, COOP_STAGING};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -126,7 +126,7 @@ impl CoopBackwardVariant {
 
     /// `flash_backward_coop.wgsl` through the generator, arrayed or named (the same
     /// for every subgroup size).
-    fn source(&self) -> &'static str {
+    fn source(&self) -> String {
         let (d16, wc) = (self.dmax / 16, (self.bc / 16).max(1));
         let consts = [
             ("D16", d16),
@@ -137,9 +137,8 @@ impl CoopBackwardVariant {
         ];
         // The file's directives are tested (shader_validation, the backward tests): an
         // error here is a bug in the file, not in anything a user gave.
-        let source = super::unroll::expand(SOURCE, self.named, &consts)
-            .unwrap_or_else(|e| panic!("shaders/flash_backward_coop.wgsl: {e}"));
-        flash::leak(source)
+        super::unroll::expand(SOURCE, self.named, &consts)
+            .unwrap_or_else(|e| panic!("shaders/flash_backward_coop.wgsl: {e}"))
     }
 
     /// Workgroup memory the variant declares, mirroring its WGSL (a test compares this
@@ -171,27 +170,32 @@ impl CoopBackwardVariant {
         self.kernel("bwd_dkdv_coop", sg, DKDV_SLOTS)
     }
 
-    /// A pass's kernel (its prelude built once per process and kept).
+    /// A pass's kernel (its text, the generated constants then the unrolled file, built
+    /// once per process and kept).
     fn kernel(&self, entry: &'static str, sg: u32, slots: &'static [Slot]) -> Kernel {
-        type Built = HashMap<(CoopBackwardVariant, u32), (&'static [&'static str], &'static str, &'static str)>;
+        /// A variant's source and label by subgroup size.
+        type Built = HashMap<(CoopBackwardVariant, u32), (Text, Text)>;
         static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
         let mut built = BUILT
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (preludes, variant, source) = *built.entry((*self, sg)).or_insert_with(|| {
-            let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1, 1);
-            let preludes: &'static [&'static str] =
-                Box::leak(Box::new([COMMON, BACKWARD_COMMON, COOP_STAGING, constants]));
-            let label = flash::leak(format!("[{} sg{sg}]", self.label()));
-            (preludes, label, self.source())
-        });
+        let (source, variant) = built
+            .entry((*self, sg))
+            .or_insert_with(|| {
+                let constants = flash::generator_prelude(self.dmax, self.br, self.bc, sg, 1, 1);
+                (
+                    Text::from(format!("{constants}{}", self.source())),
+                    Text::from(format!("[{} sg{sg}]", self.label())),
+                )
+            })
+            .clone();
         Kernel {
             file: "flash_backward_coop.wgsl",
             source,
             entry,
             slots,
-            preludes,
+            preludes: &[COMMON, BACKWARD_COMMON, COOP_STAGING],
             variant,
         }
     }

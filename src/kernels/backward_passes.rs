@@ -7,6 +7,7 @@
 //! among these and the blocked, texel and coop tilings and encodes them.
 
 use crate::gpu::Capabilities;
+use crate::gpu::Text;
 use crate::kernels::{
     Kernel, Slot, BACKWARD_PRELUDE, BACKWARD_ROWS_128, BACKWARD_ROWS_128_WG, BACKWARD_ROWS_256, BACKWARD_ROWS_256_WG,
     BACKWARD_ROWS_32, BACKWARD_ROWS_64, BACKWARD_ROWS_64_WG, BACKWARD_ROWS_PRELUDE, BACKWARD_SUBGROUP_128,
@@ -16,29 +17,30 @@ use crate::kernels::{
 const SOURCE: &str = include_str!("../../shaders/flash_backward.wgsl");
 
 const fn backward_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel {
+    rows_kernel(entry, slots, BACKWARD_ROWS_PRELUDE, "")
+}
+
+const fn rows_kernel(
+    entry: &'static str,
+    slots: &'static [Slot],
+    preludes: &'static [&'static str],
+    variant: &'static str,
+) -> Kernel {
     Kernel {
         file: "flash_backward.wgsl",
-        source: SOURCE,
+        source: Text::Static(SOURCE),
         entry,
         slots,
-        preludes: BACKWARD_ROWS_PRELUDE,
-        variant: "",
+        preludes,
+        variant: Text::Static(variant),
     }
 }
 
 /// The `rows` passes of a head-dim class on GPUs ([`rows_for`]).
 const fn rows_class(preludes: &'static [&'static str], variant: &'static str) -> PassKernels {
     PassKernels {
-        dq: Kernel {
-            preludes,
-            variant,
-            ..DQ
-        },
-        dkdv: Kernel {
-            preludes,
-            variant,
-            ..DKDV
-        },
+        dq: rows_kernel("bwd_dq", DQ_SLOTS, preludes, variant),
+        dkdv: rows_kernel("bwd_dkdv", DKDV_SLOTS, preludes, variant),
     }
 }
 
@@ -114,11 +116,11 @@ const MATERIALIZED_SOURCE: &str = include_str!("../../shaders/backward_materiali
 const fn materialized_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel {
     Kernel {
         file: "backward_materialized.wgsl",
-        source: MATERIALIZED_SOURCE,
+        source: Text::Static(MATERIALIZED_SOURCE),
         entry,
         slots,
         preludes: BACKWARD_PRELUDE,
-        variant: "",
+        variant: Text::Static(""),
     }
 }
 
@@ -158,7 +160,7 @@ pub const MAT_DKDV: Kernel = materialized_kernel(
 );
 
 /// The dQ and dK/dV kernels of one backward tiling.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct PassKernels {
     /// The dQ pass: one query row (its lanes) per invocation.
     pub dq: Kernel,
@@ -176,11 +178,11 @@ const fn subgroup_kernel(
 ) -> Kernel {
     Kernel {
         file: "flash_backward_subgroup.wgsl",
-        source: SUBGROUP_SOURCE,
+        source: Text::Static(SUBGROUP_SOURCE),
         entry,
         slots,
         preludes,
-        variant,
+        variant: Text::Static(variant),
     }
 }
 

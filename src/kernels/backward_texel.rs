@@ -14,6 +14,7 @@
 use super::flash_texel::{lane_element, whole_words, write_word_halves};
 use super::{Kernel, Slot, BACKWARD_COMMON, COMMON, TEXEL_WORDS};
 use crate::gpu::Capabilities;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use std::fmt::Write;
 use std::sync::OnceLock;
@@ -93,8 +94,8 @@ pub const VARIANTS: [BackwardTexelVariant; 4] = [
     },
 ];
 
-static DQ_SOURCES: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
-static DKDV_SOURCES: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
+static DQ_SOURCES: [OnceLock<Text>; 4] = [const { OnceLock::new() }; 4];
+static DKDV_SOURCES: [OnceLock<Text>; 4] = [const { OnceLock::new() }; 4];
 
 /// Which pass an entry point is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,12 +128,12 @@ impl BackwardTexelVariant {
         Kernel {
             file: "backward_texel.wgsl",
             source: DQ_SOURCES[self.index()]
-                .get_or_init(|| entry_point(self, Pass::Dq))
-                .as_str(),
+                .get_or_init(|| Text::from(entry_point(self, Pass::Dq)))
+                .clone(),
             entry: "bwd_dq_texel",
             slots: DQ_SLOTS,
             preludes: PRELUDES,
-            variant: self.name,
+            variant: Text::Static(self.name),
         }
     }
 
@@ -140,12 +141,12 @@ impl BackwardTexelVariant {
         Kernel {
             file: "backward_texel.wgsl",
             source: DKDV_SOURCES[self.index()]
-                .get_or_init(|| entry_point(self, Pass::DkDv))
-                .as_str(),
+                .get_or_init(|| Text::from(entry_point(self, Pass::DkDv)))
+                .clone(),
             entry: "bwd_dkdv_texel",
             slots: DKDV_SLOTS,
             preludes: PRELUDES,
-            variant: self.name,
+            variant: Text::Static(self.name),
         }
     }
 }

@@ -4,15 +4,16 @@
 use super::{dispatch, pipeline, Kernel};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
     file: "copy_probe.wgsl",
-    source: include_str!("../../shaders/copy_probe.wgsl"),
+    source: Text::Static(include_str!("../../shaders/copy_probe.wgsl")),
     entry: "copy_words",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Invocations a workgroup (the WGSL's workgroup size).

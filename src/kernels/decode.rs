@@ -5,7 +5,7 @@
 //! pass: [`DecodeDesign`].
 
 use super::kv_texels::TexelGrid;
-use super::{dispatch_entries, loop_budget, pipeline, AttentionBindings, Kernel, Slot, COMMON};
+use super::{dispatch_entries, loop_budget, pipeline, AttentionBindings, Kernel, Slot, Text, COMMON};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::kernels::policy::Policy;
@@ -272,7 +272,7 @@ impl DecodeDesign {
 }
 
 /// One split of the key range for a block of `rows` query rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SplitVariant {
     pub rows: usize,
     pub kernel: Kernel,
@@ -289,11 +289,11 @@ const fn split_variant(
         rows,
         kernel: Kernel {
             file,
-            source,
+            source: Text::Static(source),
             entry,
             slots,
             preludes,
-            variant,
+            variant: Text::Static(variant),
         },
     }
 }
@@ -363,19 +363,19 @@ const SUBGROUP_FILE: (&str, &str, &str) = ("flash_decode_subgroup.wgsl", SUBGROU
 /// Row-block sizes of the `Tiles` design, smallest first: 4 rows fit GQA groups of 4
 /// at Lq = 1 (no lane computes a row that does not exist), 8 rows read K and V once
 /// for more rows.
-pub const SPLIT_VARIANTS: [SplitVariant; 2] = [
+pub static SPLIT_VARIANTS: [SplitVariant; 2] = [
     split_variant(4, TILES_FILE, ROWS_4, "[4 rows]", TILES_SLOTS),
     split_variant(8, TILES_FILE, ROWS_8, "[8 rows]", TILES_SLOTS),
 ];
 
 /// The same for the `Subgroup` design.
-pub const SUBGROUP_SPLIT_VARIANTS: [SplitVariant; 2] = [
+pub static SUBGROUP_SPLIT_VARIANTS: [SplitVariant; 2] = [
     split_variant(4, SUBGROUP_FILE, SUBGROUP_ROWS_4, "[4 rows]", SUBGROUP_SLOTS),
     split_variant(8, SUBGROUP_FILE, SUBGROUP_ROWS_8, "[8 rows]", SUBGROUP_SLOTS),
 ];
 
 /// The `Subgroup` design reading K and V from a KV cache's texel mirror.
-pub const SUBGROUP_TEXEL_SPLIT_VARIANTS: [SplitVariant; 2] = [
+pub static SUBGROUP_TEXEL_SPLIT_VARIANTS: [SplitVariant; 2] = [
     split_variant(4, SUBGROUP_FILE, TEXEL_ROWS_4, "[4 rows, texels]", SUBGROUP_TEXEL_SLOTS),
     split_variant(8, SUBGROUP_FILE, TEXEL_ROWS_8, "[8 rows, texels]", SUBGROUP_TEXEL_SLOTS),
 ];
@@ -384,11 +384,11 @@ pub const SUBGROUP_TEXEL_SPLIT_VARIANTS: [SplitVariant; 2] = [
 /// declared but unused there).
 pub const COMBINE: Kernel = Kernel {
     file: "flash_decode.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "decode_combine",
     slots: &[Slot::Params, Slot::Output, Slot::Scores, Slot::Lse],
     preludes: ROWS_4,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Keys per tile (`DEC_TILE`) and lanes per workgroup.
@@ -428,10 +428,11 @@ pub fn split_keys(keys: usize, splits: usize) -> usize {
 /// head's rows, else the widest.
 fn smallest_holding(variants: &[SplitVariant; 2], s: &AttentionShape) -> SplitVariant {
     let rows = s.heads_q / s.heads_kv.max(1) * s.len_q;
-    *variants
+    variants
         .iter()
         .find(|v| v.rows >= rows)
         .unwrap_or(&variants[variants.len() - 1])
+        .clone()
 }
 
 /// Row blocks of one (batch, kv head): its Hq / Hkv query heads times Lq rows, in
@@ -543,7 +544,8 @@ impl LanesVariant {
         })
     }
 
-    /// Its kernel (built once per process and kept).
+    /// Its kernel (built once per process and kept): the variant's constants, then the
+    /// file.
     pub fn kernel(&self) -> Kernel {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock};
@@ -552,22 +554,23 @@ impl LanesVariant {
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *built.entry(*self).or_insert_with(|| {
-            let prelude = super::flash::leak(format!(
+        let kernel = built.entry(*self).or_insert_with(|| {
+            let constants = format!(
                 "const DEC_ROWS: u32 = 4u;\nconst DMAX: u32 = {}u;\nconst SG: u32 = {}u;\nconst LK: u32 = {}u;\n\
                  const LW: u32 = max(1u, DMAX / (LK * EW));\n",
                 self.dmax, self.sg, self.lk
-            ));
-            let words = if self.int8 { LANES_INT8 } else { LANES_FLOAT };
-            let preludes: &'static [&'static str] =
-                Box::leak(Box::new([COMMON, prelude, words, DECODE_COMMON, KV_BUFFERS]));
+            );
             Kernel {
                 file: "flash_decode_lanes.wgsl",
-                source: LANES_SOURCE,
+                source: Text::from(constants + LANES_SOURCE),
                 entry: "decode_split_lanes",
                 slots: if self.int8 { LANES_INT8_SLOTS } else { LANES_SLOTS },
-                preludes,
-                variant: super::flash::leak(format!(
+                preludes: if self.int8 {
+                    &[COMMON, LANES_INT8, DECODE_COMMON, KV_BUFFERS]
+                } else {
+                    &[COMMON, LANES_FLOAT, DECODE_COMMON, KV_BUFFERS]
+                },
+                variant: Text::from(format!(
                     "[{} lk{} sg{}{}]",
                     self.dmax,
                     self.lk,
@@ -575,7 +578,8 @@ impl LanesVariant {
                     if self.int8 { " int8" } else { "" }
                 )),
             }
-        })
+        });
+        kernel.clone()
     }
 }
 
@@ -782,7 +786,7 @@ pub fn kernels() -> Vec<Kernel> {
         .iter()
         .chain(&SUBGROUP_SPLIT_VARIANTS)
         .chain(&SUBGROUP_TEXEL_SPLIT_VARIANTS)
-        .map(|v| v.kernel)
+        .map(|v| v.kernel.clone())
         .chain([COMBINE])
         .chain(LanesVariant::ALL.iter().map(|v| v.kernel()))
         .collect()

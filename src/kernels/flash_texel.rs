@@ -13,6 +13,7 @@
 
 use super::{Kernel, Slot, COMMON, TEXEL_WORDS};
 use crate::gpu::Capabilities;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use std::fmt::Write;
 use std::sync::OnceLock;
@@ -100,7 +101,7 @@ pub const VARIANTS: [TexelVariant; 6] = [
     },
 ];
 
-static SOURCES: [OnceLock<String>; 6] = [const { OnceLock::new() }; 6];
+static SOURCES: [OnceLock<Text>; 6] = [const { OnceLock::new() }; 6];
 
 impl TexelVariant {
     /// Elements of one 16-byte word.
@@ -125,11 +126,11 @@ impl TexelVariant {
         let index = VARIANTS.iter().position(|v| *v == self).expect("a listed variant");
         Kernel {
             file: "flash_texel.wgsl",
-            source: SOURCES[index].get_or_init(|| entry_point(self)).as_str(),
+            source: SOURCES[index].get_or_init(|| Text::from(entry_point(self))).clone(),
             entry: "flash_texel",
             slots: SLOTS,
             preludes: &[COMMON, TEXEL_WORDS, HELPERS],
-            variant: self.name,
+            variant: Text::Static(self.name),
         }
     }
 }

@@ -6,6 +6,7 @@
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
@@ -14,17 +15,17 @@ const SOURCE: &str = include_str!("../../shaders/gemm_strided.wgsl");
 /// The GEMM writing f32 (gradients, whatever the operands' dtype).
 pub const F32_OUT: Kernel = Kernel {
     file: "gemm_strided.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "gemm_strided",
     slots: &[],
     preludes: &["alias out_t = f32;\n"],
-    variant: "f32_out",
+    variant: Text::Static("f32_out"),
 };
 
 /// The GEMM writing the operands' dtype (an intermediate that feeds a kernel of it).
 pub const ELEM_OUT: Kernel = Kernel {
     preludes: &["alias out_t = elem;\n"],
-    variant: "elem_out",
+    variant: Text::Static("elem_out"),
     ..F32_OUT
 };
 

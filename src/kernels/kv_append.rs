@@ -4,17 +4,18 @@ use super::kv_texels::TexelGrid;
 use super::{dispatch_entries, pipeline, Kernel};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::kernels::page_table::PageTable;
 use crate::tensor::Tensor;
 use bytemuck::{Pod, Zeroable};
 
 pub const KERNEL: Kernel = Kernel {
     file: "kv_append.wgsl",
-    source: include_str!("../../shaders/kv_append.wgsl"),
+    source: Text::Static(include_str!("../../shaders/kv_append.wgsl")),
     entry: "kv_append",
     slots: &[],
     preludes: &[super::ROTARY_COMMON],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// The entry point that quantizes appended rows into an int8 cache.

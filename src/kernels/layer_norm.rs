@@ -4,16 +4,17 @@
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
 pub const KERNEL: Kernel = Kernel {
     file: "layer_norm.wgsl",
-    source: include_str!("../../shaders/layer_norm.wgsl"),
+    source: Text::Static(include_str!("../../shaders/layer_norm.wgsl")),
     entry: "layer_norm",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Mirror of WGSL `NormParams`.

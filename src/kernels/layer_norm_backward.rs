@@ -5,6 +5,7 @@
 use super::{dispatch, groups_for, loop_budget, pipeline, Kernel};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::{tensor_usage, DType};
 use bytemuck::{Pod, Zeroable};
 
@@ -13,11 +14,11 @@ const SOURCE: &str = include_str!("../../shaders/layer_norm_backward.wgsl");
 /// One invocation per row: statistics and the gradient of `x + residual`.
 pub const ROWS: Kernel = Kernel {
     file: "layer_norm_backward.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "layer_norm_backward_rows",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// One invocation per column: the gradients of gamma and beta.

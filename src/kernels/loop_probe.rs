@@ -6,6 +6,7 @@
 //! limits, so a CPU adapter's context runs this probe once when it is made, and
 //! [`super::loop_budget`] bounds the kernels by what it saw (docs/design.md, "Loop cap").
 
+use crate::gpu::Text;
 use crate::kernels::loop_budget::LLVMPIPE_LOOP_CAP;
 use crate::kernels::Kernel;
 
@@ -14,11 +15,11 @@ use crate::kernels::Kernel;
 /// here straight from its source, before the context (and its pipeline cache) exists.
 pub const KERNEL: Kernel = Kernel {
     file: "loop_probe.wgsl",
-    source: include_str!("../../shaders/loop_probe.wgsl"),
+    source: Text::Static(include_str!("../../shaders/loop_probe.wgsl")),
     entry: "main",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Trips asked of the probe loop: far beyond any cap the kernels' models must respect
@@ -47,7 +48,7 @@ pub async fn trips_async(device: &wgpu::Device, queue: &wgpu::Queue, n: u32) -> 
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("loop probe"),
-        source: wgpu::ShaderSource::Wgsl(KERNEL.source.into()),
+        source: wgpu::ShaderSource::Wgsl(KERNEL.source.to_string().into()),
     });
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some("loop probe"),

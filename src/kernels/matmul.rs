@@ -6,6 +6,7 @@ use super::pack_rows::{PackedRows, RowSource, TextureShape, ROWS_PER_GROUP};
 use super::{dispatch_entries, groups_for, loop_budget, pipeline, Kernel};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::kernels::policy::Policy;
 use crate::tensor::{tensor_usage, DType};
 use bytemuck::{Pod, Zeroable};
@@ -16,11 +17,11 @@ const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 /// buffers (CPU adapters without subgroups).
 pub const TILED: Kernel = Kernel {
     file: "matmul_tiled.wgsl",
-    source: include_str!("../../shaders/matmul_tiled.wgsl"),
+    source: Text::Static(include_str!("../../shaders/matmul_tiled.wgsl")),
     entry: "linear_tiled",
     slots: &[],
     preludes: &[SOURCE],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// GPUs: 128 x 128 blocks, 8 x 8 outputs per invocation from K-major slabs of 16,
@@ -29,11 +30,11 @@ pub const TILED: Kernel = Kernel {
 /// while this one is computed; one barrier per slab.
 pub const BLOCKED: Kernel = Kernel {
     file: "matmul_blocked.wgsl",
-    source: include_str!("../../shaders/matmul_blocked.wgsl"),
+    source: Text::Static(include_str!("../../shaders/matmul_blocked.wgsl")),
     entry: "linear_blocked",
     slots: &[],
     preludes: &[SOURCE],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Tensor cores through cooperative matrices (16 x 16 f16 tiles, f32 accumulation):
@@ -42,11 +43,11 @@ pub const BLOCKED: Kernel = Kernel {
 /// padded rows. For f16 inputs, or f32 at `Precision::Medium`.
 pub const COOP: Kernel = Kernel {
     file: "matmul_coop.wgsl",
-    source: include_str!("../../shaders/matmul_coop.wgsl"),
+    source: Text::Static(include_str!("../../shaders/matmul_coop.wgsl")),
     entry: "linear_coop",
     slots: &[],
     preludes: &[SOURCE],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Tensor cores with no operand staging: the coop GEMM's `direct` design (every
@@ -56,22 +57,22 @@ pub const COOP: Kernel = Kernel {
 /// it against [`COOP`].
 pub const COOP_DIRECT: Kernel = Kernel {
     file: "matmul_coop_direct.wgsl",
-    source: include_str!("../../shaders/matmul_coop_direct.wgsl"),
+    source: Text::Static(include_str!("../../shaders/matmul_coop_direct.wgsl")),
     entry: "linear_coop_direct",
     slots: &[],
     preludes: &[SOURCE],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// CPU adapters with >= 8-lane subgroups: operands packed into textures (texel fetches
 /// are gathers there; storage loads go one lane at a time), X shared by broadcast.
 pub const TEXTURE: Kernel = Kernel {
     file: "matmul_texture.wgsl",
-    source: include_str!("../../shaders/matmul_texture.wgsl"),
+    source: Text::Static(include_str!("../../shaders/matmul_texture.wgsl")),
     entry: "linear_texture",
     slots: &[],
     preludes: &[SOURCE],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Which GEMM tiling to run.
@@ -170,12 +171,12 @@ pub fn coop_workgroup_bytes(tiles: u32) -> u32 {
 /// the file's own): `TILES` set, and every line dropped that names an accumulator
 /// (`accIJ`) or fragment (`aI`, `bJ`, their indices `iaI`, `ibJ`) past `tiles - 1`.
 pub fn coop_source(tiles: u32) -> String {
-    tiles_source(COOP.source, tiles)
+    tiles_source(&COOP.source, tiles)
 }
 
 /// The same for `matmul_coop_direct.wgsl`, written to the same rule.
 pub fn coop_direct_source(tiles: u32) -> String {
-    tiles_source(COOP_DIRECT.source, tiles)
+    tiles_source(&COOP_DIRECT.source, tiles)
 }
 
 /// A coop GEMM source at `tiles` tiles each way (see [`coop_source`]).
@@ -215,7 +216,7 @@ fn tiles_source(source: &str, tiles: u32) -> String {
 /// file's own at 4.
 fn coop_kernel(direct: bool, tiles: u32) -> Kernel {
     use std::sync::OnceLock;
-    type Smaller = [OnceLock<&'static str>; 3];
+    type Smaller = [OnceLock<Text>; 3];
     static STAGED: Smaller = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     static DIRECT: Smaller = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     const NAMES: [&str; 3] = ["tiles1", "tiles2", "tiles3"];
@@ -228,8 +229,10 @@ fn coop_kernel(direct: bool, tiles: u32) -> Kernel {
         1..=3 => {
             let i = tiles as usize - 1;
             Kernel {
-                source: smaller[i].get_or_init(|| Box::leak(tiles_source(full.source, tiles).into_boxed_str())),
-                variant: NAMES[i],
+                source: smaller[i]
+                    .get_or_init(|| Text::from(tiles_source(&full.source, tiles)))
+                    .clone(),
+                variant: Text::Static(NAMES[i]),
                 ..full
             }
         }
@@ -589,7 +592,7 @@ mod tests {
 
     #[test]
     fn the_coop_generator_keeps_the_tiles_asked_for() {
-        assert_eq!(coop_source(4), COOP.source);
+        assert_eq!(COOP.source, coop_source(4).as_str());
         let two = coop_source(2);
         assert!(two.contains("const TILES: u32 = 2u;"), "{two}");
         let code: String = two.lines().map(|l| l.split("//").next().unwrap_or("")).collect();

@@ -5,16 +5,17 @@
 use super::{dispatch, groups_for, pipeline, Kernel};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
 pub const KERNEL: Kernel = Kernel {
     file: "mean_heads.wgsl",
-    source: include_str!("../../shaders/mean_heads.wgsl"),
+    source: Text::Static(include_str!("../../shaders/mean_heads.wgsl")),
     entry: "accumulate_heads",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Mirror of WGSL `MeanParams`.

@@ -2,6 +2,7 @@
 //! `crate::merge` encodes it): one fold per partial into an f32 running state, then one
 //! store in the output's dtype and layout.
 
+use crate::gpu::Text;
 use crate::kernels::Kernel;
 
 const SOURCE: &str = include_str!("../../shaders/merge_attentions.wgsl");
@@ -9,11 +10,11 @@ const SOURCE: &str = include_str!("../../shaders/merge_attentions.wgsl");
 /// Folds one partial into the f32 running state.
 pub const FOLD: Kernel = Kernel {
     file: "merge_attentions.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "merge_fold",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Stores the state in the output's dtype and layout.

@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{CompiledPipeline, Gpu, PipelineKey};
 use crate::tensor::DType;
 
+pub use crate::gpu::Text;
 pub use params::AttentionParams;
 
 const COMMON: &str = include_str!("../../shaders/attention_common.wgsl");
@@ -54,11 +55,13 @@ const COOP_STAGING: &str = include_str!("../../shaders/coop_staging.wgsl");
 pub(crate) const ROTARY_COMMON: &str = include_str!("../../shaders/rotary_common.wgsl");
 
 /// One WGSL file and the entry point used from it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kernel {
     /// File name under `shaders/`.
     pub file: &'static str,
-    pub source: &'static str,
+    /// The file's text, or the text generated from it for a variant (unrolled, with the
+    /// variant's constants first).
+    pub source: Text,
     pub entry: &'static str,
     /// The bindings of `attention_common.wgsl` the entry point uses (a test checks
     /// this against naga's analysis; auto layouts contain exactly these).
@@ -66,8 +69,8 @@ pub struct Kernel {
     /// Shared WGSL files prepended to `source`, in order.
     pub preludes: &'static [&'static str],
     /// Tells apart kernels built from the same file and entry point with different
-    /// preludes (part of the pipeline cache key); empty for most.
-    pub variant: &'static str,
+    /// preludes or generated text (part of the pipeline cache key); empty for most.
+    pub variant: Text,
 }
 
 /// Prelude of the attention kernels: uniform block, bindings, masking rules.
@@ -311,7 +314,7 @@ pub(crate) fn pipeline(
 ) -> Result<CompiledPipeline> {
     let caps = ctx.capabilities();
     let key = PipelineKey {
-        shader: (kernel.file, kernel.entry, kernel.variant),
+        shader: (kernel.file, kernel.entry, kernel.variant.clone()),
         dtype,
         constants: constants.to_vec(),
         checks: ctx.runtime_checks(),

@@ -5,16 +5,17 @@
 use super::{dispatch_entries, groups_for, pipeline, Kernel};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 use bytemuck::{Pod, Zeroable};
 
 pub const KERNEL: Kernel = Kernel {
     file: "pack_rows.wgsl",
-    source: include_str!("../../shaders/pack_rows.wgsl"),
+    source: Text::Static(include_str!("../../shaders/pack_rows.wgsl")),
     entry: "pack_rows",
     slots: &[],
     preludes: &[],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Rows one workgroup covers in the packing kernel (8 x 8 texels), and one row group of

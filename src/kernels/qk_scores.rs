@@ -3,11 +3,12 @@
 use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
     file: "qk_scores.wgsl",
-    source: include_str!("../../shaders/qk_scores.wgsl"),
+    source: Text::Static(include_str!("../../shaders/qk_scores.wgsl")),
     entry: "main",
     slots: &[
         Slot::Params,
@@ -18,7 +19,7 @@ pub const KERNEL: Kernel = Kernel {
         Slot::Scores,
     ],
     preludes: super::ATTENTION_PRELUDE,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Rows and keys covered by one workgroup (8x8 invocations of 4x4 blocks).

@@ -4,6 +4,7 @@
 //! append kernel rotates rows with the same tables as it writes them.
 
 use crate::error::{Error, Result};
+use crate::gpu::Text;
 use crate::kernels::Kernel;
 
 const SOURCE: &str = include_str!("../../shaders/rotary.wgsl");
@@ -11,11 +12,11 @@ const SOURCE: &str = include_str!("../../shaders/rotary.wgsl");
 /// The rotation kernel.
 pub const KERNEL: Kernel = Kernel {
     file: "rotary.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "rotary",
     slots: &[],
     preludes: &[super::ROTARY_COMMON],
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// How a rotation pairs the rotated elements.

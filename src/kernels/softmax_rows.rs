@@ -4,15 +4,16 @@
 use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
     file: "softmax_rows.wgsl",
-    source: include_str!("../../shaders/softmax_rows.wgsl"),
+    source: Text::Static(include_str!("../../shaders/softmax_rows.wgsl")),
     entry: "main",
     slots: &[Slot::Params, Slot::SideWords, Slot::Scores, Slot::Lse],
     preludes: super::ATTENTION_PRELUDE,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 const ROWS_PER_GROUP: usize = 64;

@@ -3,15 +3,16 @@
 use super::{dispatch_entries, groups_for, pipeline, AttentionBindings, AttentionParams, Kernel, Slot};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::gpu::Text;
 use crate::tensor::DType;
 
 pub const KERNEL: Kernel = Kernel {
     file: "weights_v.wgsl",
-    source: include_str!("../../shaders/weights_v.wgsl"),
+    source: Text::Static(include_str!("../../shaders/weights_v.wgsl")),
     entry: "main",
     slots: &[Slot::Params, Slot::V, Slot::Output, Slot::SideWords, Slot::Scores],
     preludes: super::ATTENTION_PRELUDE,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// Rows and value columns covered by one workgroup (8x8 invocations of 4x4 blocks).

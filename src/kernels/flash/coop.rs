@@ -6,7 +6,7 @@
 //! adapter's workgroup memory, unless a tuning table names another
 //! ([`crate::kernels::tune`]); tests and `tune` build any other variant the same way.
 
-use super::super::{Kernel, Slot, COMMON, COOP_STAGING};
+use super::super::{Kernel, Slot, Text, COMMON, COOP_STAGING};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -184,31 +184,31 @@ impl CoopVariant {
         self.br / (16 * self.bands.max(1)) * sg * self.split.max(1)
     }
 
-    /// Its kernel for subgroups of `sg` lanes (built once per process and kept).
+    /// Its kernel for subgroups of `sg` lanes (built once per process and kept): the
+    /// generated constants, then the unrolled file.
     pub fn kernel(&self, sg: u32) -> Kernel {
         static BUILT: OnceLock<Mutex<HashMap<(CoopVariant, u32), Kernel>>> = OnceLock::new();
         let mut built = BUILT
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *built.entry((*self, sg)).or_insert_with(|| {
+        let kernel = built.entry((*self, sg)).or_insert_with(|| {
             let constants = generator_prelude(self.dmax, self.br, self.bc, sg, self.bands, self.split);
-            let constants = leak(format!("{constants}const QR: u32 = {}u;\n", self.qr));
-            let preludes: &'static [&'static str] = Box::leak(Box::new([COMMON, COOP_STAGING, constants]));
             Kernel {
                 file: "flash_coop.wgsl",
-                source: self.source(),
+                source: Text::from(format!("{constants}const QR: u32 = {}u;\n{}", self.qr, self.source())),
                 entry: "flash_coop",
                 slots: if self.direct { COOP_DIRECT_SLOTS } else { COOP_SLOTS },
-                preludes,
-                variant: leak(format!("[{} sg{sg}]", self.label())),
+                preludes: &[COMMON, COOP_STAGING],
+                variant: Text::from(format!("[{} sg{sg}]", self.label())),
             }
-        })
+        });
+        kernel.clone()
     }
 
     /// `flash_coop.wgsl` through the generator ([`crate::kernels::unroll`]), arrayed or
     /// named (the source is the same for every subgroup size).
-    fn source(&self) -> &'static str {
+    fn source(&self) -> String {
         let d16 = self.dmax / 16;
         let kc = (self.bc / 16).max(1);
         let split = self.split.max(1);
@@ -232,9 +232,8 @@ impl CoopVariant {
         ];
         // The file's directives are tested (tests of this module, shader_validation):
         // an error here is a bug in the file, not in anything a user gave.
-        let source = super::super::unroll::expand(SOURCE, self.named, &consts)
-            .unwrap_or_else(|e| panic!("shaders/flash_coop.wgsl: {e}"));
-        leak(source)
+        super::super::unroll::expand(SOURCE, self.named, &consts)
+            .unwrap_or_else(|e| panic!("shaders/flash_coop.wgsl: {e}"))
     }
 
     /// `DMAXxBRxBC`, with `sN` and `qN` after it for a split or Q chunks in workgroup
@@ -327,12 +326,6 @@ impl CoopVariant {
     }
 }
 
-/// A generated string kept for the life of the process (kernels hold `&'static str`;
-/// a handful of variants are ever built).
-pub(crate) fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
-}
-
 /// Subgroups per band by default: 2 at DMAX 256 where a tile's 16-key chunks split
 /// evenly and every pass through `ss` is whole (256x64x32: 16 Q fragments and 16
 /// output tiles per subgroup spilled on RDNA3; docs/isa.md).
@@ -397,19 +390,18 @@ pub(crate) fn band_layout_holds(dmax: u32, br: u32, bc: u32, sg: u32) -> bool {
         && bc.is_multiple_of(4 * lpr)
 }
 
-/// The one-line generator prelude of a tensor-core kernel (kept for the life of the
-/// process): DMAX, BR, BC, the subgroup size SG, LPR / RPL, the element-wise step's
+/// The one-line generator prelude of a tensor-core kernel: DMAX, BR, BC, the subgroup size SG, LPR / RPL, the element-wise step's
 /// lanes per row and rows per lane, BANDS, the 16-row bands per subgroup, and SPLIT,
 /// the subgroups per band (the forward's axes; 1 for the backward). A band's rows are
 /// shared by its SPLIT subgroups' lanes.
-pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32, split: u32) -> &'static str {
+pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32, split: u32) -> String {
     let lanes = sg * split.max(1);
     let lpr = lanes_per_row(lanes);
     let rpl = if lanes < 16 { 16 / lanes.max(1) } else { 1 } * bands;
-    leak(format!(
+    format!(
         "const DMAX: u32 = {dmax}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\nconst SG: u32 = {sg}u;\n\
          const LPR: u32 = {lpr}u;\nconst RPL: u32 = {rpl}u;\nconst BANDS: u32 = {bands}u;\nconst SPLIT: u32 = {split}u;\n"
-    ))
+    )
 }
 
 /// The variant of [`COOP_VARIANTS`] for head dims `d`, `dv` on an adapter granting

@@ -46,9 +46,9 @@ pub fn kernels() -> Vec<super::Kernel> {
         .map(|(v, bands, named)| v.with_bands(bands).with_named(named).kernel(32));
     tilings
         .into_iter()
-        .chain(BLOCKED.iter().flat_map(|b| [b.variant.kernel, b.words]))
+        .chain(BLOCKED.iter().flat_map(|b| [b.variant.kernel.clone(), b.words.clone()]))
         .chain(coop_forms)
-        .chain(MICRO.iter().flat_map(|v| [v.kernel, v.words]))
+        .chain(MICRO.iter().flat_map(|v| [v.kernel.clone(), v.words.clone()]))
         .collect()
 }
 
@@ -307,7 +307,7 @@ mod tests {
                 (dmax / 4) % 8 == 0 && (bc * dmax / 4) % 128 == 0 && v.ps >= bc / 4,
                 "{v:?}"
             );
-            assert_eq!(v.words.variant.replace(" words", ""), v.variant.kernel.variant);
+            assert_eq!(v.variant.kernel.variant, v.words.variant.replace(" words", "").as_str());
             assert_eq!(blocked_words(&v.variant.kernel), Some(v.words));
         }
         assert_eq!(blocked_words(&REGISTERS), None);
@@ -315,7 +315,7 @@ mod tests {
 
     #[test]
     fn block_tilings_need_exactly_what_their_widest_class_takes() {
-        assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&BLOCKED_VARIANTS));
+        assert_eq!(BLOCKED_MIN_BYTES, min_bytes(&*BLOCKED_VARIANTS));
         // Every head dim up to 256 finds a variant at that budget; the wide D <= 64 one
         // only with 48 KiB.
         for d in [1, 8, 63, 64, 65, 128, 129, 256] {
@@ -374,19 +374,20 @@ mod tests {
         assert!(!CoopVariant::new(128, 64, 40).valid_for(32), "BC not whole chunks");
         assert_eq!(CoopVariant::parse("128x64"), None);
         assert_eq!(CoopVariant::parse("128x64x32x1"), None);
-        // Kernels are built once per variant and subgroup size.
+        // Kernels are built once per variant and subgroup size, their generated
+        // constants first in the source.
         let a = COOP_VARIANTS[0].kernel(32);
         assert_eq!(a, COOP_VARIANTS[0].kernel(32));
         assert_ne!(a.variant, COOP_VARIANTS[0].kernel(8).variant);
         assert_ne!(a.variant, COOP_VARIANTS[0].with_named(true).kernel(32).variant);
         assert!(a
-            .preludes
-            .concat()
+            .source
+            .to_string()
             .contains("const SG: u32 = 32u;\nconst LPR: u32 = 2u;\nconst RPL: u32 = 1u;"));
         assert!(COOP_VARIANTS[0]
             .kernel(8)
-            .preludes
-            .concat()
+            .source
+            .to_string()
             .contains("const LPR: u32 = 1u;\nconst RPL: u32 = 2u;"));
     }
 
@@ -398,13 +399,13 @@ mod tests {
         assert_eq!(split.invocations(32), 256);
         assert_eq!(split.workgroup_bytes(), 48_144);
         assert!(split.valid_for(32) && split.valid_for(8));
-        let prelude = split.kernel(32).preludes.concat();
+        let prelude = split.kernel(32).source.to_string();
         assert!(prelude
             .contains("const LPR: u32 = 4u;\nconst RPL: u32 = 1u;\nconst BANDS: u32 = 1u;\nconst SPLIT: u32 = 2u;\n"));
         assert!(split
             .kernel(8)
-            .preludes
-            .concat()
+            .source
+            .to_string()
             .contains("const LPR: u32 = 1u;\nconst RPL: u32 = 1u;"));
         // Its form on lavapipe's 32 KiB keeps the split (and so names it).
         let small = split.shrunk_to(32 * 1024).expect("fits");

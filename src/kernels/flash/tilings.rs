@@ -153,7 +153,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
             // The needs check guarantees a fit; the narrowest variant otherwise.
             let v = blocked_for(d, dv, caps.max_workgroup_storage)
                 .or_else(|| blocked_for(d, dv, u32::MAX))
-                .unwrap_or(BLOCKED_VARIANTS[BLOCKED_VARIANTS.len() - 1]);
+                .unwrap_or_else(|| BLOCKED_VARIANTS[BLOCKED_VARIANTS.len() - 1].clone());
             Launch {
                 kernel: v.kernel,
                 rows: v.br,
@@ -172,7 +172,7 @@ pub const FUSED_TILINGS: [TilingSpec; 6] = [
         needs: Needs::WorkgroupBytes(MICRO_BYTES),
         f16_products: false,
         launch: |d, dv, caps, policy| {
-            let v = micro_for(d, dv, micro_lanes(caps, policy)).unwrap_or(MICRO[MICRO.len() - 1]);
+            let v = micro_for(d, dv, micro_lanes(caps, policy)).unwrap_or(MICRO[MICRO.len() - 1].clone());
             Launch {
                 kernel: v.kernel,
                 rows: MICRO_ROWS,

@@ -3,6 +3,7 @@
 
 use super::super::{Kernel, Slot, COMMON, SUBGROUP_QUADS};
 use crate::gpu::Capabilities;
+use crate::gpu::Text;
 use crate::kernels::policy::Policy;
 
 pub(super) const SOURCE: &str = include_str!("../../../shaders/flash_attention.wgsl");
@@ -20,29 +21,29 @@ pub(super) const SLOTS: &[Slot] = &[
 /// K/V read straight from storage, no barriers (CPU adapters).
 pub const REGISTERS: Kernel = Kernel {
     file: "flash_attention.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "flash_registers",
     slots: SLOTS,
     preludes: super::super::FLASH_PRELUDE,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// K/V tiles staged in 16 KiB of workgroup memory, one query row per invocation, head
 /// dims up to 256 (its row's state in scratch memory on a GPU: docs/isa.md).
 pub const SHARED: Kernel = Kernel {
     file: "flash_attention.wgsl",
-    source: SOURCE,
+    source: Text::Static(SOURCE),
     entry: "flash_shared",
     slots: SLOTS,
     preludes: super::super::FLASH_PRELUDE,
-    variant: "",
+    variant: Text::Static(""),
 };
 
 /// [`SHARED`] for head dims up to 64: its row loops run to a constant, so the row's
 /// state stays in registers ([`super::super::FLASH_PRELUDE_64`]).
 pub const SHARED_64: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_64,
-    variant: "[64]",
+    variant: Text::Static("[64]"),
     ..SHARED
 };
 
@@ -51,13 +52,13 @@ pub const SHARED_64: Kernel = Kernel {
 /// row's state in registers.
 pub const SHARED_128: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_128,
-    variant: "[128]",
+    variant: Text::Static("[128]"),
     ..SHARED
 };
 /// [`SHARED_128`]'s split for head dims up to 256: four lanes per row.
 pub const SHARED_256: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_256,
-    variant: "[256]",
+    variant: Text::Static("[256]"),
     ..SHARED
 };
 
@@ -67,13 +68,13 @@ pub const SHARED_256: Kernel = Kernel {
 /// per tile instead of 8).
 pub const SHARED_128_WG: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_128_WG,
-    variant: "[128 wg]",
+    variant: Text::Static("[128 wg]"),
     ..SHARED
 };
 /// [`SHARED_128_WG`]'s split for head dims up to 256: four lanes per row.
 pub const SHARED_256_WG: Kernel = Kernel {
     preludes: super::super::FLASH_PRELUDE_256_WG,
-    variant: "[256 wg]",
+    variant: Text::Static("[256 wg]"),
     ..SHARED
 };
 
@@ -246,11 +247,11 @@ fn q_set_octet(t: u32, o: array<vec4<f32>, 8>) {}
 const fn subgroup_variant(preludes: &'static [&'static str], variant: &'static str) -> Kernel {
     Kernel {
         file: "flash_subgroup.wgsl",
-        source: include_str!("../../../shaders/flash_subgroup.wgsl"),
+        source: Text::Static(include_str!("../../../shaders/flash_subgroup.wgsl")),
         entry: "flash_subgroup",
         slots: SLOTS,
         preludes,
-        variant,
+        variant: Text::Static(variant),
     }
 }
 
@@ -262,7 +263,7 @@ pub const SHARED_TILE_BYTES: u32 = 16 * 1024;
 
 /// One variant of the blocked tiling (`flash_blocked.wgsl`): head dims
 /// up to `dmax`, `br` query rows per workgroup and `bc` keys per tile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockVariant {
     pub dmax: u32,
     pub br: u32,
@@ -331,7 +332,7 @@ fn kv_quad(is_k: bool, row: u32, t: u32, len: u32) -> vec4<f32> {
 /// reading K and V element by element), its twin reading them as 16-byte words, and the
 /// layout constants beyond the tile (`split`: K and V have tiles of their own; `pms`:
 /// f32 per row of the partial maxima, padded against bank conflicts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockedVariant {
     pub variant: BlockVariant,
     pub words: Kernel,
@@ -372,20 +373,20 @@ macro_rules! blocked_variant {
                 workgroup_bytes: blocked_bytes($dmax, $br, $bc, $split, $ps, $pms),
                 kernel: Kernel {
                     file: "flash_blocked.wgsl",
-                    source: SOURCE,
+                    source: Text::Static(SOURCE),
                     entry: "flash_blocked",
                     slots: SLOTS,
                     preludes: &[COMMON, CONSTS, KV_ELEMENTS],
-                    variant: concat!("[", $label, "]"),
+                    variant: Text::Static(concat!("[", $label, "]")),
                 },
             },
             words: Kernel {
                 file: "flash_blocked.wgsl",
-                source: SOURCE,
+                source: Text::Static(SOURCE),
                 entry: "flash_blocked",
                 slots: WORD_SLOTS,
                 preludes: &[COMMON, CONSTS, KV_WORDS],
-                variant: concat!("[", $label, " words]"),
+                variant: Text::Static(concat!("[", $label, " words]")),
             },
             split: $split,
             mrs: $mrs,
@@ -417,15 +418,8 @@ pub const BLOCKED: [BlockedVariant; 7] = [
 ];
 
 /// [`BLOCKED`]'s launch shapes, in its order.
-pub const BLOCKED_VARIANTS: [BlockVariant; 7] = {
-    let mut out = [BLOCKED[0].variant; 7];
-    let mut i = 0;
-    while i < out.len() {
-        out[i] = BLOCKED[i].variant;
-        i += 1;
-    }
-    out
-};
+pub static BLOCKED_VARIANTS: std::sync::LazyLock<[BlockVariant; 7]> =
+    std::sync::LazyLock::new(|| BLOCKED.map(|b| b.variant));
 
 /// Workgroup memory the blocked tiling needs for every head dim: the largest of the
 /// smallest variant of each class.
@@ -434,8 +428,11 @@ pub const BLOCKED_MIN_BYTES: u32 = 32_512;
 /// The twin of a blocked or micro-tile kernel that reads K and V as 16-byte words
 /// (`None` for any other kernel).
 pub fn blocked_words(kernel: &Kernel) -> Option<Kernel> {
-    let blocked = BLOCKED.iter().find(|v| v.variant.kernel == *kernel).map(|v| v.words);
-    blocked.or_else(|| MICRO.iter().find(|v| v.kernel == *kernel).map(|v| v.words))
+    let blocked = BLOCKED
+        .iter()
+        .find(|v| v.variant.kernel == *kernel)
+        .map(|v| v.words.clone());
+    blocked.or_else(|| MICRO.iter().find(|v| v.kernel == *kernel).map(|v| v.words.clone()))
 }
 
 /// The variant of `variants` for head dims `d`, `dv` on an adapter granting `bytes` of
@@ -446,13 +443,13 @@ pub fn variant_for(variants: &[BlockVariant], d: u32, dv: u32, bytes: u32) -> Op
     let class = variants.iter().map(|v| v.dmax).find(|&dmax| need <= dmax)?;
     variants
         .iter()
-        .copied()
         .find(|v| v.dmax == class && v.workgroup_bytes <= bytes)
+        .cloned()
 }
 
 /// The blocked variant for head dims `d`, `dv` on an adapter granting `bytes`.
 pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
-    variant_for(&BLOCKED_VARIANTS, d, dv, bytes)
+    variant_for(&*BLOCKED_VARIANTS, d, dv, bytes)
 }
 
 /// One variant of the f32 micro-tile tiling (`flash_micro.wgsl`): head dims up to
@@ -460,7 +457,7 @@ pub fn blocked_for(d: u32, dv: u32, bytes: u32) -> Option<BlockVariant> {
 /// are reduced by subgroup shuffles (1: through workgroup memory only; 8 or 16: the
 /// adapter's subgroups hold at least that many). Each comes with a twin that reads K
 /// and V as 16-byte words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MicroVariant {
     pub dmax: u32,
     pub lanes: u32,
@@ -510,19 +507,19 @@ macro_rules! micro_variant {
             lanes: $rl,
             kernel: Kernel {
                 file: "flash_micro.wgsl",
-                source: SOURCE,
+                source: Text::Static(SOURCE),
                 entry: "flash_micro",
                 slots: SLOTS,
                 preludes: &[COMMON, CONSTS, $lanes, KV_ELEMENTS],
-                variant: concat!("[", $dmax, " lanes ", $rl, "]"),
+                variant: Text::Static(concat!("[", $dmax, " lanes ", $rl, "]")),
             },
             words: Kernel {
                 file: "flash_micro.wgsl",
-                source: SOURCE,
+                source: Text::Static(SOURCE),
                 entry: "flash_micro",
                 slots: WORD_SLOTS,
                 preludes: &[COMMON, CONSTS, $lanes, KV_WORDS],
-                variant: concat!("[", $dmax, " lanes ", $rl, " words]"),
+                variant: Text::Static(concat!("[", $dmax, " lanes ", $rl, " words]")),
             },
         }
     }};
@@ -561,5 +558,5 @@ pub fn micro_lanes(caps: &Capabilities, policy: &Policy) -> u32 {
 /// class that holds both; `None` past 256).
 pub fn micro_for(d: u32, dv: u32, lanes: u32) -> Option<MicroVariant> {
     let need = d.max(dv);
-    MICRO.iter().copied().find(|v| need <= v.dmax && v.lanes == lanes)
+    MICRO.iter().find(|v| need <= v.dmax && v.lanes == lanes).cloned()
 }
