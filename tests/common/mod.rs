@@ -6,6 +6,7 @@ pub mod cli;
 pub mod paged;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use wgpu_attention::check::{run_case, CheckCase};
 use wgpu_attention::kernels::flash::FUSED_TILINGS;
@@ -55,15 +56,21 @@ pub fn is_vulkan_lavapipe(ctx: &Context) -> bool {
     info.backend == wgpu_attention::wgpu::Backend::Vulkan && info.name.contains("llvmpipe")
 }
 
-/// The shared context, or `None` (after [`skip_or_fail`], which panics under
+/// A shared context, or `None` (after [`skip_or_fail`], which panics under
 /// `WGPU_ATTENTION_REQUIRE_ADAPTER=1`) when no adapter exists: every test that gets
 /// `None` prints its own `SKIPPING` line.
+///
+/// The tests share one context per core (up to [`MAX_SHARED`]), each test thread the
+/// least used one for its life (libtest runs each test on a thread of its own): lavapipe
+/// compiles a device's pipelines one at a time, on its queue's thread, so with one
+/// shared device a cold suite compiled on one core whatever the test threads (docs/ci.md).
 pub fn ctx() -> Option<&'static Context> {
-    static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
-    let shared = CTX.get_or_init(|| match Context::new() {
+    static SHARED: [OnceLock<Result<Context, String>>; MAX_SHARED] = [const { OnceLock::new() }; MAX_SHARED];
+    let slot = CLAIM.with(|claim| claim.0);
+    let shared = SHARED[slot].get_or_init(|| match Context::new() {
         Ok(ctx) => {
             eprintln!(
-                "GPU tests on: {} ({:?})",
+                "GPU tests on: {} ({:?}), shared context {slot}",
                 ctx.adapter_info().name,
                 ctx.adapter_info().backend
             );
@@ -77,6 +84,38 @@ pub fn ctx() -> Option<&'static Context> {
             skip_or_fail(&format!("no adapter ({e})"));
             None
         }
+    }
+}
+
+/// Most shared contexts [`ctx`] makes.
+pub const MAX_SHARED: usize = 4;
+
+/// Test threads using each shared context now.
+static USERS: [AtomicUsize; MAX_SHARED] = [const { AtomicUsize::new(0) }; MAX_SHARED];
+
+thread_local! {
+    /// The shared context this thread uses, released when the thread (its test) ends.
+    static CLAIM: Claim = Claim::take();
+}
+
+/// A test thread's hold on one shared context.
+struct Claim(usize);
+
+impl Claim {
+    /// The least used of one shared context per core.
+    fn take() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let slot = (0..cores.clamp(1, MAX_SHARED))
+            .min_by_key(|&i| USERS[i].load(Ordering::Relaxed))
+            .unwrap_or(0);
+        USERS[slot].fetch_add(1, Ordering::Relaxed);
+        Claim(slot)
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        USERS[self.0].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
