@@ -390,10 +390,11 @@ pub(crate) fn band_layout_holds(dmax: u32, br: u32, bc: u32, sg: u32) -> bool {
         && bc.is_multiple_of(4 * lpr)
 }
 
-/// The one-line generator prelude of a tensor-core kernel: DMAX, BR, BC, the subgroup size SG, LPR / RPL, the element-wise step's
-/// lanes per row and rows per lane, BANDS, the 16-row bands per subgroup, and SPLIT,
-/// the subgroups per band (the forward's axes; 1 for the backward). A band's rows are
-/// shared by its SPLIT subgroups' lanes.
+/// The generated constants that open a tensor-core kernel's source: DMAX, BR, BC, the
+/// subgroup size SG, LPR / RPL, the element-wise step's lanes per row and rows per
+/// lane, BANDS, the 16-row bands per subgroup, and SPLIT, the subgroups per band (the
+/// forward's axes; 1 for the backward). A band's rows are shared by its SPLIT
+/// subgroups' lanes.
 pub(crate) fn generator_prelude(dmax: u32, br: u32, bc: u32, sg: u32, bands: u32, split: u32) -> String {
     let lanes = sg * split.max(1);
     let lpr = lanes_per_row(lanes);
