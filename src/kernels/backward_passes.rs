@@ -26,9 +26,21 @@ const fn rows_kernel(
     preludes: &'static [&'static str],
     variant: &'static str,
 ) -> Kernel {
+    pass_kernel(("flash_backward.wgsl", SOURCE), entry, slots, preludes, variant)
+}
+
+/// A backward pass's kernel: an entry point of a file (its name and text), with the
+/// preludes and variant label of its class.
+const fn pass_kernel(
+    (file, source): (&'static str, &'static str),
+    entry: &'static str,
+    slots: &'static [Slot],
+    preludes: &'static [&'static str],
+    variant: &'static str,
+) -> Kernel {
     Kernel {
-        file: "flash_backward.wgsl",
-        source: Text::Static(SOURCE),
+        file,
+        source: Text::Static(source),
         entry,
         slots,
         preludes,
@@ -114,14 +126,13 @@ pub const DKDV: Kernel = backward_kernel("bwd_dkdv", DKDV_SLOTS);
 const MATERIALIZED_SOURCE: &str = include_str!("../../shaders/backward_materialized.wgsl");
 
 const fn materialized_kernel(entry: &'static str, slots: &'static [Slot]) -> Kernel {
-    Kernel {
-        file: "backward_materialized.wgsl",
-        source: Text::Static(MATERIALIZED_SOURCE),
+    pass_kernel(
+        ("backward_materialized.wgsl", MATERIALIZED_SOURCE),
         entry,
         slots,
-        preludes: BACKWARD_PRELUDE,
-        variant: Text::Static(""),
-    }
+        BACKWARD_PRELUDE,
+        "",
+    )
 }
 
 /// The materialized backward's dX matrix, from the forward's weights.
@@ -176,14 +187,13 @@ const fn subgroup_kernel(
     preludes: &'static [&'static str],
     variant: &'static str,
 ) -> Kernel {
-    Kernel {
-        file: "flash_backward_subgroup.wgsl",
-        source: Text::Static(SUBGROUP_SOURCE),
+    pass_kernel(
+        ("flash_backward_subgroup.wgsl", SUBGROUP_SOURCE),
         entry,
         slots,
         preludes,
-        variant: Text::Static(variant),
-    }
+        variant,
+    )
 }
 
 /// The CPU-adapter tiling (`flash_backward_subgroup.wgsl`: subgroups of at least 8
