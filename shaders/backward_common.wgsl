@@ -1,5 +1,5 @@
 // What the backward kernels share (flash_backward.wgsl, flash_backward_subgroup.wgsl,
-// flash_backward_blocked.wgsl, backward_texel.wgsl), appended to attention_common.wgsl:
+// flash_backward_blocked.wgsl), appended to attention_common.wgsl:
 // the gradient bindings, the forward's lse and D = rowsum(dO * O) per row (in
 // `scores`), P = exp(s - lse), the soft cap's slope, dX, the keys whose rows may hold
 // anything, the rows a block of keys is visible to, Q and dO loads, and the gradient

@@ -1,8 +1,7 @@
 // Texel mirrors (kernels::kv_texels): the 16-byte words of two buffers in two
 // rgba32uint 2D-array textures, fetched a word at a time, and the words' elements as
-// f32. Shared by the generated texel kernels, forward (flash_texel.wgsl: K and V) and
-// backward (backward_texel.wgsl: K and V in the dQ pass, Q and dO in the dK/dV pass),
-// whose host code writes their entry points. llvmpipe gathers texel fetches where it
+// f32. For the generated texel kernel (flash_texel.wgsl: K and V), whose host code
+// writes its entry points. llvmpipe gathers texel fetches where it
 // walks storage loads lane by lane.
 
 @group(0) @binding(11) var k_texels: texture_2d_array<u32>;

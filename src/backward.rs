@@ -4,12 +4,8 @@
 //! FlashAttention-2's algorithm (`shaders/flash_backward.wgsl`): a pass computing
 //! `D = rowsum(dO ∘ O)`, a pass where each invocation keeps one key and walks the query
 //! rows (dK, dV), and one where each keeps a query row and walks the keys (dQ); the
-//! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows (the
-//! texel kernels on Mesa 22 go in bands of kv pairs and query rows, the dQ pass
-//! reading the dK/dV pass's dX for its band from a scratch of
-//! [`SCRATCH_BYTES`](crate::kernels::backward_texel::SCRATCH_BYTES), or of
-//! [`MIN_BAND_ROWS`] rows of one pair where that is more). The score
-//! matrix is never stored; no atomics, so results repeat bit for bit. Under
+//! other tilings ([`BackwardTiling`]) give a workgroup a block of keys or rows. The
+//! score matrix is never stored; no atomics, so results repeat bit for bit. Under
 //! llvmpipe's loop cap the walks are split across dispatches that add to the previous
 //! ones' sums, in a fixed order.
 
@@ -24,9 +20,6 @@ pub use crate::kernels::backward_passes::{
 use crate::kernels::backward_passes::{
     DELTA, DKDV, DKDV_SLOTS, DQ, DQ_SLOTS, MAT_DKDV, MAT_DQ, MAT_DS, SUBGROUP_128, SUBGROUP_64,
 };
-use crate::kernels::backward_texel::MIN_BAND_ROWS;
-use crate::kernels::backward_texel::{self, BackwardTexelVariant};
-use crate::kernels::kv_texels::{self, KvTexels, TexelGrid};
 use crate::kernels::{dispatch_entries, groups_for, loop_budget, pipeline, AttentionParams, Slot};
 use crate::options::{AttentionOptions, FusedTiling, KernelChoice, Precision};
 use crate::problem::AttentionShape;
@@ -68,10 +61,8 @@ pub enum BackwardTiling {
     /// every adapter, every head dim.
     Rows,
     /// Where the forward runs its `subgroup` tiling (CPU adapters) and both head dims
-    /// are at most 128: the texel kernels (`kernels::backward_texel`: 32 rows or keys
-    /// per 8-lane workgroup, 16 past D 64, the walked operands as texel fetches) where
-    /// they serve the problem, else 4 rows or keys per invocation sharing loads
-    /// through 8-lane subgroups (`flash_backward_subgroup.wgsl`).
+    /// are at most 128: 4 rows or keys per invocation sharing loads through 8-lane
+    /// subgroups (`flash_backward_subgroup.wgsl`).
     Subgroup,
     /// Where the forward runs a GPU tiling (`shared`, `blocked`, `coop`) and a variant
     /// of `flash_backward_blocked.wgsl` holds the head dims (up to 128 in f32, 256 in
@@ -408,7 +399,7 @@ pub fn encode_sdpa_backward(
         None
     };
     let words = coop && whole && coop_words(dtype, &base);
-    // The bind group entries of a kernel's buffer slots (texel slots: see run_reading).
+    // The bind group entries of a kernel's slots.
     let bind = |slots: &[Slot]| -> Vec<wgpu::BindGroupEntry> {
         slots
             .iter()
@@ -432,7 +423,7 @@ pub fn encode_sdpa_backward(
                     Slot::K4 => word_stand_in.as_ref().unwrap_or(k.buffer()),
                     Slot::V4 => word_stand_in.as_ref().unwrap_or(v.buffer()),
                     Slot::DOut4 => word_stand_in.as_ref().unwrap_or(d_out.buffer()),
-                    _ => q.buffer(), // Params and texels: replaced below
+                    _ => q.buffer(), // Params: replaced below
                 };
                 wgpu::BindGroupEntry {
                     binding: slot as u32,
@@ -445,16 +436,15 @@ pub fn encode_sdpa_backward(
     // dispatches of at most the device's workgroups per dimension, each starting at
     // p.bh_start.
     let max_pairs = ctx.capabilities().max_workgroups_per_dim.max(1) as usize;
-    // `textures`: the texel slots a texel kernel binds, and what is bound there.
-    let run_reading = |encoder: &mut wgpu::CommandEncoder,
-                       pipeline: &crate::gpu::CompiledPipeline,
-                       (slots, textures): (&[Slot], &[(Slot, &wgpu::TextureView)]),
-                       params: AttentionParams,
-                       groups_x: u32,
-                       pairs: std::ops::Range<usize>|
+    let run = |encoder: &mut wgpu::CommandEncoder,
+               pipeline: &crate::gpu::CompiledPipeline,
+               slots: &[Slot],
+               params: AttentionParams,
+               groups_x: u32,
+               pairs: usize|
      -> Result<()> {
-        for start in pairs.clone().step_by(max_pairs) {
-            let count = (pairs.end - start).min(max_pairs);
+        for start in (0..pairs).step_by(max_pairs) {
+            let count = (pairs - start).min(max_pairs);
             let chunk = AttentionParams {
                 bh_start: start as u32,
                 bh_count: count as u32,
@@ -463,21 +453,10 @@ pub fn encode_sdpa_backward(
             let uniform = crate::attention::uniform(ctx, "backward params", &chunk)?;
             let mut entries = bind(slots);
             entries[0].resource = uniform.as_entire_binding();
-            for entry in &mut entries {
-                if let Some((_, view)) = textures.iter().find(|(slot, _)| *slot as u32 == entry.binding) {
-                    entry.resource = wgpu::BindingResource::TextureView(view);
-                }
-            }
             dispatch_entries(ctx, encoder, pipeline, &entries, [groups_x, count as u32, 1])?;
         }
         Ok(())
     };
-    let run = |encoder: &mut wgpu::CommandEncoder,
-               pipeline: &crate::gpu::CompiledPipeline,
-               slots: &[Slot],
-               params: AttentionParams,
-               groups_x: u32,
-               pairs: usize| run_reading(encoder, pipeline, (slots, &[]), params, groups_x, 0..pairs);
 
     // D = rowsum(dO ∘ O).
     let delta_pipeline = pipeline(ctx, &DELTA, dtype, &[])?;
@@ -516,64 +495,8 @@ pub fn encode_sdpa_backward(
     }
 
     let kernels = tiling.kernels(&s, ctx.capabilities());
-    let group = s.heads_q / s.heads_kv.max(1);
 
-    // The texel kernels where the subgroup tiling runs and they serve the problem: per
-    // band (query rows of a group of kv pairs), the dK/dV pass (reading Q and dO from
-    // mirrors) writes the band's dX to a scratch that the dQ pass (reading K from a
-    // mirror) then reads.
-    if let Some(variant) = texel_variant(ctx, tiling, dtype, &base) {
-        let mirrored = [q, k, d_out].iter().all(|t| kv_texels::can_copy(ctx, t.buffer()));
-        if let Some(bands) = TexelBands::for_problem(ctx, &s, group).filter(|_| mirrored) {
-            let q_and_do = KvTexels::copy_of(ctx, encoder, q.buffer(), d_out.buffer())?;
-            let k_texels = kv_texels::copy_one(ctx, encoder, k.buffer(), "keys as texels")?;
-            let scratch = kv_texels::scratch(ctx, bands.scratch_bytes, "attention backward dX band")?;
-            let (Some(q_and_do), Some(k_texels)) = (q_and_do, k_texels) else {
-                return Err(Error::invalid(
-                    "attention backward",
-                    "a mirror checked as copyable was not made",
-                ));
-            };
-            let constants = TexelGrid::for_context(ctx).constants("KV_TEXEL_SHIFT", "KV_TEXEL_ROWS");
-            let (dkdv, dq) = (variant.dkdv(), variant.dq());
-            let dkdv_pipeline = pipeline(ctx, &dkdv, dtype, &constants)?;
-            let dq_pipeline = pipeline(ctx, &dq, dtype, &constants)?;
-            let dkdv_textures = [
-                (Slot::KTexels, q_and_do.keys()),
-                (Slot::VTexels, q_and_do.values()),
-                (Slot::DxStore, &scratch),
-            ];
-            let dq_textures = [(Slot::KTexels, &k_texels), (Slot::DxTexels, &scratch)];
-            let kv_pairs = s.batch * s.heads_kv;
-            for first in (0..kv_pairs).step_by(bands.pairs) {
-                let pairs = first..(first + bands.pairs).min(kv_pairs);
-                for begin in (0..s.len_q).step_by(bands.rows) {
-                    let stop = (begin + bands.rows).min(s.len_q);
-                    let band = AttentionParams {
-                        key_begin: begin as u32,
-                        key_stop: stop as u32,
-                        ..base
-                    };
-                    let key_groups = groups_for(s.len_k, variant.rows as usize);
-                    let reads = (dkdv.slots, &dkdv_textures[..]);
-                    run_reading(encoder, &dkdv_pipeline, reads, band, key_groups, pairs.clone())?;
-                    let row_groups = groups_for(stop - begin, variant.rows as usize);
-                    let query_pairs = pairs.start * group..pairs.end * group;
-                    run_reading(
-                        encoder,
-                        &dq_pipeline,
-                        (dq.slots, &dq_textures),
-                        band,
-                        row_groups,
-                        query_pairs,
-                    )?;
-                }
-            }
-            return Ok(grads);
-        }
-    }
-
-    // The buffer kernels. dQ, over key ranges that fit the loop cap.
+    // dQ, over key ranges that fit the loop cap.
     let mut constants = tiling.constants(&s, ctx.capabilities());
     if coop {
         constants.push(("WORDS", u32::from(words)));
@@ -630,82 +553,6 @@ fn coop_words(dtype: DType, p: &AttentionParams) -> bool {
     ];
     let strides: Vec<u32> = p.kv_strides().into_iter().chain(rows).collect();
     crate::kernels::flash::words_fit(per_word, (p.head_dim, p.head_dim_v), &strides)
-}
-
-/// How the texel backward splits the problem: bands of `pairs` (batch, kv head) pairs
-/// (the last may have fewer) and `rows` query rows (likewise), each one dK/dV dispatch
-/// over the band's pairs that writes the band's dX (f32, `[rows, pairs·group,
-/// ceil(Lk / 4)]` texels of 4 keys) to a scratch of `scratch_bytes`, then one dQ
-/// dispatch over the band's query heads that reads it. Pairs go first: a band of
-/// fewer pairs costs less setup, a band of fewer rows as much.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TexelBands {
-    pairs: usize,
-    rows: usize,
-    scratch_bytes: u64,
-}
-
-impl TexelBands {
-    /// The bands for a problem: as many query rows as the context's scratch budget holds
-    /// for one kv pair (at least [`MIN_BAND_ROWS`], at most all of them and what the
-    /// loop cap lets the dK/dV pass walk), then as many kv pairs as it holds with those
-    /// rows (at least one); `None` where the dQ pass cannot walk every key under the
-    /// loop cap, the scratch outgrows the device's textures or its words a u32, or one
-    /// dispatch cannot hold a kv pair's query heads (the buffer kernels serve those).
-    fn for_problem(ctx: &Context, s: &AttentionShape, group: usize) -> Option<TexelBands> {
-        if ctx
-            .loop_cap()
-            .is_some_and(|cap| backward_texel::dq_iterations(s.len_k) > cap)
-        {
-            return None;
-        }
-        let most_pairs = ctx.capabilities().max_workgroups_per_dim as usize / group.max(1);
-        let walkable = range_per_dispatch(ctx, s.len_q, |rows| backward_texel::dkdv_iterations(rows, group)).ok()?;
-        // dX bytes of one query row of one kv pair's query heads.
-        let row_bytes = (group * s.len_k.div_ceil(4) * 16).max(16) as u64;
-        let budget = ctx.backward_scratch_bytes();
-        let rows_fit = (budget / row_bytes) as usize;
-        let rows = rows_fit.max(MIN_BAND_ROWS).min(walkable).min(s.len_q).max(1);
-        let pairs_fit = (budget / (rows as u64 * row_bytes)) as usize;
-        let pairs = pairs_fit.min(most_pairs).min(s.batch * s.heads_kv).max(1);
-        let scratch_bytes = (pairs * rows) as u64 * row_bytes;
-        let words_fit = scratch_bytes / 16 <= u64::from(u32::MAX);
-        (most_pairs > 0 && words_fit && kv_texels::fits(ctx, scratch_bytes)).then_some(TexelBands {
-            pairs,
-            rows,
-            scratch_bytes,
-        })
-    }
-}
-
-/// The texel kernels' variant for a problem whose backward runs `tiling`, where they
-/// serve it (`backward_texel::variant_for`: whole 16-byte words in every row of Q, K,
-/// V and dO, head dims up to 128, only visible key ranges as masks, Mesa 22).
-fn texel_variant(
-    ctx: &Context,
-    tiling: BackwardTiling,
-    dtype: DType,
-    p: &AttentionParams,
-) -> Option<BackwardTexelVariant> {
-    if tiling != BackwardTiling::Subgroup {
-        return None;
-    }
-    let mut strides = p.kv_strides().to_vec();
-    strides.extend([
-        p.q_stride_b,
-        p.q_stride_h,
-        p.q_stride_s,
-        p.o_stride_b,
-        p.o_stride_h,
-        p.o_stride_s,
-    ]);
-    backward_texel::variant_for(
-        dtype,
-        (p.head_dim, p.head_dim_v),
-        &strides,
-        p.full_rules(),
-        ctx.capabilities(),
-    )
 }
 
 /// How many of `total` keys (or rows) one dispatch may walk under the context's loop

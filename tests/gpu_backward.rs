@@ -197,8 +197,8 @@ fn f32_below_highest_precision_takes_f16_tiles_in_the_blocked_tiling() {
 
 #[test]
 fn head_dims_up_to_128_with_key_ranges_in_both_dtypes() {
-    // On Mesa 22.3's lavapipe these take the texel kernels' D 128 variants
-    // (kernels::backward_texel: whole words, visible key ranges only), GQA included.
+    // Head dims past 64 (the subgroup tiling's D 128 class on CPU adapters), every
+    // visible-key-range rule, GQA included.
     let Some(ctx) = common::ctx() else { return };
     let s = AttentionShape::new(2, 4, 2, 40, 50, 128, 96);
     let mut seed = 39960;
@@ -222,9 +222,9 @@ fn head_dims_up_to_128_with_key_ranges_in_both_dtypes() {
 
 #[test]
 fn random_whole_word_problems_with_key_ranges() {
-    // Problems the texel kernels take on Mesa 22.3 (head dims of whole 16-byte words up
-    // to 128, only visible key ranges), drawn at random: ragged and tiny lengths, GQA,
-    // both layouts and dtypes, every key-range rule.
+    // Head dims of whole 16-byte words up to 128 with only visible key ranges as masks,
+    // drawn at random: ragged and tiny lengths, GQA, both layouts and dtypes, every
+    // key-range rule.
     let Some(ctx) = common::ctx() else { return };
     let seed = 39970;
     let mut rng = Rng::new(seed);
@@ -259,58 +259,6 @@ fn random_whole_word_problems_with_key_ranges() {
         let layout = if rng.below(2) == 0 { Layout::Bshd } else { Layout::Bhsd };
         assert_passes(ctx, case(s, options, dtype, layout, seed + i));
     }
-}
-
-#[test]
-fn bands_of_pairs_and_query_rows_give_the_reference_gradients() {
-    // The texel kernels (Mesa 22.3) run the backward in bands (groups of (batch, kv
-    // head) pairs, ranges of query rows), each band's dK/dV pass writing its dX to a
-    // scratch that its dQ pass reads. A small scratch makes a band of each kv pair, and
-    // of 512 query rows (backward::MIN_BAND_ROWS), the last band shorter and not a
-    // multiple of the kernels' 32 or 16 rows: dK and dV add over the row bands, each dQ
-    // row comes from its own band, and pairs a band never visited (windows, causal rows,
-    // short key lengths) must not leak a stale dX from an earlier band. Elsewhere the
-    // same problems take other kernels.
-    if common::ctx().is_none() {
-        return;
-    }
-    let mut ctx = Context::new().expect("a second context on the same adapter");
-    ctx.limit_backward_scratch(1);
-    let windowed = |lengths: Vec<u32>| AttentionOptions {
-        causal: Some(CausalAlignment::BottomRight),
-        key_lengths: Some(lengths),
-        window: Some(Window {
-            left: Some(9),
-            right: None,
-        }),
-        ..Default::default()
-    };
-    let causal = AttentionOptions {
-        causal: Some(CausalAlignment::TopLeft),
-        ..Default::default()
-    };
-    // Four bands of one kv pair each, all rows.
-    let s = AttentionShape::new(2, 4, 2, 70, 45, 64, 32);
-    assert_passes(&ctx, case(s, windowed(vec![45, 19]), DType::F32, Layout::Bhsd, 39801));
-    // Three bands of rows (512, 512, 76) of one pair, GQA.
-    let s = AttentionShape::new(1, 2, 1, 1100, 24, 64, 64);
-    assert_passes(&ctx, case(s, causal, DType::F16, Layout::Bshd, 39802));
-    assert_passes(&ctx, case(s, windowed(vec![17]), DType::F32, Layout::Bhsd, 39803));
-    // A window wider than a band: keys a row of the second band cannot see, which the
-    // first band's row in the same scratch slot could, lie inside the dQ pass's walk.
-    let wide = AttentionOptions {
-        causal: Some(CausalAlignment::TopLeft),
-        window: Some(Window {
-            left: Some(600),
-            right: None,
-        }),
-        ..Default::default()
-    };
-    let s = AttentionShape::new(1, 1, 1, 1100, 1100, 32, 32);
-    assert_passes(&ctx, case(s, wide, DType::F32, Layout::Bhsd, 39805));
-    // Two pairs by two row bands at D 128.
-    let s = AttentionShape::new(1, 4, 2, 600, 30, 128, 96);
-    assert_passes(&ctx, case(s, windowed(vec![23]), DType::F32, Layout::Bshd, 39804));
 }
 
 #[test]

@@ -1,8 +1,7 @@
 //! One differential test over every backward path a user can reach (issue 64), as
 //! `nonfinite_paths.rs` is for the forward: the materialized backward and the fused
-//! passes in each `BackwardTiling` the adapter runs (the subgroup tiling's texel
-//! kernels and its buffer kernels, rows in the run-time kernels and in a GPU's
-//! head-dim classes, blocked, and the tensor-core tiling emulated), f32 and f16, all
+//! passes in each `BackwardTiling` the adapter runs (subgroup, rows in the run-time
+//! kernels and in a GPU's head-dim classes, blocked, and the tensor-core tiling emulated), f32 and f16, all
 //! on the same inputs holding NaN, ±inf, huge and subnormal values and a fully masked
 //! batch element. Each runs the user's call, `sdpa` (with its lse) then
 //! `sdpa_backward`, and must give the f64 reference gradients: NaN where they are NaN,
@@ -16,14 +15,14 @@ use wgpu_attention::kernels::flash::FUSED_TILINGS;
 use wgpu_attention::reference::{attention, attention_backward};
 use wgpu_attention::{
     backward_tiling, rows_for, sdpa, sdpa_backward, AttentionOptions, AttentionShape, BackwardTiling, Context, DType,
-    FusedTiling, KernelChoice, Layout, Mask, Precision, Tensor, ROWS_32, ROWS_64, ROWS_64_WG,
+    FusedTiling, KernelChoice, Layout, Precision, Tensor, ROWS_32, ROWS_64, ROWS_64_WG,
 };
 
 const SEED: u64 = 6410;
 
 /// B 2, Hq 2 over Hkv 1 (GQA: dK and dV add two heads), 5 query rows, 70 keys (past a
 /// 64-key block or tile, so walks go on into a second), D 16 (whole 16-byte words in
-/// both dtypes: the texel kernels serve it on Mesa 22).
+/// both dtypes).
 fn shape() -> AttentionShape {
     with_dims(16)
 }
@@ -139,9 +138,7 @@ struct Path<'a> {
 }
 
 /// The fused paths of `ctx` for `dtype`: one per backward tiling its forward tilings
-/// lead to (each through the first forward tiling that does), and the subgroup
-/// tiling's buffer kernels again under an all-true bool mask (the texel kernels,
-/// which serve the plain problem on Mesa 22, take visible key ranges only).
+/// lead to (each through the first forward tiling that does).
 fn fused_paths<'a>(ctx: &'a Context, prefix: &str, dtype: DType) -> Vec<(Path<'a>, BackwardTiling)> {
     let s = shape();
     let mut seen: Vec<BackwardTiling> = Vec::new();
@@ -159,21 +156,6 @@ fn fused_paths<'a>(ctx: &'a Context, prefix: &str, dtype: DType) -> Vec<(Path<'a
             continue;
         }
         seen.push(tiling);
-        if tiling == BackwardTiling::Subgroup {
-            let all_visible = Mask::boolean(&[1, 1, 1, s.len_k], vec![true; s.len_k]).expect("mask");
-            paths.push((
-                Path {
-                    ctx,
-                    label: format!("{prefix}subgroup under a bool mask (via {})", spec.name),
-                    shape: s,
-                    options: AttentionOptions {
-                        mask: Some(all_visible),
-                        ..options.clone()
-                    },
-                },
-                tiling,
-            ));
-        }
         paths.push((
             Path {
                 ctx,

@@ -228,19 +228,6 @@ impl Context {
         self.policy.coop_gemm_direct = direct;
     }
 
-    /// Sets the dX scratch budget of the texel backward (CPU adapters; docs/design.md,
-    /// "Backward") to `bytes`: smaller bands of pairs and query rows, more of them (never
-    /// below [`crate::kernels::backward_texel::MIN_BAND_ROWS`] rows). For tests of the banding; the
-    /// default is [`crate::kernels::backward_texel::SCRATCH_BYTES`].
-    #[doc(hidden)]
-    pub fn limit_backward_scratch(&mut self, bytes: u64) {
-        self.policy.backward_scratch_bytes = bytes;
-    }
-
-    pub(crate) fn backward_scratch_bytes(&self) -> u64 {
-        self.policy.backward_scratch_bytes
-    }
-
     /// [`Context::from_wgpu`], awaited (a CPU adapter's context runs the loop probe,
     /// [`crate::Gpu::loop_cap`], which reads a result back).
     pub async fn from_wgpu_async(info: wgpu::AdapterInfo, device: wgpu::Device, queue: wgpu::Queue) -> Self {

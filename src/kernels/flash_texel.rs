@@ -415,9 +415,9 @@ fn entry_point(v: TexelVariant) -> String {
 }
 
 /// The opening lines of an entry point that owns `rows` query rows of one (batch,
-/// head) from row0 (this and the backward's dQ kernel): the head, the lane, the first
-/// row, and the offsets of the head in Q, the output (dO) and its kv head in K and V.
-pub(crate) fn write_query_head(w: &mut String, rows: u32) {
+/// head) from row0: the head, the lane, the first row, and the offsets of the head in
+/// Q and the output and of its kv head in K and V.
+fn write_query_head(w: &mut String, rows: u32) {
     let _ = writeln!(w, "    let hd = head_of(p.bh_start + wid.y);");
     let _ = writeln!(w, "    let lane = sg_lane % {LANES}u;");
     let _ = writeln!(w, "    let row0 = wid.x * {rows}u;");
@@ -430,7 +430,7 @@ pub(crate) fn write_query_head(w: &mut String, rows: u32) {
 
 /// Quad c's rows (clamped to the last), their visible key ranges within this
 /// dispatch's keys and their offsets in Q.
-pub(crate) fn write_quad_rows(w: &mut String, c: u32) {
+fn write_quad_rows(w: &mut String, c: u32) {
     let _ = writeln!(
         w,
         "    let rows_{c} = min(vec4<u32>(row0 + {}u) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last_q));",
@@ -446,12 +446,12 @@ pub(crate) fn write_quad_rows(w: &mut String, c: u32) {
 
 /// The WGSL index, within a row, of element `e` of the word this lane holds in group
 /// `group` of 8 words (Q slices, output words): word 8 * group + lane.
-pub(crate) fn lane_element(group: u32, elems: u32, e: u32) -> String {
+fn lane_element(group: u32, elems: u32, e: u32) -> String {
     format!("({}u + lane) * {elems}u + {e}u", group * LANES)
 }
 
 /// `let {name}_{h} = ...;` for each vec4 of a word's elements as f32.
-pub(crate) fn write_word_halves(w: &mut String, name: &str, word: &str, keep: &str, halves: u32) -> std::fmt::Result {
+fn write_word_halves(w: &mut String, name: &str, word: &str, keep: &str, halves: u32) -> std::fmt::Result {
     if halves == 1 {
         return writeln!(w, "            let {name}_0 = word_f32({word}, {keep});");
     }

@@ -140,8 +140,7 @@ impl KvTexels {
     }
 
     /// Mirrors of two plain buffers for one attention call (K and V for the fused texel
-    /// kernel, `kernels::flash_texel`; Q and dO for the backward's dK/dV pass,
-    /// `kernels::backward_texel`), filled by buffer-to-texture copies recorded on
+    /// kernel, `kernels::flash_texel`), filled by buffer-to-texture copies recorded on
     /// `encoder`: a driver copy, no shader. `None` where the buffers outgrow the
     /// device's textures or cannot be copied from (a caller's buffer wrapped by
     /// `Tensor::from_buffer` without `COPY_SRC`): the buffer kernels serve those.
@@ -174,34 +173,8 @@ impl KvTexels {
 
 /// Whether a buffer can be mirrored for one call: it fits the device's textures and
 /// can be copied from.
-pub(crate) fn can_copy(ctx: &Gpu, buffer: &wgpu::Buffer) -> bool {
-    fits(ctx, buffer.size()) && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
-}
-
-/// Whether `bytes` fit a mirror or scratch on the device's textures.
-pub(crate) fn fits(ctx: &Gpu, bytes: u64) -> bool {
-    extent(ctx, bytes).is_some()
-}
-
-/// A mirror of one buffer for one call, as [`KvTexels::copy_of`] makes two.
-pub(crate) fn copy_one(
-    ctx: &Gpu,
-    encoder: &mut wgpu::CommandEncoder,
-    buffer: &wgpu::Buffer,
-    label: &str,
-) -> Result<Option<wgpu::TextureView>> {
-    if !can_copy(ctx, buffer) {
-        return Ok(None);
-    }
-    let view = mirror(ctx, buffer.size(), label, COPY_USAGE)?;
-    copy_words(ctx, encoder, buffer, view.texture());
-    Ok(Some(view))
-}
-
-/// A texture of `bytes` on the mirrors' grid that kernels write (as storage) and read
-/// (as texels); `Unsupported` past the device's texture limits ([`fits`] says).
-pub(crate) fn scratch(ctx: &Gpu, bytes: u64, label: &str) -> Result<wgpu::TextureView> {
-    mirror(ctx, bytes, label, CACHE_USAGE)
+fn can_copy(ctx: &Gpu, buffer: &wgpu::Buffer) -> bool {
+    extent(ctx, buffer.size()).is_some() && buffer.usage().contains(wgpu::BufferUsages::COPY_SRC)
 }
 
 /// Keeps (`on`) or drops the mirror in `slot` of a cache's buffers `k` and `v`, as the
@@ -291,7 +264,7 @@ fn extent(ctx: &Gpu, bytes: u64) -> Option<wgpu::Extent3d> {
     })
 }
 
-/// A cache's mirror is written by `kv_append.wgsl` (and a scratch by its kernels).
+/// A cache's mirror is written by `kv_append.wgsl`.
 const CACHE_USAGE: wgpu::TextureUsages =
     wgpu::TextureUsages::STORAGE_BINDING.union(wgpu::TextureUsages::TEXTURE_BINDING);
 /// A mirror made for one call only receives copies.

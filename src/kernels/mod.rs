@@ -10,7 +10,6 @@
 pub mod backward_blocked;
 pub mod backward_coop;
 pub mod backward_passes;
-pub mod backward_texel;
 pub mod coop_emulation;
 pub mod copy_probe;
 pub mod decode;
@@ -79,8 +78,8 @@ pub const ATTENTION_PRELUDE: &[&str] = &[COMMON];
 /// and the helpers both backward tilings share.
 pub const BACKWARD_PRELUDE: &[&str] = &[COMMON, BACKWARD_COMMON];
 pub(crate) const BACKWARD_COMMON: &str = include_str!("../../shaders/backward_common.wgsl");
-/// Texel mirrors' bindings and word fetches, shared by the generated texel kernels
-/// (`flash_texel`, `backward_texel`).
+/// Texel mirrors' bindings and word fetches, for the generated texel kernel
+/// (`flash_texel`).
 pub(crate) const TEXEL_WORDS: &str = include_str!("../../shaders/texel_words.wgsl");
 /// Preludes of `flash_backward_subgroup.wgsl` by the largest head dim it holds: at 64
 /// the accumulators and the owned input rows fit 32 KiB of workgroup memory (4
@@ -250,13 +249,12 @@ pub const BACKWARD_ROWS_256_WG: &[&str] = &[
 
 /// Every kernel family, each listing its own variants (`kernels()` in its module), so
 /// that adding or retiring a variant touches its family alone.
-const FAMILIES: [fn() -> Vec<Kernel>; 22] = [
+const FAMILIES: [fn() -> Vec<Kernel>; 21] = [
     flash::kernels,
     flash_texel::kernels,
     decode::kernels,
     backward_passes::kernels,
     backward_blocked::kernels,
-    backward_texel::kernels,
     backward_coop::kernels,
     matmul::kernels,
     gemm::kernels,
@@ -496,11 +494,6 @@ pub enum Slot {
     Probs = 18,
     /// The materialized backward's dX matrix.
     DScores = 19,
-    /// The texel backward's dX scratch for a band of rows, read by its dQ pass
-    /// (`backward_texel.wgsl`).
-    DxTexels = 20,
-    /// The same scratch, written by its dK/dV pass.
-    DxStore = 21,
     /// Q again, as 16-byte units (the tensor-core backward, `flash_backward_coop.wgsl`).
     Q4 = 22,
     /// The output's gradient again, as 16-byte units.
@@ -535,8 +528,6 @@ impl Slot {
             Slot::ForwardOut => "o_in",
             Slot::Probs => "probs",
             Slot::DScores => "d_scores",
-            Slot::DxTexels => "dx_texels",
-            Slot::DxStore => "dx_store",
             Slot::Q4 => "q4",
             Slot::DOut4 => "do4",
             Slot::KScales => "k_scales",
@@ -584,8 +575,6 @@ impl<'a> AttentionBindings<'a> {
                     | Slot::ForwardOut
                     | Slot::Probs
                     | Slot::DScores
-                    | Slot::DxTexels
-                    | Slot::DxStore
                     | Slot::Q4
                     | Slot::DOut4 => {
                         return Err(Error::invalid(

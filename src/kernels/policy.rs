@@ -50,8 +50,6 @@ pub struct Policy {
     /// ([`crate::Context::use_direct_coop_gemm`], `WGPU_ATTENTION_COOP_GEMM`); staged by
     /// default.
     pub coop_gemm_direct: bool,
-    /// Bytes the texel backward's dX scratch may take (`crate::backward`).
-    pub(crate) backward_scratch_bytes: u64,
     /// Whether a device this crate makes asks for subgroups where the adapter has them
     /// (`WGPU_ATTENTION_SUBGROUPS=off`: no, so every kernel takes the variant a GPU
     /// without subgroups gets, as a browser without `subgroups` or wgpu's GL backend
@@ -71,7 +69,6 @@ impl Default for Policy {
             coop_backward_named: false,
             coop_backward_pinned: None,
             coop_gemm_direct: false,
-            backward_scratch_bytes: crate::kernels::backward_texel::SCRATCH_BYTES,
             subgroups: true,
         }
     }
