@@ -692,18 +692,31 @@ pub fn choose_split(ctx: &Gpu, design: DecodeDesign, s: &AttentionShape, keys: u
     })
 }
 
-/// Records the split pass and the combine pass. `bindings.scores` must hold the
-/// partials ([`DecodeSplit::partial_bytes`]); `bindings.params` covers every (batch,
-/// head), with `splits` set to `split.splits`.
-pub(crate) fn encode(
+/// A decode call's two passes, decided whole before anything is recorded (as the
+/// fused forward's `FusedPlan`): the split kernel the design and the problem lead to
+/// (the lanes variant where it serves, the texel kernel where a KV cache's mirror is
+/// bound, else the design's variant), its constants, and both passes' grids.
+#[derive(Clone, Debug)]
+pub(crate) struct DecodePlan {
+    pub split_kernel: Kernel,
+    pub constants: Vec<(&'static str, u32)>,
+    /// Workgroups of the split pass: (splits, row blocks of every (batch, kv head), 1).
+    pub split_groups: [u32; 3],
+    /// Workgroups of the combine pass: (output columns, rows in 65535s, the rest).
+    pub combine_groups: [u32; 3],
+}
+
+/// The plan of a decode call on these bindings (`split` as [`choose_split`] chose it);
+/// an error where int8 K and V meet a problem the lanes design does not serve, or a
+/// grid outgrows the device's workgroups per dimension.
+pub(crate) fn plan(
     ctx: &Gpu,
-    encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     bindings: &AttentionBindings,
     params: &super::AttentionParams,
     shape: &AttentionShape,
-    split: DecodeSplit,
-) -> Result<()> {
+    split: &DecodeSplit,
+) -> Result<DecodePlan> {
     // `Lanes` serves head dims up to 128 in whole words; elsewhere `Tiles`, on the same
     // splits (choose_split bounded them for both). Only `Lanes` reads int8 K and V
     // (bound with their scales); the caller has checked that it serves them.
@@ -758,26 +771,38 @@ pub(crate) fn encode(
     } else {
         design.variant_for(shape).kernel
     };
-    let split_pipeline = pipeline(ctx, &split_kernel, dtype, &constants)?;
-    dispatch_entries(
-        ctx,
-        encoder,
-        &split_pipeline,
-        &bindings.select(split_kernel.slots)?,
-        [split.splits as u32, row_groups as u32, 1],
-    )?;
-    let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;
-    dispatch_entries(
-        ctx,
-        encoder,
-        &combine_pipeline,
-        &bindings.select(COMBINE.slots)?,
-        [
+    Ok(DecodePlan {
+        split_kernel,
+        constants,
+        split_groups: [split.splits as u32, row_groups as u32, 1],
+        combine_groups: [
             shape.head_dim_v.div_ceil(LANES) as u32,
             combine_y as u32,
             combine_z as u32,
         ],
-    )
+    })
+}
+
+/// Records the split pass and the combine pass of a decode call: its [`plan`],
+/// compiled and bound. `bindings.scores` must hold the partials
+/// ([`DecodeSplit::partial_bytes`]); `bindings.params` covers every (batch, head), with
+/// `splits` set to `split.splits`.
+pub(crate) fn encode(
+    ctx: &Gpu,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    bindings: &AttentionBindings,
+    params: &super::AttentionParams,
+    shape: &AttentionShape,
+    split: DecodeSplit,
+) -> Result<()> {
+    let plan = plan(ctx, dtype, bindings, params, shape, &split)?;
+    let split_pipeline = pipeline(ctx, &plan.split_kernel, dtype, &plan.constants)?;
+    let split_entries = bindings.select(plan.split_kernel.slots)?;
+    dispatch_entries(ctx, encoder, &split_pipeline, &split_entries, plan.split_groups)?;
+    let combine_pipeline = pipeline(ctx, &COMBINE, dtype, &[])?;
+    let combine_entries = bindings.select(COMBINE.slots)?;
+    dispatch_entries(ctx, encoder, &combine_pipeline, &combine_entries, plan.combine_groups)
 }
 
 /// Split-K decode's kernels: the tiles and subgroup splits (buffers and texels), the lanes variants, the combine (for [`super::every_kernel`]).

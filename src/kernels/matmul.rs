@@ -417,19 +417,29 @@ impl Linear<'_> {
     }
 }
 
-/// Records one linear layer application. The texture tiling packs X (and W, unless
-/// `w_packed` is given) into textures first, in the same encoder; on an adapter without
-/// 8-lane subgroups, or for operands past the texture or dispatch limits, the tiled
-/// kernel runs instead.
-pub fn encode_linear(
+/// A linear layer's dispatch, decided whole before anything is recorded (as the fused
+/// forward's `FusedPlan`): the tiling that runs (the one asked for, or the one that
+/// stands in where the adapter or the operands rule it out), its kernel (the coop
+/// GEMM's direct or staged form) and constants, and the grid.
+#[derive(Clone, Debug)]
+pub(crate) struct LinearPlan {
+    pub tiling: LinearTiling,
+    pub kernel: Kernel,
+    pub constants: Vec<(&'static str, u32)>,
+    pub groups: [u32; 3],
+    /// The coop GEMM loads its fragments straight from X and W (no word bindings).
+    pub direct: bool,
+}
+
+/// The plan of one linear layer application asked for in `tiling`; an error where its
+/// loop outgrows the driver's cap or its grid the device's workgroups per dimension.
+pub(crate) fn plan(
     ctx: &Gpu,
     policy: &Policy,
-    encoder: &mut wgpu::CommandEncoder,
     dtype: DType,
     tiling: LinearTiling,
     linear: &Linear,
-) -> Result<()> {
-    linear.validate(dtype)?;
+) -> Result<LinearPlan> {
     let tiling = match tiling {
         LinearTiling::Texture if !has_8_lane_subgroups(ctx) || !linear.fits_textures(ctx) => LinearTiling::Tiled,
         LinearTiling::Coop if coop_subgroup_size(ctx).is_none() => LinearTiling::Blocked,
@@ -475,6 +485,36 @@ pub fn encode_linear(
         LinearTiling::Coop => coop_kernel(direct, coop_tiles(ctx)),
         other => other.kernel(),
     };
+    Ok(LinearPlan {
+        tiling,
+        kernel,
+        constants,
+        groups,
+        direct,
+    })
+}
+
+/// Records one linear layer application: its `plan`, compiled and bound. The texture
+/// tiling packs X (and W, unless `w_packed` is given) into textures first, in the same
+/// encoder; on an adapter without 8-lane subgroups, or for operands past the texture or
+/// dispatch limits, the tiled kernel runs instead.
+pub fn encode_linear(
+    ctx: &Gpu,
+    policy: &Policy,
+    encoder: &mut wgpu::CommandEncoder,
+    dtype: DType,
+    tiling: LinearTiling,
+    linear: &Linear,
+) -> Result<()> {
+    linear.validate(dtype)?;
+    let LinearPlan {
+        tiling,
+        kernel,
+        constants,
+        groups,
+        direct,
+    } = plan(ctx, policy, dtype, tiling, linear)?;
+    let (m, n) = (linear.m, linear.n());
     let pipeline = pipeline(ctx, &kernel, dtype, &constants)?;
     let widths: Vec<usize> = linear.outputs.iter().map(|&(_, width)| width).collect();
     let seg1 = widths[0];

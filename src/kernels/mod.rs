@@ -10,6 +10,7 @@
 pub mod backward_blocked;
 pub mod backward_coop;
 pub mod backward_passes;
+pub(crate) mod backward_plan;
 pub mod coop_emulation;
 pub mod copy_probe;
 pub mod decode;
