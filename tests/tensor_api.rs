@@ -58,8 +58,9 @@ fn buffers_without_copy_src_take_the_buffer_kernels_forward_and_backward() {
     let Some(ctx) = common::ctx() else { return };
     let seed = 41;
     let mut rng = Rng::new(seed);
-    // D 64 in whole words: where the texel kernels would read mirrors copied from
-    // these buffers, which a STORAGE-only buffer cannot give.
+    // D 64 in whole words: where the forward's texel kernel would read mirrors copied
+    // from these buffers, which a STORAGE-only buffer cannot give; the backward reads
+    // the same buffers (it has no texel kernels since 2026-12-08).
     let shape = [1, 2, 40, 64];
     let n = 2 * 40 * 64;
     let [q, k, v, d_out] = [(); 4].map(|()| rng.vec(n, -1.0, 1.0));

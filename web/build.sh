@@ -9,7 +9,7 @@ rustup target add wasm32-unknown-unknown >/dev/null
 if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $version"; then
   # Only the one binary, unoptimised: it installs in about half the time (80 s against
   # 175 on a 2-core machine, a fresh cargo home, most of a fresh CI's web step) and
-  # writes the same files in about a second (docs/ci.md).
+  # writes the same files in about a second (docs/benchmarks.md, "Testing and CI").
   cargo install wasm-bindgen-cli --version "$version" --debug --bin wasm-bindgen
 fi
 # The workspace's `web` profile (opt-level "s"; the root Cargo.toml) and target/.
